@@ -1,0 +1,26 @@
+"""The `bagpipe` command line: a thin layer that parses options and calls the library."""
+
+from __future__ import annotations
+
+import click
+
+from bagpipe_cli import __version__
+from bagpipe_cli.cli.synth import synth
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="bagpipe")
+def cli() -> None:
+    """Benchmark and profile Bagpipe-style lookahead embedding caching for DLRM training.
+
+    \b
+    Example:
+      bagpipe synth --out data/demo --preset criteo-kaggle --scale 0.01 --rows 200000
+    """
+
+
+cli.add_command(synth)
+
+
+def main() -> None:
+    cli(prog_name="bagpipe")

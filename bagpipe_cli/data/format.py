@@ -1,0 +1,428 @@
+"""The dataset directory format.
+
+A dataset is a directory holding `meta.json` and one `.npy` array per column, all of
+length `rows` (row i of every array is sample i):
+
+- `cat_000.npy` ... `cat_{T-1}.npy`: ids of each categorical table, int32 (int64 where the
+  table's cardinality exceeds 2^31 - 1). Id 0 is reserved for missing/out-of-vocabulary
+  values and is counted in the table's cardinality, so ids lie in [0, cardinality).
+- `dense.npy`: float32 [rows, D] dense features (D may be 0).
+- `labels.npy`: float32 [rows] labels in {0, 1} (absent for an unlabeled dataset).
+
+`meta.json` holds `schema_version`, `name`, `rows`, `tables` (list of `{name,
+cardinality}`), `dense_features`, `label` (column name or null), `source`, `options`,
+`checksums` (sha256 of each array file's raw data, after its .npy header) and `extra`.
+Arrays are plain .npy files, so `numpy.load(path, mmap_mode="r")` maps them.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bagpipe_cli import __version__
+from bagpipe_cli.errors import ConfigError, DataError
+
+SCHEMA_VERSION = 1
+META_FILE = "meta.json"
+DENSE_FILE = "dense.npy"
+LABELS_FILE = "labels.npy"
+_HEADER_BYTES = 128  # fixed .npy header size, so the shape can be rewritten at close
+_INT32_MAX = 2**31 - 1
+
+
+def sparse_file(t: int) -> str:
+    """File name of table `t`'s id array."""
+    return f"cat_{t:03d}.npy"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """One categorical feature / embedding table."""
+
+    name: str
+    cardinality: int  # number of embedding rows, id 0 (missing/OOV) included
+
+    @property
+    def dtype(self) -> np.dtype:
+        return np.dtype(np.int32 if self.cardinality <= _INT32_MAX else np.int64)
+
+
+@dataclass
+class DatasetMeta:
+    """Contents of `meta.json`."""
+
+    name: str
+    rows: int
+    tables: list[TableSpec]
+    dense_features: list[str]
+    label: str | None
+    source: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
+    checksums: dict[str, str] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    bagpipe_version: str = __version__
+    schema_version: int = SCHEMA_VERSION
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.tables)
+
+    @property
+    def num_dense(self) -> int:
+        return len(self.dense_features)
+
+    @property
+    def cardinalities(self) -> list[int]:
+        return [t.cardinality for t in self.tables]
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["tables"] = [{"name": t.name, "cardinality": t.cardinality} for t in self.tables]
+        # schema_version first: it is what a reader checks before anything else.
+        return {"schema_version": d.pop("schema_version"), **d}
+
+    @classmethod
+    def from_json(cls, d: Any, where: str) -> DatasetMeta:
+        """Parse and validate a meta.json object; `where` names the file in errors."""
+        if not isinstance(d, dict):
+            raise DataError(f"{where}: expected a JSON object")
+        if "schema_version" not in d:
+            raise DataError(f"{where}: no schema_version; not a bagpipe dataset")
+        if d["schema_version"] != SCHEMA_VERSION:
+            raise DataError(
+                f"{where}: schema_version {d['schema_version']!r} is not supported by "
+                f"bagpipe {__version__} (expects {SCHEMA_VERSION}); re-create the dataset "
+                "with this version"
+            )
+
+        def need(key: str, typ: type | tuple[type, ...]) -> Any:
+            if key not in d:
+                raise DataError(f"{where}: missing field {key!r}")
+            if not isinstance(d[key], typ) or isinstance(d[key], bool) and typ is int:
+                raise DataError(f"{where}: field {key!r} has the wrong type")
+            return d[key]
+
+        rows = need("rows", int)
+        if rows < 0:
+            raise DataError(f"{where}: rows must be >= 0")
+        tables = []
+        for i, t in enumerate(need("tables", list)):
+            if (
+                not isinstance(t, dict)
+                or not isinstance(t.get("name"), str)
+                or not isinstance(t.get("cardinality"), int)
+                or t["cardinality"] < 1
+            ):
+                raise DataError(f"{where}: tables[{i}] must be {{name, cardinality >= 1}}")
+            tables.append(TableSpec(t["name"], t["cardinality"]))
+        dense = need("dense_features", list)
+        if not all(isinstance(x, str) for x in dense):
+            raise DataError(f"{where}: dense_features must be a list of names")
+        label = d.get("label")
+        if label is not None and not isinstance(label, str):
+            raise DataError(f"{where}: label must be a column name or null")
+        return cls(
+            name=str(d.get("name", "")),
+            rows=rows,
+            tables=tables,
+            dense_features=list(dense),
+            label=label,
+            source=dict(d.get("source") or {}),
+            options=dict(d.get("options") or {}),
+            checksums=dict(d.get("checksums") or {}),
+            extra=dict(d.get("extra") or {}),
+            created=str(d.get("created", "")),
+            bagpipe_version=str(d.get("bagpipe_version", "")),
+        )
+
+
+# --------------------------------------------------------------------------- writing
+
+
+class _ArrayWriter:
+    """Streams rows of a .npy array to disk, hashing the data as it goes.
+
+    The header is written with a placeholder shape and rewritten at close, so the number
+    of rows need not be known in advance.
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype, row_shape: tuple[int, ...] = ()):
+        self.path = path
+        self.dtype = np.dtype(dtype)
+        self.row_shape = row_shape
+        self.rows = 0
+        self.sha = hashlib.sha256()
+        self.f = open(path, "wb")  # noqa: SIM115 - closed in close()
+        self.f.write(b"\0" * _HEADER_BYTES)
+
+    def write(self, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a, dtype=self.dtype)
+        if a.shape[1:] != self.row_shape:
+            raise ValueError(f"{self.path.name}: row shape {a.shape[1:]} != {self.row_shape}")
+        buf = a.data.cast("B")
+        self.sha.update(buf)
+        self.f.write(buf)
+        self.rows += a.shape[0]
+
+    def close(self) -> str:
+        self.f.seek(0)
+        self.f.write(_npy_header(self.dtype, (self.rows, *self.row_shape)))
+        self.f.close()
+        return self.sha.hexdigest()
+
+    def abort(self) -> None:
+        self.f.close()
+
+
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A version-1.0 .npy header padded to exactly _HEADER_BYTES."""
+    d = {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False, "shape": shape}
+    text = repr(d).encode("latin1")
+    pad = _HEADER_BYTES - 10 - len(text) - 1
+    if pad < 0:
+        raise ValueError("array shape too long for the fixed .npy header")
+    text = text + b" " * pad + b"\n"
+    return b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text
+
+
+class DatasetWriter:
+    """Writes a dataset into an (empty, usually temporary) directory, chunk by chunk.
+
+    Usage: `w = DatasetWriter(dir, tables, dense_features, label)`, then
+    `w.write(dense, sparse, labels)` per chunk, then `w.finish(name=..., source=...)`.
+    Use it inside `bagpipe_cli.io.atomic_dir` so a failure leaves nothing behind.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        tables: Sequence[TableSpec],
+        dense_features: Sequence[str],
+        label: str | None,
+    ):
+        self.path = Path(path)
+        self.tables = list(tables)
+        self.dense_features = list(dense_features)
+        self.label = label
+        self.path.mkdir(parents=True, exist_ok=True)
+        self._sparse = [
+            _ArrayWriter(self.path / sparse_file(i), t.dtype) for i, t in enumerate(self.tables)
+        ]
+        self._dense = _ArrayWriter(
+            self.path / DENSE_FILE, np.dtype(np.float32), (len(self.dense_features),)
+        )
+        self._labels = (
+            _ArrayWriter(self.path / LABELS_FILE, np.dtype(np.float32)) if label is not None else None
+        )
+
+    @property
+    def rows(self) -> int:
+        return self._dense.rows
+
+    def write(
+        self,
+        dense: np.ndarray,
+        sparse: Sequence[np.ndarray] | np.ndarray,
+        labels: np.ndarray | None,
+    ) -> None:
+        """Append one chunk: dense [n, D], sparse [n, T] or a list of T arrays [n], labels [n]."""
+        n = dense.shape[0]
+        cols = [sparse[:, t] for t in range(sparse.shape[1])] if isinstance(sparse, np.ndarray) else sparse
+        if len(cols) != len(self.tables):
+            raise ValueError(f"expected {len(self.tables)} sparse columns, got {len(cols)}")
+        for t, (w, c) in enumerate(zip(self._sparse, cols, strict=True)):
+            if len(c) != n:
+                raise ValueError(f"sparse column {t} has {len(c)} rows, dense has {n}")
+            w.write(c)
+        self._dense.write(dense.reshape(n, len(self.dense_features)))
+        if self._labels is not None:
+            if labels is None or len(labels) != n:
+                raise ValueError("labels missing or of the wrong length")
+            self._labels.write(labels)
+
+    def finish(self, name: str, **fields: Any) -> DatasetMeta:
+        """Close the arrays and write meta.json; returns the metadata."""
+        writers = [*self._sparse, self._dense] + ([self._labels] if self._labels else [])
+        checksums = {w.path.name: w.close() for w in writers}
+        meta = DatasetMeta(
+            name=name,
+            rows=self.rows,
+            tables=self.tables,
+            dense_features=self.dense_features,
+            label=self.label,
+            checksums=checksums,
+            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            **fields,
+        )
+        with open(self.path / META_FILE, "w") as f:
+            json.dump(meta.to_json(), f, indent=2)
+            f.write("\n")
+        return meta
+
+    def abort(self) -> None:
+        for w in [*self._sparse, self._dense] + ([self._labels] if self._labels else []):
+            w.abort()
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@dataclass
+class Batch:
+    """One batch: dense float32 [B, D], sparse int64 ids [B, T], labels float32 [B] or None."""
+
+    dense: np.ndarray
+    sparse: np.ndarray
+    labels: np.ndarray | None
+    index: int = 0  # batch number in the iteration
+
+
+class Dataset:
+    """A validated, memory-mapped dataset directory (see the module docstring)."""
+
+    def __init__(self, path: Path, meta: DatasetMeta, arrays: dict[str, np.ndarray]):
+        self.path = path
+        self.meta = meta
+        self._arrays = arrays
+
+    @property
+    def rows(self) -> int:
+        return self.meta.rows
+
+    @property
+    def dense(self) -> np.ndarray:
+        return self._arrays[DENSE_FILE]
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        return self._arrays.get(LABELS_FILE)
+
+    def sparse(self, t: int) -> np.ndarray:
+        """Ids of table `t` (memory-mapped, int32 or int64)."""
+        return self._arrays[sparse_file(t)]
+
+    def sparse_block(self, start: int, stop: int) -> np.ndarray:
+        """Ids of rows [start, stop) of every table as int64 [n, T]."""
+        out = np.empty((stop - start, self.meta.num_tables), dtype=np.int64)
+        for t in range(self.meta.num_tables):
+            out[:, t] = self.sparse(t)[start:stop]
+        return out
+
+    def take(self, rows: np.ndarray, index: int = 0) -> Batch:
+        """The samples at positions `rows` as a Batch."""
+        sparse = np.empty((len(rows), self.meta.num_tables), dtype=np.int64)
+        for t in range(self.meta.num_tables):
+            sparse[:, t] = self.sparse(t)[rows]
+        labels = self.labels[rows] if self.labels is not None else None
+        return Batch(np.asarray(self.dense[rows]), sparse, labels, index)
+
+    def slice(self, start: int, stop: int, index: int = 0) -> Batch:
+        """Samples [start, stop) as a Batch (contiguous reads)."""
+        labels = np.asarray(self.labels[start:stop]) if self.labels is not None else None
+        return Batch(np.asarray(self.dense[start:stop]), self.sparse_block(start, stop), labels, index)
+
+    def verify(self) -> None:
+        """Check every array against its checksum and every id against its table's range."""
+        for fname, digest in self.meta.checksums.items():
+            a = self._arrays.get(fname)
+            if a is None:
+                continue
+            h = hashlib.sha256()
+            flat = a.reshape(-1)
+            step = 1 << 22
+            for i in range(0, flat.shape[0], step):
+                h.update(np.ascontiguousarray(flat[i : i + step]).data.cast("B"))
+            if h.hexdigest() != digest:
+                raise DataError(f"{self.path / fname}: checksum mismatch; the file is corrupt")
+        for t, spec in enumerate(self.meta.tables):
+            ids = self.sparse(t)
+            if ids.shape[0] and (ids.min() < 0 or ids.max() >= spec.cardinality):
+                raise DataError(
+                    f"{self.path / sparse_file(t)}: ids outside [0, {spec.cardinality}) "
+                    f"for table {spec.name!r}"
+                )
+
+
+def read_meta(path: Path) -> DatasetMeta:
+    """Read and validate `path/meta.json` with a clear error for a non-dataset directory."""
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"dataset {path}: no such directory")
+    if not path.is_dir():
+        raise ConfigError(f"dataset {path}: not a directory")
+    mpath = path / META_FILE
+    if not mpath.is_file():
+        raise DataError(f"{path} is not a bagpipe dataset (no {META_FILE}); create one with "
+                        "`bagpipe synth` or `bagpipe preprocess`")
+    try:
+        raw = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise DataError(f"{mpath}: corrupt JSON ({e})") from e
+    return DatasetMeta.from_json(raw, str(mpath))
+
+
+def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(f"{path}: missing array file")
+    try:
+        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, SyntaxError, EOFError) as e:
+        raise DataError(f"{path}: not a readable .npy array ({e})") from e
+    if a.dtype != dtype:
+        raise DataError(f"{path}: dtype {a.dtype}, expected {dtype}")
+    if a.shape != shape:
+        raise DataError(f"{path}: shape {a.shape}, expected {shape} from meta.json")
+    return a
+
+
+def open_dataset(path: Path | str, verify: bool = False) -> Dataset:
+    """Open and validate a dataset directory; `verify` also checks checksums and id ranges."""
+    path = Path(path)
+    meta = read_meta(path)
+    arrays: dict[str, np.ndarray] = {}
+    for t, spec in enumerate(meta.tables):
+        arrays[sparse_file(t)] = _open_array(path / sparse_file(t), spec.dtype, (meta.rows,))
+    arrays[DENSE_FILE] = _open_array(path / DENSE_FILE, np.dtype(np.float32), (meta.rows, meta.num_dense))
+    if meta.label is not None:
+        arrays[LABELS_FILE] = _open_array(path / LABELS_FILE, np.dtype(np.float32), (meta.rows,))
+    ds = Dataset(path, meta, arrays)
+    if verify:
+        ds.verify()
+    return ds
+
+
+def iter_batches(
+    ds: Dataset,
+    batch_size: int,
+    start: int = 0,
+    stop: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    drop_last: bool = False,
+) -> Iterator[Batch]:
+    """Batches of samples [start, stop) in dataset order, or in a seeded random order.
+
+    With `drop_last`, a final partial batch is skipped.
+    """
+    if batch_size < 1:
+        raise ConfigError("--batch-size must be >= 1")
+    stop = ds.rows if stop is None else min(stop, ds.rows)
+    n = max(0, stop - start)
+    order = np.random.default_rng(seed).permutation(n) + start if shuffle else None
+    for b, lo in enumerate(range(0, n, batch_size)):
+        hi = min(lo + batch_size, n)
+        if drop_last and hi - lo < batch_size:
+            return
+        if order is None:
+            yield ds.slice(start + lo, start + hi, b)
+        else:
+            yield ds.take(order[lo:hi], b)

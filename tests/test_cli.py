@@ -1,0 +1,31 @@
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from bagpipe_cli import __version__
+from bagpipe_cli.cli import cli
+
+
+def test_version():
+    r = CliRunner().invoke(cli, ["--version"])
+    assert r.exit_code == 0 and __version__ in r.output
+
+
+@pytest.mark.parametrize("name", sorted(cli.commands))
+def test_every_command_has_help_with_example(name):
+    r = CliRunner().invoke(cli, [name, "--help"])
+    assert r.exit_code == 0, r.output
+    assert "Example" in r.output or "example" in r.output
+
+
+def test_unknown_command_is_usage_error():
+    r = CliRunner().invoke(cli, ["frobnicate"])
+    assert r.exit_code == 2
+
+
+def test_module_entry_point_runs():
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "--help"], capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 0 and "synth" in r.stdout
