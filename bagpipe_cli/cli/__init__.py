@@ -5,7 +5,9 @@ from __future__ import annotations
 import click
 
 from bagpipe_cli import __version__
+from bagpipe_cli.cli.profile import profile
 from bagpipe_cli.cli.synth import synth
+from bagpipe_cli.cli.train import train
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -20,6 +22,8 @@ def cli() -> None:
 
 
 cli.add_command(synth)
+cli.add_command(profile)
+cli.add_command(train)
 
 
 def main() -> None:

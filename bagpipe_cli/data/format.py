@@ -260,7 +260,7 @@ class DatasetWriter:
             dense_features=self.dense_features,
             label=self.label,
             checksums=checksums,
-            created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
             **fields,
         )
         with open(self.path / META_FILE, "w") as f:
@@ -327,8 +327,8 @@ class Dataset:
 
     def slice(self, start: int, stop: int, index: int = 0) -> Batch:
         """Samples [start, stop) as a Batch (contiguous reads)."""
-        labels = np.asarray(self.labels[start:stop]) if self.labels is not None else None
-        return Batch(np.asarray(self.dense[start:stop]), self.sparse_block(start, stop), labels, index)
+        labels = np.array(self.labels[start:stop]) if self.labels is not None else None
+        return Batch(np.array(self.dense[start:stop]), self.sparse_block(start, stop), labels, index)
 
     def verify(self) -> None:
         """Check every array against its checksum and every id against its table's range."""

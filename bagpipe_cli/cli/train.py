@@ -1,0 +1,91 @@
+"""`bagpipe train`: train one system with the engine and store the run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from bagpipe_cli.cli.common import (
+    console,
+    data_argument,
+    err_console,
+    out_option,
+    overwrite_option,
+    translate_errors,
+)
+from bagpipe_cli.engine.systems import SYSTEMS
+
+
+@click.command(epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
+                      "--batch-size 1024 --iterations 200 --lookahead 16 --out results/run1")
+@data_argument
+@click.option("--system", type=click.Choice(SYSTEMS), default="bagpipe", show_default=True,
+              help="bagpipe: lookahead cache + prefetch; sync: fetch and write back every iteration.")
+@click.option("--model", default="dlrm", show_default=True, help="dlrm | wdl | deepfm | dcn.")
+@click.option("--batch-size", type=int, default=1024, show_default=True, help="Global batch size.")
+@click.option("--iterations", type=int, default=100, show_default=True)
+@click.option("--lookahead", type=int, default=16, show_default=True, help="L: batches the oracle looks ahead.")
+@click.option("--round", "round_", type=int, default=None, help="C: iterations per prefetch round [default: L/4].")
+@click.option("--cache-rows", type=int, default=None, help="Trainer cache capacity [default: the oracle's peak].")
+@click.option("--emb-dim", type=int, default=16, show_default=True)
+@click.option("--optimizer", default="sgd", show_default=True, help="Embedding optimizer: sgd | adagrad.")
+@click.option("--lr", type=float, default=0.1, show_default=True, help="Embedding learning rate.")
+@click.option("--dense-optimizer", default="sgd", show_default=True, help="sgd | adam.")
+@click.option("--dense-lr", type=float, default=None, help="Dense learning rate [default: --lr].")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--trainers", type=int, default=1, show_default=True, help="N simulated data-parallel trainers.")
+@click.option("--servers", type=int, default=1, show_default=True, help="K embedding server shards.")
+@click.option("--net-gbps", type=float, default=None, help="Emulate a network of this bandwidth (Gbit/s).")
+@click.option("--net-latency-us", type=float, default=0.0, show_default=True, help="Emulated latency per message.")
+@click.option("--eval-rows", type=int, default=None, help="Held-out tail rows for AUC [default: 10%, at most 50k].")
+@click.option("--warmup", type=int, default=5, show_default=True, help="Iterations excluded from speed figures.")
+@out_option()
+@overwrite_option
+@click.option("--save-model", type=click.Path(path_type=Path), default=None,
+              help="Write the dense state_dict and every full embedding table here (torch.save).")
+@translate_errors
+def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round_: int | None, **kw) -> None:
+    """Train one system on DATA and write config.json, metrics.csv and summary.json to --out.
+
+    The loss is the mean over the global batch; dense and embedding gradients of the
+    trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
+    """
+    from bagpipe_cli.engine import TrainConfig
+    from bagpipe_cli.engine import save_model as save
+    from bagpipe_cli.engine import train as run
+    from bagpipe_cli.io import check_output_dir
+    from bagpipe_cli.results import write_run
+
+    cfg = TrainConfig(data=str(data), round=round_, **kw)
+    check_output_dir(out, overwrite)  # fail before training, not after
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn(f"[bold]train {cfg.system}"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("[cyan]{task.fields[sps]}"), TextColumn("loss {task.fields[loss]}"),
+                  TimeElapsedColumn(), console=err_console, disable=not err_console.is_terminal) as bar:
+        task = bar.add_task("train", total=cfg.iterations, sps="", loss="")
+
+        def on_iter(b: int, rec: dict) -> None:
+            bar.update(task, advance=1, sps=f"{cfg.batch_size / max(rec['time'], 1e-9):,.0f} samples/s",
+                       loss=f"{rec['loss']:.4f}")
+
+        result = run(cfg, progress=on_iter)
+    write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite)
+    if save_model is not None:
+        from bagpipe_cli.data import open_dataset
+
+        save(result, save_model, [t.name for t in open_dataset(data).meta.tables])
+    s = result.summary
+    t = Table(title=f"{cfg.system} / {cfg.model} -> {out}", show_header=False)
+    t.add_row("samples/s (measured iterations)", f"{s['samples_per_s']:,.0f}")
+    t.add_row("median iteration", f"{s['median_iter_ms']:.1f} ms")
+    t.add_row("time split (median ms)", ", ".join(f"{k} {v:.1f}" for k, v in s["median_time_ms"].items()))
+    t.add_row("rows fetched / written back", f"{s['rows_fetched']:,} / {s['rows_written_back']:,}")
+    if s["peak_resident_rows"] is not None:
+        t.add_row("cache rows (peak)", f"{s['cache_rows']:,} ({s['peak_resident_rows']:,})")
+        t.add_row("oracle", f"{s['oracle_ms_per_batch']:.2f} ms/batch")
+    t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
+    t.add_row("network", "emulated" if s["network_emulated"] else "not emulated")
+    console.print(t)

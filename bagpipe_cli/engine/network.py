@@ -1,0 +1,44 @@
+"""Network emulation: delay remote transfers as a cluster network would, without burning CPU."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from bagpipe_cli.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class NetworkModel:
+    """A link of `gbps` Gbit/s with `latency_us` one-way latency; None fields = no emulation."""
+
+    gbps: float | None = None  # link bandwidth in Gbit/s (None: transfers are not delayed)
+    latency_us: float = 0.0  # per-message latency in microseconds
+
+    def __post_init__(self) -> None:
+        if self.gbps is not None and not self.gbps > 0:
+            raise ConfigError(f"--net-gbps must be > 0 (got {self.gbps})")
+        if self.latency_us < 0:
+            raise ConfigError(f"--net-latency-us must be >= 0 (got {self.latency_us})")
+
+    @property
+    def emulated(self) -> bool:
+        return self.gbps is not None or self.latency_us > 0
+
+    def transfer_seconds(self, nbytes: int) -> float:
+        """Time one message of `nbytes` takes on the link."""
+        if not self.emulated:
+            return 0.0
+        bw = float("inf") if self.gbps is None else self.gbps * 1e9 / 8
+        return self.latency_us * 1e-6 + nbytes / bw
+
+    def allreduce_seconds(self, nbytes: int, n: int) -> float:
+        """Ring all-reduce of `nbytes` over `n` participants: 2(n-1) steps of nbytes/n each."""
+        if n <= 1 or not self.emulated or nbytes == 0:
+            return 0.0
+        return 2 * (n - 1) * self.transfer_seconds(nbytes // n)
+
+    def wait(self, seconds: float) -> None:
+        """Sleep (releases the CPU) for an emulated transfer."""
+        if seconds > 0:
+            time.sleep(seconds)

@@ -1,0 +1,214 @@
+"""The Oracle Cacher: looks L batches ahead and plans every cache action of the run.
+
+For every iteration b, with U_b the unique global row keys of the global batch:
+
+- fetched(b) = rows of U_b whose previous use was more than L iterations ago (or never):
+  only those can be missing from the cache; a row reused within L iterations stays cached.
+- evicted(b) = rows of U_b not used again in (b, b+L]; they are written back after b.
+  Consistency follows: a row is only fetched again more than L iterations after its
+  eviction, long after its write-back has landed.
+- sync lists (LRPP, see DESIGN.md): sync_now = U_b ∩ U_{b+1}; no_sync = rows used by one
+  trainer only and evicted after b; sync_later = the rest.
+
+Fetches and evictions are grouped in rounds of C iterations (C <= L): a round's rows are
+inserted into the cache before its first iteration, into slots freed by the previous
+round's evictions. Slots are assigned here, deterministically, so trainers only gather by
+slot. The oracle tracks the peak number of occupied slots and refuses a capacity below it.
+
+Vectorised with numpy: per batch a sort-based unique and a few gathers/scatters over
+arrays indexed by global key (memory bounded by the number of rows).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from bagpipe_cli.errors import ConfigError
+
+NEVER = np.iinfo(np.int32).min // 2
+
+
+@dataclass
+class IterPlan:
+    """What one iteration does: its rows, where they are in the cache, what to sync/evict."""
+
+    b: int
+    uniq: np.ndarray  # U_b: sorted unique global keys of the global batch
+    inverse: np.ndarray  # [B*T] position of each (sample, table) access in uniq
+    slots: np.ndarray  # [|U_b|] cache slot of each row of uniq (-1 without a cache plan)
+    fetched: int  # rows of U_b fetched for this iteration (first use, or reuse gap > L)
+    evict_keys: np.ndarray  # rows written back after this iteration
+    evict_slots: np.ndarray
+    sync_now: int  # |U_b ∩ U_{b+1}|: all-reduced on the critical path
+    sync_later: int  # all-reduced asynchronously
+    no_sync: int  # used by one trainer only and evicted: never synchronised
+    no_sync_owner_rows: np.ndarray  # [N] how many no_sync rows each trainer owns
+
+
+@dataclass
+class RoundPlan:
+    """A round of C iterations: the rows to prefetch (and their slots), then its iterations."""
+
+    r: int
+    fetch_keys: np.ndarray
+    fetch_slots: np.ndarray
+    iters: list[IterPlan] = field(default_factory=list)
+    resident_after_insert: int = 0  # occupied slots once this round's rows are inserted
+
+
+def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """Global row keys [B*T] of a batch of ids [B, T], row-major (sample by sample)."""
+    return (sparse + offsets[None, :]).reshape(-1)
+
+
+class Oracle:
+    """Consumes global batches' keys and yields RoundPlans (see the module docstring).
+
+    Stages (all on the oracle's thread): read batch b+L (update `latest`), finish the
+    per-iteration view of b (fetched / evicted / sync lists), and at each round boundary
+    free the previous round's slots and allocate the new round's.
+    """
+
+    def __init__(self, total_rows: int, lookahead: int, round_len: int | None, trainers: int,
+                 capacity: int | None):
+        if lookahead < 1:
+            raise ConfigError(f"--lookahead must be >= 1 (got {lookahead})")
+        c = round_len if round_len is not None else max(1, lookahead // 4)
+        # Round r+1 is fetched at the start of round r: a row evicted more than L iterations
+        # before its next use must have been written back by then, hence 2C <= L + 1.
+        if not 1 <= c <= max(1, (lookahead + 1) // 2):
+            raise ConfigError(
+                f"--round {c}: must be between 1 and (lookahead + 1) / 2 = {(lookahead + 1) // 2}"
+            )
+        self.L, self.C, self.N = lookahead, c, trainers
+        self.capacity = capacity
+        self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
+        self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
+        self.slot_of = np.full(total_rows, -1, dtype=np.int32)
+        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity else None
+        self.nfree = capacity or 0
+        self.peak_resident = 0
+        self.resident = 0
+        self.seconds = 0.0
+        self.iterations_planned = 0
+
+    def plan(self, batches: Iterable[np.ndarray]) -> Iterator[RoundPlan]:
+        """`batches` yields each iteration's global keys [B*T] in order; yields round plans."""
+        window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()  # (keys, uniq, inverse)
+        it = iter(batches)
+        b_read = -1
+        done = False
+        pending: list[tuple] = []  # per-iteration views of the current round
+        pending_evicted_slots: list[np.ndarray] = []
+        b = 0
+        while True:
+            t0 = time.perf_counter()
+            # Read ahead until batch b+L is in the window (or the stream ends).
+            while not done and b_read < b + self.L:
+                try:
+                    keys = next(it)
+                except StopIteration:
+                    done = True
+                    break
+                b_read += 1
+                uniq, inverse = np.unique(keys, return_inverse=True)
+                self.latest[uniq] = b_read
+                window.append((keys, uniq, inverse.astype(np.int64).reshape(-1)))
+            if not window:
+                break
+            keys, uniq, inverse = window.popleft()
+            nxt = window[0][1] if window else uniq[:0]
+            prev = self.last_used[uniq]
+            fetch_mask = prev < b - self.L
+            self.last_used[uniq] = b
+            evict_mask = self.latest[uniq] == b
+            pending.append((b, keys, uniq, inverse, fetch_mask, evict_mask, nxt))
+            self.seconds += time.perf_counter() - t0
+            b += 1
+            if len(pending) == self.C or (done and not window):
+                t0 = time.perf_counter()
+                rp = self._close_round(pending, pending_evicted_slots)
+                self.seconds += time.perf_counter() - t0
+                self.iterations_planned += len(pending)
+                pending = []
+                yield rp
+
+    def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:
+        r = pending[0][0] // self.C
+        # Free the slots of rows evicted during the previous round.
+        if evicted_slots and self.free is not None:
+            freed = np.concatenate(evicted_slots)
+            self.free[self.nfree:self.nfree + len(freed)] = freed
+            self.nfree += len(freed)
+        evicted_slots.clear()
+        fetch_keys = np.concatenate([u[f] for (_, _, u, _, f, _, _) in pending])
+        self.resident += len(fetch_keys)
+        self.peak_resident = max(self.peak_resident, self.resident)
+        if self.free is not None:
+            if len(fetch_keys) > self.nfree:
+                raise ConfigError(
+                    f"cache capacity {self.capacity} rows is below the lookahead's need of at "
+                    f"least {self.resident} rows (round {r}); raise --cache-rows or lower --lookahead"
+                )
+            self.nfree -= len(fetch_keys)
+            fetch_slots = self.free[self.nfree:self.nfree + len(fetch_keys)][::-1].copy()
+            self.slot_of[fetch_keys] = fetch_slots
+        else:
+            fetch_slots = np.empty(0, np.int32)
+        rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident)
+        for b, keys, uniq, inverse, fetch_mask, evict_mask, nxt in pending:
+            slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
+            ev_keys = uniq[evict_mask]
+            ev_slots = slots[evict_mask] if self.free is not None else np.empty(0, np.int32)
+            if self.free is not None:
+                self.slot_of[ev_keys] = -1
+                evicted_slots.append(ev_slots)
+            self.resident -= len(ev_keys)
+            rp.iters.append(self._iter_plan(b, keys, uniq, inverse, slots, int(fetch_mask.sum()),
+                                            ev_keys, ev_slots, evict_mask, nxt))
+        return rp
+
+    def _iter_plan(self, b, keys, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, nxt):
+        in_next = np.zeros(len(uniq), dtype=bool)
+        if len(nxt):
+            pos = np.minimum(np.searchsorted(nxt, uniq), len(nxt) - 1)
+            in_next = nxt[pos] == uniq
+        # Which trainers use each row: trainer i holds samples [i*B/N, (i+1)*B/N).
+        per = len(inverse) // self.N
+        owner_rows = np.zeros(self.N, dtype=np.int64)
+        if self.N == 1:
+            single = np.ones(len(uniq), dtype=bool)
+            owner = np.zeros(len(uniq), dtype=np.int64)
+        else:
+            trainer = np.arange(len(inverse)) // per
+            pairs = np.unique(inverse * self.N + trainer)
+            users = np.bincount(pairs // self.N, minlength=len(uniq))
+            single = users == 1
+            owner = np.zeros(len(uniq), dtype=np.int64)
+            owner[pairs // self.N] = pairs % self.N  # meaningful where single
+        no_sync = single & evict_mask
+        owner_rows += np.bincount(owner[no_sync], minlength=self.N)
+        n_now = int(in_next.sum())
+        n_none = int(no_sync.sum())
+        return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots,
+                        sync_now=n_now, sync_later=len(uniq) - n_now - n_none, no_sync=n_none,
+                        no_sync_owner_rows=owner_rows)
+
+    @property
+    def ms_per_batch(self) -> float:
+        return 1e3 * self.seconds / max(1, self.iterations_planned)
+
+
+def plan_peak(batches: Iterable[np.ndarray], total_rows: int, lookahead: int,
+              round_len: int | None) -> tuple[int, int]:
+    """(peak occupied slots, rows fetched) of a run, without slot assignment."""
+    o = Oracle(total_rows, lookahead, round_len, 1, None)
+    fetched = 0
+    for rp in o.plan(batches):
+        fetched += len(rp.fetch_keys)
+    return o.peak_resident, fetched

@@ -1,0 +1,103 @@
+"""Embedding servers: the full tables in CPU memory, sharded by row over K servers.
+
+Rows of all tables live in one global key space (key = table offset + id). Server k holds
+the keys with `key % K == k` (hot ids, which are small ids after preprocessing, spread over
+all servers) at local index `key // K`, with each row's optimizer state next to it.
+Initial values depend only on (seed, table, id), so results do not depend on K.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+INIT_CHUNK = 1 << 20
+
+
+class EmbeddingServer:
+    """One shard: `weight` [n, dim] and `state` [n, state_dim]; batched gathers and write-backs."""
+
+    def __init__(self, shard: int, num_shards: int, total_rows: int, dim: int, state: torch.Tensor):
+        self.shard = shard
+        self.num_shards = num_shards
+        self.rows = shard_rows(shard, num_shards, total_rows)
+        self.weight = torch.empty(self.rows, dim, dtype=torch.float32)
+        self.state = state
+        self.bytes_served = 0
+        self.bytes_received = 0
+
+    def gather(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rows and optimizer state at local indices (copies)."""
+        w = self.weight.index_select(0, local)
+        s = self.state.index_select(0, local)
+        self.bytes_served += (w.numel() + s.numel()) * 4
+        return w, s
+
+    def write_back(self, local: torch.Tensor, rows: torch.Tensor, state: torch.Tensor) -> None:
+        """Store updated rows and their optimizer state."""
+        self.weight.index_copy_(0, local, rows)
+        if state.shape[1]:
+            self.state.index_copy_(0, local, state)
+        self.bytes_received += (rows.numel() + state.numel()) * 4
+
+
+def shard_rows(shard: int, num_shards: int, total_rows: int) -> int:
+    """Number of keys k < total_rows with k % num_shards == shard."""
+    return max(0, (total_rows - shard + num_shards - 1) // num_shards)
+
+
+def split_by_shard(keys: np.ndarray, num_shards: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """For each shard: (positions in `keys`, local indices on that shard)."""
+    if num_shards == 1:
+        return [(np.arange(len(keys)), keys)]
+    owner = keys % num_shards
+    out = []
+    for k in range(num_shards):
+        pos = np.flatnonzero(owner == k)
+        out.append((pos, keys[pos] // num_shards))
+    return out
+
+
+def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
+                 state_factory) -> list[EmbeddingServer]:
+    """Build K shards holding every table, initialised like DLRM: U(-1/sqrt(n), 1/sqrt(n)).
+
+    `state_factory(rows)` makes the initial optimizer state of a shard.
+    """
+    total = int(sum(cardinalities))
+    servers = [EmbeddingServer(k, num_shards, total, dim, state_factory(shard_rows(k, num_shards, total)))
+               for k in range(num_shards)]
+    offset = 0
+    for t, n in enumerate(cardinalities):
+        bound = 1.0 / math.sqrt(n)
+        for c, lo in enumerate(range(0, n, INIT_CHUNK)):
+            hi = min(lo + INIT_CHUNK, n)
+            g = torch.Generator().manual_seed(hash_seed(seed, t, c))
+            vals = torch.rand(hi - lo, dim, generator=g, dtype=torch.float32) * (2 * bound) - bound
+            keys = np.arange(offset + lo, offset + hi, dtype=np.int64)
+            for k, (pos, local) in enumerate(split_by_shard(keys, num_shards)):
+                servers[k].weight[torch.from_numpy(local)] = vals[torch.from_numpy(pos)]
+        offset += n
+    return servers
+
+
+def hash_seed(*parts: int) -> int:
+    """A 63-bit seed from integers (stable across runs, unlike Python's hash)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
+
+
+def table_offsets(cardinalities: list[int]) -> np.ndarray:
+    """Global key of id 0 of each table."""
+    return np.concatenate([[0], np.cumsum(cardinalities[:-1])]).astype(np.int64)
+
+
+def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) -> list[torch.Tensor]:
+    """Full per-table weights [n_t, dim] gathered from the shards (for saving a model)."""
+    k = len(servers)
+    total = int(sum(cardinalities))
+    full = torch.empty(total, servers[0].weight.shape[1])
+    for s in servers:
+        full[s.shard::k] = s.weight
+    return list(torch.split(full, cardinalities))

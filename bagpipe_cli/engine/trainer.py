@@ -1,0 +1,370 @@
+"""The training loop shared by every system.
+
+    loader thread:  read batch b+L, oracle plan  ->  queue of (RoundPlan, batches)
+    main thread:    per round: system.begin_round (insert prefetched rows, start the next
+                    round's fetch on the transport's server workers); per iteration: read rows,
+                    forward/backward per trainer slice, sum gradients, sync, optimizers, write
+    server workers: serve fetches and write-backs in FIFO order (network emulated there)
+
+Gradient convention: the loss is the mean over the *global* batch; each trainer's slice
+contributes sum(BCE)/B, and partial gradients (dense and embedding) are *summed* across
+trainers, which equals the gradient of the global mean. With N simulated trainers in one
+process the sum is taken in trainer order, identically for every system.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.nn.functional as F
+
+from bagpipe_cli.data.format import Dataset, open_dataset
+from bagpipe_cli.engine.cache import RowCache
+from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
+from bagpipe_cli.engine.server import assemble_tables, init_servers, split_by_shard, table_offsets
+from bagpipe_cli.engine.systems import SYSTEMS, BagpipeSystem, EmbeddingSystem, Step, SyncSystem
+from bagpipe_cli.engine.transport import InProcessTransport
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.metrics import auc
+from bagpipe_cli.models import MODELS, ModelConfig, build_model, row_dim
+
+TIME_KEYS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run (`bagpipe train`)."""
+
+    data: str  # dataset directory
+    system: str = "bagpipe"  # bagpipe | sync
+    model: str = "dlrm"  # dlrm | wdl | deepfm | dcn
+    batch_size: int = 1024  # global batch size (split evenly over trainers)
+    iterations: int = 100  # training iterations (the data wraps around if needed)
+    lookahead: int = 16  # L: batches the oracle looks ahead
+    round: int | None = None  # C: iterations per prefetch/evict round (default L/4)
+    cache_rows: int | None = None  # trainer cache capacity (default: the oracle's peak)
+    emb_dim: int = 16  # E: embedding dimension
+    optimizer: str = "sgd"  # embedding optimizer: sgd | adagrad
+    lr: float = 0.1  # embedding learning rate
+    dense_optimizer: str = "sgd"  # sgd | adam
+    dense_lr: float | None = None  # dense learning rate (default: --lr)
+    seed: int = 0  # seed of weights and initial tables
+    trainers: int = 1  # N simulated data-parallel trainers
+    servers: int = 1  # K embedding server shards
+    net_gbps: float | None = None  # emulated network bandwidth (None: no emulation)
+    net_latency_us: float = 0.0  # emulated per-message latency
+    eval_rows: int | None = None  # held-out tail for AUC (default: 10% of rows, at most 50,000)
+    warmup: int = 5  # iterations excluded from the speed figures
+
+    def __post_init__(self) -> None:
+        if self.system not in SYSTEMS:
+            raise ConfigError(f"--system {self.system!r}: choose one of {', '.join(SYSTEMS)}")
+        if self.model not in MODELS:
+            raise ConfigError(f"--model {self.model!r}: choose one of {', '.join(sorted(MODELS))}")
+        for opt, v in [("--batch-size", self.batch_size), ("--iterations", self.iterations),
+                       ("--emb-dim", self.emb_dim), ("--trainers", self.trainers),
+                       ("--servers", self.servers)]:
+            if v < 1:
+                raise ConfigError(f"{opt} must be >= 1 (got {v})")
+        if self.lookahead < 1:
+            raise ConfigError(f"--lookahead must be >= 1 (got {self.lookahead})")
+        if self.batch_size % self.trainers:
+            raise ConfigError(f"--batch-size {self.batch_size} is not divisible by --trainers "
+                              f"{self.trainers}")
+        if self.cache_rows is not None and self.cache_rows < 1:
+            raise ConfigError(f"--cache-rows must be >= 1 (got {self.cache_rows})")
+        if self.dense_optimizer not in ("sgd", "adam"):
+            raise ConfigError(f"--dense-optimizer {self.dense_optimizer!r}: choose sgd or adam")
+        if self.warmup < 0:
+            raise ConfigError(f"--warmup must be >= 0 (got {self.warmup})")
+        RowOptimizer(self.optimizer, self.lr)  # validates --optimizer and --lr
+        NetworkModel(self.net_gbps, self.net_latency_us)  # validates the network options
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: per-iteration metrics, a summary, and the final parameters."""
+
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    model: torch.nn.Module
+    tables: list[torch.Tensor]
+
+
+def split_rows(ds: Dataset, cfg: TrainConfig) -> tuple[int, int]:
+    """(training rows, held-out tail rows)."""
+    ev = cfg.eval_rows if cfg.eval_rows is not None else min(ds.rows // 10, 50_000)
+    if ev < 0 or ev >= ds.rows:
+        raise ConfigError(f"--eval-rows {ev} must be in [0, {ds.rows})")
+    train_rows = ds.rows - ev
+    if train_rows < cfg.batch_size:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is larger than the {train_rows} training "
+                          f"rows of {ds.path}")
+    return train_rows, ev
+
+
+def iter_train_batches(ds: Dataset, cfg: TrainConfig, train_rows: int):
+    """Global batches in dataset order, wrapping around at the end of the training rows."""
+    per_epoch = train_rows // cfg.batch_size
+    for b in range(cfg.iterations):
+        lo = (b % per_epoch) * cfg.batch_size
+        yield ds.slice(lo, lo + cfg.batch_size, b)
+
+
+def _loader(ds: Dataset, cfg: TrainConfig, train_rows: int, oracle: Oracle,
+            offsets: np.ndarray, out: queue.Queue, stop: threading.Event) -> None:
+    """The data loader + oracle thread: plans rounds ahead into a bounded queue."""
+    held: list = []
+
+    def keys() -> Iterator[np.ndarray]:
+        for batch in iter_train_batches(ds, cfg, train_rows):
+            held.append(batch)
+            yield batch_keys(batch.sparse, offsets)
+
+    try:
+        for rp in oracle.plan(keys()):
+            batches = held[: len(rp.iters)]
+            del held[: len(rp.iters)]
+            while not stop.is_set():
+                try:
+                    out.put((rp, batches), timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+        out.put(None)
+    except BaseException as e:  # re-raised on the main thread
+        out.put(e)
+
+
+def _rounds(q: queue.Queue) -> Iterator[tuple]:
+    while True:
+        item = q.get()
+        if isinstance(item, BaseException):
+            raise item
+        if item is None:
+            return
+        yield item
+
+
+def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Run `cfg` and return its metrics, summary and final parameters."""
+    ds = open_dataset(cfg.data)
+    if ds.labels is None:
+        raise ConfigError(f"dataset {cfg.data} has no labels; training needs a labeled dataset")
+    train_rows, eval_rows = split_rows(ds, cfg)
+    cards = ds.meta.cardinalities
+    total = int(sum(cards))
+    offsets = table_offsets(cards)
+    mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
+    rdim = row_dim(mcfg)
+    rowopt = RowOptimizer(cfg.optimizer, cfg.lr)
+    network = NetworkModel(cfg.net_gbps, cfg.net_latency_us)
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg)
+    dlr = cfg.dense_lr if cfg.dense_lr is not None else cfg.lr
+    dense_opt = (torch.optim.SGD(model.parameters(), lr=dlr) if cfg.dense_optimizer == "sgd"
+                 else torch.optim.Adam(model.parameters(), lr=dlr))
+    servers = init_servers(cards, rdim, cfg.servers, cfg.seed, rowopt.init_state)
+    transport = InProcessTransport(servers, network)
+
+    lookahead = cfg.lookahead if cfg.system == "bagpipe" else 1
+    capacity = None
+    peak = None
+    if cfg.system == "bagpipe":
+        # A planning pass (the oracle is deterministic) gives the peak before any training.
+        keys = (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows))
+        peak, _ = plan_peak(keys, total, cfg.lookahead, cfg.round)
+        if cfg.cache_rows is not None and cfg.cache_rows < peak:
+            raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
+                              f"of {peak} rows; raise --cache-rows or lower --lookahead")
+        capacity = cfg.cache_rows or max(peak, 1)
+        system: EmbeddingSystem = BagpipeSystem(transport, RowCache(capacity, rdim, rowopt.state_dim))
+    else:
+        system = SyncSystem(transport)
+    oracle = Oracle(total, lookahead, cfg.round if cfg.system == "bagpipe" else 1, cfg.trainers,
+                    capacity)
+
+    q: queue.Queue = queue.Queue(maxsize=4)
+    stop = threading.Event()
+    loader = threading.Thread(target=_loader, name="oracle", daemon=True,
+                              args=(ds, cfg, train_rows, oracle, offsets, q, stop))
+    loader.start()
+    rows_out: list[dict[str, Any]] = []
+    per = cfg.batch_size // cfg.trainers
+    row_bytes = rdim * 4
+    dense_bytes = sum(p.numel() for p in model.parameters()) * 4
+    later: dict[int, Any] = {}  # iteration -> future of its asynchronous sync
+    t_start = time.perf_counter()
+    try:
+        rounds = _rounds(q)
+        t0 = time.perf_counter()
+        cur = next(rounds, None)
+        while cur is not None:
+            rp, batches = cur
+            nxt = next(rounds, None)
+            t_data_round = time.perf_counter() - t0
+            waited = system.begin_round(rp, nxt[0] if nxt else None)
+            for i, (plan, batch) in enumerate(zip(rp.iters, batches, strict=True)):
+                t_it = time.perf_counter()
+                step = Step(plan, torch.from_numpy(batch.dense), torch.from_numpy(batch.labels))
+                step.times = dict.fromkeys(TIME_KEYS, 0.0)
+                if i == 0:
+                    step.times["data"] = t_data_round
+                    step.times["prefetch_wait"] = waited
+                # The asynchronous sync of iteration b-2 must land before b reads its rows.
+                if plan.b - 2 in later:
+                    later.pop(plan.b - 2).result()
+                rows, state = system.read(step)
+                loss = _forward_backward(model, step, rows, per, cfg)
+                grad_rows = step.grad_rows
+                t = time.perf_counter()
+                if cfg.trainers > 1:
+                    crit = dense_bytes + (plan.sync_now * row_bytes if system.uses_oracle_slots else 0)
+                    network.wait(network.allreduce_seconds(crit, cfg.trainers))
+                    if system.uses_oracle_slots and plan.sync_later:
+                        later[plan.b] = transport.collective(plan.sync_later * row_bytes, cfg.trainers)
+                step.times["sync"] += time.perf_counter() - t
+                t = time.perf_counter()
+                dense_opt.step()
+                dense_opt.zero_grad(set_to_none=True)
+                new_rows, new_state = rowopt.step(rows, state, grad_rows)
+                system.write(step, new_rows, new_state)
+                step.times["optimizer"] = time.perf_counter() - t
+                rec = {"iteration": plan.b, "loss": loss,
+                       "time": time.perf_counter() - t_it + step.times["data"] + (waited if i == 0 else 0.0),
+                       **step.times, "unique_rows": len(plan.uniq), "rows_fetched": step.rows_fetched,
+                       "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
+                       "sync_now": plan.sync_now, "sync_later": plan.sync_later, "no_sync": plan.no_sync}
+                rows_out.append(rec)
+                if progress:
+                    progress(plan.b, rec)
+            t0 = time.perf_counter()
+            cur = nxt
+        for f in later.values():
+            f.result()
+        system.flush()
+    finally:
+        stop.set()
+        loader.join(timeout=5)
+        transport.close()
+    wall = time.perf_counter() - t_start
+    metrics = pd.DataFrame(rows_out)
+    ev = evaluate(model, servers, ds, offsets, train_rows, eval_rows)
+    summary = summarize(metrics, cfg, wall)
+    summary.update(ev)
+    summary.update({
+        "oracle_ms_per_batch": oracle.ms_per_batch,
+        "peak_resident_rows": peak,
+        "cache_rows": capacity,
+        "network_emulated": network.emulated,
+        "train_rows": train_rows,
+        "eval_rows": eval_rows,
+        "transport_busy_s": transport.busy_seconds(),
+    })
+    tables = assemble_tables(servers, cards)
+    config = {"train": asdict(cfg), "model": asdict(mcfg), "row_dim": rdim,
+              "dataset": {"path": str(cfg.data), "name": ds.meta.name, "rows": ds.rows,
+                          "cardinalities": cards, "dense_features": ds.meta.num_dense}}
+    return TrainResult(config, metrics, summary, model, tables)
+
+
+def _forward_backward(model, step: Step, rows: torch.Tensor, per: int, cfg: TrainConfig) -> float:
+    """Forward/backward of every trainer slice; leaves summed row gradients in step.grad_rows."""
+    p = step.plan
+    t = time.perf_counter()
+    inverse = torch.from_numpy(p.inverse)
+    n_tables = len(p.inverse) // cfg.batch_size
+    emb = rows.index_select(0, inverse).view(cfg.batch_size, n_tables, -1).requires_grad_()
+    total = 0.0
+    fwd = bwd = 0.0
+    for i in range(cfg.trainers):
+        sl = slice(i * per, (i + 1) * per)
+        logits = model(step.dense[sl], emb[sl])
+        loss = F.binary_cross_entropy_with_logits(logits, step.labels[sl], reduction="sum") / cfg.batch_size
+        t1 = time.perf_counter()
+        fwd += t1 - t
+        loss.backward()
+        t = time.perf_counter()
+        bwd += t - t1
+        total += float(loss.detach())
+    t1 = time.perf_counter()
+    step.grad_rows = torch.zeros_like(rows).index_add_(0, inverse, emb.grad.view(len(p.inverse), -1))
+    step.times["forward"] = fwd
+    step.times["backward"] = bwd + time.perf_counter() - t1
+    return total
+
+
+@torch.no_grad()
+def evaluate(model, servers, ds: Dataset, offsets: np.ndarray, start: int, n: int,
+             batch: int = 8192) -> dict[str, float]:
+    """Log loss and AUC on rows [start, start+n) with the tables as stored on the servers."""
+    if n == 0:
+        return {"eval_auc": float("nan"), "eval_logloss": float("nan")}
+    k = len(servers)
+    scores, labels = [], []
+    for lo in range(start, start + n, batch):
+        bt = ds.slice(lo, min(lo + batch, start + n))
+        keys = batch_keys(bt.sparse, offsets)
+        emb = torch.empty(len(keys), servers[0].weight.shape[1])
+        for s, (pos, local) in enumerate(split_by_shard(keys, k)):
+            emb[torch.from_numpy(pos)] = servers[s].weight[torch.from_numpy(local)]
+        logits = model(torch.from_numpy(np.ascontiguousarray(bt.dense)),
+                       emb.view(len(bt.labels), -1, emb.shape[1]))
+        scores.append(logits.numpy())
+        labels.append(np.asarray(bt.labels))
+    s = np.concatenate(scores).astype(np.float64)
+    y = np.concatenate(labels).astype(np.float64)
+    logloss = float(np.mean(np.logaddexp(0, s) - y * s))
+    return {"eval_auc": auc(y, s), "eval_logloss": logloss}
+
+
+def summarize(metrics: pd.DataFrame, cfg: TrainConfig, wall: float) -> dict[str, Any]:
+    """Speed and totals; the first `warmup` iterations are excluded from speed figures."""
+    m = metrics.iloc[cfg.warmup:] if len(metrics) > cfg.warmup else metrics
+    it = m["time"].to_numpy()
+    med = float(np.median(it)) if len(it) else math.nan
+    return {
+        "system": cfg.system,
+        "model": cfg.model,
+        "iterations": int(len(metrics)),
+        "measured_iterations": int(len(m)),
+        "samples_per_s": float(cfg.batch_size * len(it) / it.sum()) if len(it) and it.sum() > 0 else math.nan,
+        "median_iter_ms": 1e3 * med,
+        "p10_iter_ms": 1e3 * float(np.percentile(it, 10)) if len(it) else math.nan,
+        "p90_iter_ms": 1e3 * float(np.percentile(it, 90)) if len(it) else math.nan,
+        "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
+        "rows_fetched": int(metrics["rows_fetched"].sum()),
+        "rows_written_back": int(metrics["rows_written_back"].sum()),
+        "cache_hits": int(metrics["cache_hits"].sum()),
+        "unique_rows": int(metrics["unique_rows"].sum()),
+        "final_loss": float(metrics["loss"].iloc[-1]),
+        "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),
+        "wall_s": wall,
+    }
+
+
+def save_model(result: TrainResult, path: Path, table_names: list[str]) -> None:
+    """Dense state_dict and one full tensor per embedding table (after all write-backs)."""
+    from bagpipe_cli.io import atomic_file
+
+    obj = {"dense": result.model.state_dict(),
+           "tables": dict(zip(table_names, result.tables, strict=True)),
+           "config": result.config}
+    with atomic_file(Path(path), "wb") as f:
+        torch.save(obj, f)

@@ -1,0 +1,51 @@
+"""The environment a result was produced in, stored with every result."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bagpipe_cli import __version__
+
+
+def _git(*args: str) -> str | None:
+    try:
+        r = subprocess.run(["git", *args], capture_output=True, text=True, timeout=5,
+                           cwd=Path(__file__).resolve().parent)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout.strip() if r.returncode == 0 else None
+
+
+def environment() -> dict[str, Any]:
+    """torch/python versions, CPU/GPU, threads, git revision and dirty flag, host."""
+    import numpy
+    import torch
+
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "bagpipe_version": __version__,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": numpy.__version__,
+        "platform": platform.platform(),
+        "hostname": platform.node(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "git_revision": _git("rev-parse", "HEAD"),
+        "git_dirty": None if status is None else bool(status),
+    }
