@@ -67,7 +67,7 @@ def test_training_learns(tiny_dataset):
 def test_fetch_counts_match_the_definition(tiny_dataset):
     """A row of U_b is fetched iff it is in none of U_{b-L} ... U_{b-1}."""
     from bagpipe_cli.data import open_dataset
-    from bagpipe_cli.engine.server import table_offsets
+    from bagpipe_cli.data.format import table_offsets
 
     L, B, n = 4, 256, 50
     r = train(TrainConfig(data=str(tiny_dataset), batch_size=B, iterations=n, lookahead=L,
@@ -79,6 +79,19 @@ def test_fetch_counts_match_the_definition(tiny_dataset):
                 for b, s in enumerate(sets)]
     assert r.metrics["rows_fetched"].tolist() == expected
     assert r.metrics["unique_rows"].tolist() == [len(s) for s in sets]
+
+
+@pytest.mark.parametrize("lookahead", [1, 6, 40])
+def test_fetch_counts_equal_profile(tiny_dataset, lookahead):
+    """`bagpipe train` fetches exactly what `bagpipe profile`'s bagpipe policy predicts."""
+    from bagpipe_cli.data import open_dataset
+    from bagpipe_cli.profile import batch_trace, simulate_bagpipe
+
+    B, n = 200, 80
+    r = train(TrainConfig(data=str(tiny_dataset), batch_size=B, iterations=n, lookahead=lookahead,
+                          eval_rows=1000))
+    sim = simulate_bagpipe(batch_trace(open_dataset(tiny_dataset), B), lookahead)
+    assert r.metrics["rows_fetched"].tolist() == sim.fetched_per_batch[:n].tolist()
 
 
 def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):

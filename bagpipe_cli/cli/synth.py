@@ -8,7 +8,13 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from bagpipe_cli.cli.common import console, out_option, overwrite_option, progress_bar, translate_errors
+from bagpipe_cli.cli.common import (
+    console,
+    out_option,
+    overwrite_option,
+    progress_bar,
+    translate_errors,
+)
 from bagpipe_cli.data.synth import PRESETS, SynthConfig, generate
 
 

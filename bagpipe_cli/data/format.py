@@ -38,6 +38,15 @@ _HEADER_BYTES = 128  # fixed .npy header size, so the shape can be rewritten at 
 _INT32_MAX = 2**31 - 1
 
 
+def table_offsets(cardinalities: Sequence[int]) -> np.ndarray:
+    """Global row key of id 0 of each table: int64 [T] (cumulative cardinalities).
+
+    Rows of all tables share one key space, key = offset[t] + id, in [0, sum(cardinalities)).
+    """
+    card = np.asarray(cardinalities, dtype=np.int64)
+    return np.concatenate([[0], np.cumsum(card)[:-1]]).astype(np.int64)
+
+
 def sparse_file(t: int) -> str:
     """File name of table `t`'s id array."""
     return f"cat_{t:03d}.npy"

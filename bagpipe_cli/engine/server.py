@@ -88,11 +88,6 @@ def hash_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
-def table_offsets(cardinalities: list[int]) -> np.ndarray:
-    """Global key of id 0 of each table."""
-    return np.concatenate([[0], np.cumsum(cardinalities[:-1])]).astype(np.int64)
-
-
 def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) -> list[torch.Tensor]:
     """Full per-table weights [n_t, dim] gathered from the shards (for saving a model)."""
     k = len(servers)

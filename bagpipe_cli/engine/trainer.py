@@ -28,12 +28,12 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bagpipe_cli.data.format import Dataset, open_dataset
+from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
 from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
-from bagpipe_cli.engine.server import assemble_tables, init_servers, split_by_shard, table_offsets
+from bagpipe_cli.engine.server import assemble_tables, init_servers, split_by_shard
 from bagpipe_cli.engine.systems import SYSTEMS, BagpipeSystem, EmbeddingSystem, Step, SyncSystem
 from bagpipe_cli.engine.transport import InProcessTransport
 from bagpipe_cli.errors import ConfigError

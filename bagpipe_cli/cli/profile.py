@@ -1,0 +1,132 @@
+"""`bagpipe profile`: access skew and cache-policy simulation of a dataset."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskProgressColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+from rich.table import Table
+
+from bagpipe_cli.cli.common import (
+    console,
+    data_argument,
+    err_console,
+    list_option,
+    out_option,
+    overwrite_option,
+    translate_errors,
+)
+from bagpipe_cli.io import check_output_dir
+from bagpipe_cli.profile import POLICIES, ProfileConfig, ProfileResult, run_profile
+from bagpipe_cli.profile.report import write_profile
+
+
+def _int(v: str) -> int:
+    return int(v.replace("_", ""))  # "1_000_000" reads as well
+
+
+@click.command(
+    epilog="Example: bagpipe profile data/demo --batch-size 4096 --lookahead 50,200 "
+    "--cache-rows 100000,400000 --out results/demo-profile"
+)
+@data_argument
+@click.option("--batch-size", type=int, default=4096, show_default=True,
+              help="Global batch size B (samples per batch); a final partial batch is kept.")
+@click.option("--lookahead", "lookahead", default="200", show_default=True,
+              help="Bagpipe lookahead(s) L in batches, comma-separated.")
+@click.option("--cache-rows", "cache_rows", default=None,
+              help="Cache capacities R (rows) for lru, lfu, fae and belady, comma-separated "
+                   "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
+@click.option("--policies", default=",".join(POLICIES), show_default=True,
+              help="Policies to simulate, comma-separated.")
+@click.option("--dim", type=int, default=64, show_default=True,
+              help="Embedding dimension, for the fp32 bytes fetched.")
+@out_option(required=False, help="Output directory, written atomically "
+                                 "[default: results/profile-<dataset directory name>].")
+@overwrite_option
+@translate_errors
+def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None, policies: str,
+            dim: int, out: Path | None, overwrite: bool) -> None:
+    """Profile DATA: access skew and every cache policy simulated on the exact batch trace.
+
+    Writes profile.json, CSV tables (profile.csv, skew_tables.csv, access_cdf.csv,
+    per_batch.csv, bagpipe_vs_belady.csv) and PNG plots to --out, and prints a summary.
+    """
+    cfg = ProfileConfig(
+        data=data, batch_size=batch_size,
+        lookaheads=tuple(list_option(lookahead, _int, "--lookahead") or ()),
+        cache_rows=(tuple(list_option(cache_rows, _int, "--cache-rows") or ())
+                    if cache_rows is not None else None),
+        policies=tuple(p.strip().lower() for p in policies.split(",") if p.strip()),
+        dim=dim,
+    )
+    out = out or Path("results") / f"profile-{Path(data).resolve().name}"
+    check_output_dir(out, overwrite)  # fail before minutes of work, not after
+    with _Stages() as progress:
+        result = run_profile(cfg, progress)
+    write_profile(result, out, overwrite)
+    _summary(result, out)
+
+
+class _Stages:
+    """A rich progress display with one bar per stage, created on first report."""
+
+    def __enter__(self):
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:<22}"), BarColumn(), TaskProgressColumn(),
+            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+            disable=not err_console.is_terminal,
+        )
+        self.progress.__enter__()
+        self.tasks: dict[str, int] = {}
+        return self
+
+    def __call__(self, stage: str, advance: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        self.progress.advance(self.tasks[stage], advance)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
+
+
+def _summary(result: ProfileResult, out: Path) -> None:
+    t, s = result.trace, result.skew
+    head = Table(title=f"profile of {result.dataset['path']} -> {out}", show_header=False)
+    head.add_row("samples x tables", f"{result.dataset['rows']:,} x {len(result.dataset['tables'])} "
+                 f"= {t.accesses:,} accesses")
+    head.add_row("embedding rows", f"{s.embedding_rows:,} ({s.accessed_rows:,} accessed)")
+    head.add_row("top rows' share", ", ".join(f"{k}: {v:.1%}" for k, v in s.top_share.items()))
+    head.add_row("batches", f"{t.batches:,} of {t.batch_size:,} (last: {t.last_batch_rows:,} samples); "
+                 f"unique rows per batch: max {t.max_batch_unique_rows:,}, "
+                 f"mean {t.unique_accesses / max(t.batches, 1):,.0f}")
+    console.print(head)
+    tab = Table(title=f"rows fetched from the embedding servers ({result.config.dim}-dim fp32)")
+    for col in ["policy", "L", "cache rows", "fetched rows", "hit rate", "peak resident", "fetched"]:
+        tab.add_column(col, justify="left" if col == "policy" else "right")
+    for p in result.policies:
+        tab.add_row(
+            p.policy, "" if p.lookahead is None else f"{p.lookahead:,}",
+            "" if p.cache_rows is None else f"{p.cache_rows:,}", f"{p.fetched_rows:,}",
+            f"{p.hit_rate:.1%}", f"{p.peak_resident_rows:,}", _bytes(p.fetched_bytes(result.config.dim)),
+        )
+    console.print(tab)
+    for c in result.bagpipe_vs_belady:
+        console.print(f"bagpipe L={c.lookahead}: {c.bagpipe_fetched_rows:,} rows fetched with a peak of "
+                      f"{c.bagpipe_peak_resident_rows:,} resident; belady at that capacity: "
+                      f"{c.belady_fetched_rows:,} ({c.fetched_ratio:.2f}x)")
+
+
+def _bytes(n: float) -> str:
+    for div, suffix in [(2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")]:
+        if n >= div:
+            return f"{n / div:.1f} {suffix}"
+    return f"{n:.0f} B"

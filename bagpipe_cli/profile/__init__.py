@@ -1,0 +1,298 @@
+"""`bagpipe profile`: access skew and trace-driven cache-policy simulation of a dataset.
+
+Entry point: `run_profile(ProfileConfig(...), progress=None) -> ProfileResult`; the
+result is written by `bagpipe_cli.profile.report.write_profile`. The simulators in
+`bagpipe_cli.profile.policies` are usable on their own (`simulate_bagpipe(trace, L)`,
+`simulate_lru(trace, R)`, ...), with a trace built by `batch_trace(ds, batch_size)`.
+
+Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the per-batch
+unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
+row). The trace is kept in memory (about 8 bytes per unique access) only when a
+fixed-capacity policy (lru, lfu, fae, belady) is requested, since Belady needs the future
+and the default capacities need Bagpipe's peak.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bagpipe_cli.data.format import open_dataset
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.profile.policies import (
+    CAPACITY_POLICIES,
+    POLICIES,
+    SIMULATORS,
+    BagpipeSimulator,
+    PolicyResult,
+    check_capacity,
+    check_lookahead,
+    simulate_bagpipe,
+    simulate_belady,
+    simulate_fae,
+    simulate_lfu,
+    simulate_lru,
+    simulate_none,
+)
+from bagpipe_cli.profile.skew import SkewResult, skew_stats
+from bagpipe_cli.profile.trace import (
+    Trace,
+    batch_trace,
+    check_batch_size,
+    iter_batch_keys,
+    num_batches,
+    table_offsets,
+    trace_from_parts,
+)
+
+SCHEMA_VERSION = 1
+BYTES_PER_VALUE = 4  # fp32 embeddings
+
+# progress(stage, advance, total): `advance` more units of `total` done in `stage`.
+ProgressFn = Callable[[str, int, int], None]
+
+__all__ = [
+    "POLICIES", "SCHEMA_VERSION", "BagpipeComparison", "PolicyResult", "ProfileConfig",
+    "ProfileResult", "Trace", "TraceInfo", "batch_trace", "run_profile", "simulate_bagpipe",
+    "simulate_belady", "simulate_fae", "simulate_lfu", "simulate_lru", "simulate_none",
+    "table_offsets",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ProfileConfig:
+    """What `bagpipe profile` measures."""
+
+    data: Path  # dataset directory
+    batch_size: int = 4096  # global batch size B (samples per batch)
+    lookaheads: tuple[int, ...] = (200,)  # Bagpipe lookaheads L to simulate
+    cache_rows: tuple[int, ...] | None = None  # capacities R; None: Bagpipe's peaks, 2 max|U_b|
+    policies: tuple[str, ...] = POLICIES  # policies to simulate
+    dim: int = 64  # embedding dimension, for bytes (fp32)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "data", Path(self.data))
+        object.__setattr__(self, "lookaheads", tuple(self.lookaheads))
+        object.__setattr__(self, "policies", tuple(self.policies))
+        if self.cache_rows is not None:
+            object.__setattr__(self, "cache_rows", tuple(self.cache_rows))
+        if self.batch_size < 1:
+            raise ConfigError(f"--batch-size must be >= 1 (got {self.batch_size})")
+        if not self.lookaheads:
+            raise ConfigError("--lookahead: give at least one value")
+        for lk in self.lookaheads:
+            check_lookahead(lk)
+        if self.cache_rows is not None:
+            if not self.cache_rows:
+                raise ConfigError("--cache-rows: give at least one value")
+            for r in self.cache_rows:
+                if r < 1:
+                    raise ConfigError(f"--cache-rows must be >= 1 (got {r})")
+        if not self.policies:
+            raise ConfigError("--policies: give at least one policy")
+        for p in self.policies:
+            if p not in POLICIES:
+                raise ConfigError(f"--policies: unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+        if self.dim < 1:
+            raise ConfigError(f"--dim must be >= 1 (got {self.dim})")
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["data"] = str(self.data)
+        d["lookaheads"] = list(self.lookaheads)
+        d["cache_rows"] = list(self.cache_rows) if self.cache_rows is not None else None
+        d["policies"] = list(self.policies)
+        return d
+
+
+@dataclass(frozen=True)
+class TraceInfo:
+    """The batch sequence that was simulated."""
+
+    batch_size: int
+    batches: int  # every batch, a final partial one included
+    last_batch_rows: int  # samples in the last batch (= batch_size unless partial)
+    accesses: int  # samples x tables
+    unique_accesses: int  # sum over batches of |U_b|
+    max_batch_unique_rows: int  # max over batches of |U_b|
+    distinct_rows: int  # rows accessed at least once
+
+
+@dataclass(frozen=True)
+class BagpipeComparison:
+    """Bagpipe at lookahead L against Belady with a capacity equal to Bagpipe's peak."""
+
+    lookahead: int
+    bagpipe_fetched_rows: int
+    bagpipe_peak_resident_rows: int
+    belady_cache_rows: int
+    belady_fetched_rows: int
+
+    @property
+    def fetched_ratio(self) -> float:
+        """bagpipe fetched / belady fetched (>= 1: Belady is the optimum at that capacity)."""
+        return self.bagpipe_fetched_rows / self.belady_fetched_rows if self.belady_fetched_rows else 1.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "fetched_ratio": self.fetched_ratio}
+
+
+@dataclass
+class ProfileResult:
+    """Everything `bagpipe profile` found; `to_json()` is profile.json."""
+
+    config: ProfileConfig
+    dataset: dict[str, Any]
+    trace: TraceInfo
+    cache_rows: list[int]  # the capacities simulated (given or derived)
+    cache_rows_source: str  # "option" or "default: ..." (how they were derived)
+    skew: SkewResult
+    policies: list[PolicyResult]
+    bagpipe_vs_belady: list[BagpipeComparison]
+    timing: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        dim = self.config.dim
+        cfg = self.config.to_json()
+        cfg["cache_rows"] = self.cache_rows
+        cfg["cache_rows_source"] = self.cache_rows_source
+        cfg["bytes_per_value"] = BYTES_PER_VALUE
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "dataset": self.dataset,
+            "config": cfg,
+            "trace": asdict(self.trace),
+            "skew": self.skew.to_json(),
+            "policies": [p.to_json(dim) for p in self.policies],
+            "bagpipe_vs_belady": [c.to_json() for c in self.bagpipe_vs_belady],
+            "timing": self.timing,
+        }
+
+    def policies_frame(self) -> pd.DataFrame:
+        """One row per (policy, setting): the profile.csv table."""
+        df = pd.DataFrame([p.to_json(self.config.dim) for p in self.policies],
+                          columns=list(PolicyResult.JSON_FIELDS))
+        return df.astype({"lookahead": "Int64", "cache_rows": "Int64"})
+
+
+def _noop(stage: str, advance: int, total: int) -> None:
+    pass
+
+
+def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
+    """Profile the dataset of `config`: skew statistics and every requested policy."""
+    progress = progress or _noop
+    ds = open_dataset(config.data)
+    meta = ds.meta
+    check_batch_size(meta, config.batch_size)
+    timing: dict[str, dict[str, float]] = {}
+    accesses = meta.rows * meta.num_tables
+
+    def timed(stage: str, t0: float, n: int) -> None:
+        dt = time.perf_counter() - t0
+        timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0}
+
+    # Pass 1: skew.
+    t0 = time.perf_counter()
+    skew = skew_stats(ds, lambda n: progress("skew", n, accesses))
+    timed("skew", t0, accesses)
+
+    # Pass 2: the trace, streamed through none and bagpipe.
+    pols = config.policies
+    want_capacity = any(p in CAPACITY_POLICIES for p in pols)
+    lookaheads = list(dict.fromkeys(config.lookaheads))
+    num_rows = int(sum(meta.cardinalities))
+    bag = BagpipeSimulator(lookaheads, num_rows)
+    keys: list[np.ndarray] = []
+    counts: list[np.ndarray] = []
+    sizes: list[int] = []
+    t0 = time.perf_counter()
+    for u, c in iter_batch_keys(ds, config.batch_size, lambda n: progress("trace", n, meta.rows)):
+        bag.step(u)
+        sizes.append(u.size)
+        if want_capacity:
+            keys.append(u)
+            counts.append(c)
+    unique_accesses = int(sum(sizes))
+    bag_results = bag.results(accesses, unique_accesses)
+    timed("trace+none+bagpipe", t0, accesses)
+    nb = num_batches(meta.rows, config.batch_size)
+    info = TraceInfo(
+        batch_size=config.batch_size, batches=nb,
+        last_batch_rows=meta.rows - (nb - 1) * config.batch_size,
+        accesses=accesses, unique_accesses=unique_accesses,
+        max_batch_unique_rows=max(sizes), distinct_rows=skew.accessed_rows,
+    )
+    trace = trace_from_parts(keys, counts, num_rows) if want_capacity else None
+    del keys, counts
+
+    # Capacities: given, or Bagpipe's peak at every lookahead (every policy gets the memory
+    # Bagpipe needs) and twice the largest batch.
+    if config.cache_rows is not None:
+        cache_rows = sorted(set(config.cache_rows))
+        source = "option"
+    else:
+        cache_rows = sorted({*(b.peak_resident_rows for b in bag_results),
+                             2 * info.max_batch_unique_rows})
+        source = "default: bagpipe's peak at every lookahead and 2 x the largest batch's unique rows"
+    if want_capacity:
+        big = int(np.argmax(sizes))
+        for r in cache_rows:
+            check_capacity(r, info.max_batch_unique_rows, big)
+
+    results: list[PolicyResult] = []
+    if "none" in pols:
+        results.append(PolicyResult(
+            policy="none", lookahead=None, cache_rows=None, batches=nb, accesses=accesses,
+            unique_accesses=unique_accesses, fetched_rows=unique_accesses,
+            peak_resident_rows=info.max_batch_unique_rows,
+            fetched_per_batch=np.asarray(sizes, dtype=np.int64),
+        ))
+    if "bagpipe" in pols:
+        results.extend(bag_results)
+    belady_at: dict[int, PolicyResult] = {}
+    for p in CAPACITY_POLICIES:
+        if p not in pols:
+            continue
+        t0 = time.perf_counter()
+        for r in cache_rows:
+            stage = f"{p} R={r:,}"
+            if p == "fae":
+                res = simulate_fae(trace, r, row_counts=skew.row_counts)
+            else:
+                res = SIMULATORS[p](trace, r, lambda n, s=stage: progress(s, n, nb))
+            if p == "belady":
+                belady_at[r] = res
+            results.append(res)
+        timed(p, t0, accesses * len(cache_rows))
+
+    comparisons: list[BagpipeComparison] = []
+    if "bagpipe" in pols and "belady" in pols:
+        t0 = time.perf_counter()
+        for br in bag_results:
+            r = br.peak_resident_rows
+            if r not in belady_at:
+                belady_at[r] = simulate_belady(trace, r, lambda n, s=f"belady R={r:,}": progress(s, n, nb))
+            comparisons.append(BagpipeComparison(
+                lookahead=br.lookahead, bagpipe_fetched_rows=br.fetched_rows,
+                bagpipe_peak_resident_rows=r, belady_cache_rows=r,
+                belady_fetched_rows=belady_at[r].fetched_rows,
+            ))
+        timed("bagpipe_vs_belady", t0, accesses * len(comparisons))
+
+    dataset = {
+        "path": str(config.data), "name": meta.name, "rows": meta.rows,
+        "tables": [{"name": t.name, "cardinality": t.cardinality} for t in meta.tables],
+        "embedding_rows": num_rows,
+    }
+    return ProfileResult(
+        config=config, dataset=dataset, trace=info, cache_rows=cache_rows if want_capacity else [],
+        cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
+        bagpipe_vs_belady=comparisons, timing=timing,
+    )
