@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -86,10 +87,22 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write `obj` as indented JSON, atomically."""
+    """Write `obj` as indented, strict JSON (NaN and infinities become null), atomically."""
     with atomic_file(path) as f:
-        json.dump(obj, f, indent=2, sort_keys=False, default=_json_default)
+        json.dump(_finite(obj), f, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
         f.write("\n")
+
+
+def _finite(o: Any) -> Any:
+    if isinstance(o, float):
+        return o if math.isfinite(o) else None
+    if isinstance(o, dict):
+        return {k: _finite(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)):
+        return [_finite(v) for v in o]
+    if hasattr(o, "item") and getattr(o, "ndim", 1) == 0:
+        return _finite(o.item())
+    return o
 
 
 def _json_default(o: Any) -> Any:

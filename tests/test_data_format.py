@@ -114,3 +114,10 @@ def _edit_meta(d, **fields):
     m = json.loads((d / META_FILE).read_text())
     m.update(fields)
     (d / META_FILE).write_text(json.dumps(m))
+
+
+def test_write_json_is_strict(tmp_path):
+    from bagpipe_cli.io import write_json
+
+    write_json(tmp_path / "x.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": np.float32(2)})
+    assert json.loads((tmp_path / "x.json").read_text()) == {"a": None, "b": [1.5, None], "c": 2.0}
