@@ -1,13 +1,12 @@
 """Engine speed, side by side in one process tree on the same data and model.
 
 Runs, interleaved and repeated (medians reported):
-  - hand:    a minimal hand-written PyTorch loop: one nn.EmbeddingBag per table with sparse
-             gradients, all tables local, the same DLRM dense model, SGD (the no-overhead
-             reference);
-  - sync:    the engine without a cache (fetch + write back every iteration);
-  - bagpipe: the engine with the oracle cache and prefetch;
-and sync/bagpipe again with an emulated network (bandwidth chosen so that fetching is most
-of sync's iteration time, as the paper measured ~75%).
+  - hand:  a minimal hand-written PyTorch loop: one nn.EmbeddingBag per table with sparse
+           gradients, all tables local, the same DLRM dense model, SGD (the no-overhead
+           reference);
+  - every system of the engine (sync, bagpipe, lru, lfu, fae, het, local), without and
+    with an emulated network ("+net"; bandwidth chosen so that fetching is most of sync's
+    iteration time, as the paper measured ~75%).
 
 Targets (issue 5): no network, bagpipe >= 0.8x hand; emulated network, bagpipe >= 3x sync
 and >= 0.85x its own no-network speed.
@@ -31,6 +30,7 @@ import torch.nn.functional as F
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.systems import SYSTEMS
 from bagpipe_cli.models import ModelConfig, build_model
 
 
@@ -84,13 +84,15 @@ def main() -> None:
     common = dict(data=str(data), batch_size=a.batch_size, iterations=a.iterations, lr=0.05,
                   lookahead=a.lookahead, eval_rows=0, warmup=5)
     net = dict(net_gbps=a.net_gbps, net_latency_us=a.net_latency_us)
-    runs = {
-        "hand": lambda: hand_loop(data, a.batch_size, a.iterations, 5, 0.05, 0),
-        "sync": lambda: train(TrainConfig(system="sync", **common)).summary,
-        "bagpipe": lambda: train(TrainConfig(system="bagpipe", **common)).summary,
-        "sync+net": lambda: train(TrainConfig(system="sync", **common, **net)).summary,
-        "bagpipe+net": lambda: train(TrainConfig(system="bagpipe", **common, **net)).summary,
-    }
+    def run(system: str, **kw):
+        extra = {"staleness": 4} if system == "het" else {}
+        return lambda: train(TrainConfig(system=system, **common, **extra, **kw)).summary
+
+    runs = {"hand": lambda: hand_loop(data, a.batch_size, a.iterations, 5, 0.05, 0)}
+    for system in SYSTEMS:
+        runs[system] = run(system)
+    for system in SYSTEMS:
+        runs[system + "+net"] = run(system, **net)
     sps: dict[str, list[float]] = {k: [] for k in runs}
     fetch_share = []
     oracle_ms = []
@@ -114,9 +116,11 @@ def main() -> None:
           f"(medians), torch threads {torch.get_num_threads()}")
     print(f"emulated network: {a.net_gbps} Gbit/s, {a.net_latency_us} us; fetch share of sync's "
           f"iteration: {statistics.median(fetch_share):.0%}; oracle {statistics.median(oracle_ms):.2f} ms/batch")
-    print(f"{'run':14s}{'samples/s':>12s}   spread (min-max)")
+    print(f"{'run':14s}{'samples/s':>12s}{'vs sync':>9s}   spread (min-max)")
     for k, v in sps.items():
-        print(f"{k:14s}{med[k]:>12,.0f}   {min(v):,.0f}-{max(v):,.0f}")
+        ref = med["sync+net"] if k.endswith("+net") else med["sync"]
+        print(f"{k:14s}{med[k]:>12,.0f}{med[k] / ref:>8.2f}x   {min(v):,.0f}-{max(v):,.0f}")
+    print("(het runs with --staleness 4: not sync-equivalent; lru/lfu/fae at bagpipe's peak cache size)")
     rows = [
         ("bagpipe / hand (no network)", med["bagpipe"] / med["hand"], 0.8),
         ("bagpipe / sync (emulated network)", med["bagpipe+net"] / med["sync+net"], 3.0),

@@ -102,3 +102,11 @@ def test_synth_refuses_non_empty_out(tmp_path):
     assert r.exit_code == 0, r.output
     assert not (tmp_path / "o" / "keep.txt").exists()
     assert open_dataset(tmp_path / "o").rows == 100
+
+
+def test_synth_without_dense_features(tmp_path):
+    r = CliRunner().invoke(cli, ["synth", "--preset", "avazu", "--rows", "3000", "--scale", "0.001",
+                                 "--out", str(tmp_path / "a")])
+    assert r.exit_code == 0, r.output
+    ds = open_dataset(tmp_path / "a", verify=True)
+    assert ds.dense.shape == (3000, 0) and ds.meta.num_tables == 22

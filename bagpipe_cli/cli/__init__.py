@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from bagpipe_cli import __version__
+from bagpipe_cli.cli.preprocess import preprocess
 from bagpipe_cli.cli.profile import profile
 from bagpipe_cli.cli.synth import synth
 from bagpipe_cli.cli.train import train
@@ -22,6 +23,7 @@ def cli() -> None:
 
 
 cli.add_command(synth)
+cli.add_command(preprocess)
 cli.add_command(profile)
 cli.add_command(train)
 

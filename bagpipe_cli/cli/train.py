@@ -22,13 +22,17 @@ from bagpipe_cli.engine.systems import SYSTEMS
                       "--batch-size 1024 --iterations 200 --lookahead 16 --out results/run1")
 @data_argument
 @click.option("--system", type=click.Choice(SYSTEMS), default="bagpipe", show_default=True,
-              help="bagpipe: lookahead cache + prefetch; sync: fetch and write back every iteration.")
+              help="bagpipe: lookahead cache + prefetch; sync: fetch and write back every iteration; "
+                   "lru/lfu: fixed cache, fetch on miss; fae: static hot rows; het: bounded-staleness "
+                   "cache; local: all tables on the trainer.")
 @click.option("--model", default="dlrm", show_default=True, help="dlrm | wdl | deepfm | dcn.")
 @click.option("--batch-size", type=int, default=1024, show_default=True, help="Global batch size.")
 @click.option("--iterations", type=int, default=100, show_default=True)
 @click.option("--lookahead", type=int, default=16, show_default=True, help="L: batches the oracle looks ahead.")
 @click.option("--round", "round_", type=int, default=None, help="C: iterations per prefetch round [default: L/4].")
-@click.option("--cache-rows", type=int, default=None, help="Trainer cache capacity [default: the oracle's peak].")
+@click.option("--cache-rows", type=int, default=None, help="Cache rows of bagpipe/lru/lfu/fae [default: bagpipe's peak at --lookahead].")
+@click.option("--staleness", type=int, default=0, show_default=True,
+              help="het: versions a cached row may lag behind the servers.")
 @click.option("--emb-dim", type=int, default=16, show_default=True)
 @click.option("--optimizer", default="sgd", show_default=True, help="Embedding optimizer: sgd | adagrad.")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Embedding learning rate.")

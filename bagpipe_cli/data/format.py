@@ -177,9 +177,10 @@ class _ArrayWriter:
         a = np.ascontiguousarray(a, dtype=self.dtype)
         if a.shape[1:] != self.row_shape:
             raise ValueError(f"{self.path.name}: row shape {a.shape[1:]} != {self.row_shape}")
-        buf = a.data.cast("B")
-        self.sha.update(buf)
-        self.f.write(buf)
+        if a.size:  # a zero-width chunk ([n, 0] dense) has no bytes, only rows
+            buf = a.data.cast("B")
+            self.sha.update(buf)
+            self.f.write(buf)
         self.rows += a.shape[0]
 
     def close(self) -> str:

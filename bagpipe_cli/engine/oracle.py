@@ -59,6 +59,10 @@ class RoundPlan:
     fetch_slots: np.ndarray
     iters: list[IterPlan] = field(default_factory=list)
     resident_after_insert: int = 0  # occupied slots once this round's rows are inserted
+    # Rows evicted (written back) at the round's start, before its rows are inserted
+    # (lru/lfu victims); the oracle evicts after iterations instead and leaves these empty.
+    pre_evict_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
+    pre_evict_slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
 
 
 def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:

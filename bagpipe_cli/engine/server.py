@@ -43,6 +43,16 @@ class EmbeddingServer:
         self.bytes_received += (rows.numel() + state.numel()) * 4
 
 
+    def apply_gradients(self, local: torch.Tensor, grad: torch.Tensor, opt) -> None:
+        """Apply the row optimizer to rows at local indices (parameter-server style update)."""
+        rows, state = self.weight.index_select(0, local), self.state.index_select(0, local)
+        new_rows, new_state = opt.step(rows, state, grad)
+        self.weight.index_copy_(0, local, new_rows)
+        if new_state.shape[1]:
+            self.state.index_copy_(0, local, new_state)
+        self.bytes_received += grad.numel() * 4
+
+
 def shard_rows(shard: int, num_shards: int, total_rows: int) -> int:
     """Number of keys k < total_rows with k % num_shards == shard."""
     return max(0, (total_rows - shard + num_shards - 1) // num_shards)
@@ -50,6 +60,7 @@ def shard_rows(shard: int, num_shards: int, total_rows: int) -> int:
 
 def split_by_shard(keys: np.ndarray, num_shards: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """For each shard: (positions in `keys`, local indices on that shard)."""
+    keys = np.asarray(keys, dtype=np.int64)
     if num_shards == 1:
         return [(np.arange(len(keys)), keys)]
     owner = keys % num_shards

@@ -33,8 +33,17 @@ from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
+from bagpipe_cli.engine.planner import PLANNED_POLICIES, PolicyPlanner, trace_of
 from bagpipe_cli.engine.server import assemble_tables, init_servers, split_by_shard
-from bagpipe_cli.engine.systems import SYSTEMS, BagpipeSystem, EmbeddingSystem, Step, SyncSystem
+from bagpipe_cli.engine.systems import (
+    SYSTEMS,
+    CacheSystem,
+    EmbeddingSystem,
+    HetSystem,
+    LocalSystem,
+    Step,
+    SyncSystem,
+)
 from bagpipe_cli.engine.transport import InProcessTransport
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.metrics import auc
@@ -48,13 +57,14 @@ class TrainConfig:
     """One training run (`bagpipe train`)."""
 
     data: str  # dataset directory
-    system: str = "bagpipe"  # bagpipe | sync
+    system: str = "bagpipe"  # sync | bagpipe | lru | lfu | fae | het | local
     model: str = "dlrm"  # dlrm | wdl | deepfm | dcn
     batch_size: int = 1024  # global batch size (split evenly over trainers)
     iterations: int = 100  # training iterations (the data wraps around if needed)
     lookahead: int = 16  # L: batches the oracle looks ahead
     round: int | None = None  # C: iterations per prefetch/evict round (default L/4)
-    cache_rows: int | None = None  # trainer cache capacity (default: the oracle's peak)
+    cache_rows: int | None = None  # cache rows of bagpipe/lru/lfu/fae (default: bagpipe's peak)
+    staleness: int = 0  # het: versions a cached row may lag behind the servers
     emb_dim: int = 16  # E: embedding dimension
     optimizer: str = "sgd"  # embedding optimizer: sgd | adagrad
     lr: float = 0.1  # embedding learning rate
@@ -87,6 +97,8 @@ class TrainConfig:
             raise ConfigError(f"--cache-rows must be >= 1 (got {self.cache_rows})")
         if self.dense_optimizer not in ("sgd", "adam"):
             raise ConfigError(f"--dense-optimizer {self.dense_optimizer!r}: choose sgd or adam")
+        if self.staleness < 0:
+            raise ConfigError(f"--staleness must be >= 0 (got {self.staleness})")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0 (got {self.warmup})")
         RowOptimizer(self.optimizer, self.lr)  # validates --optimizer and --lr
@@ -124,7 +136,7 @@ def iter_train_batches(ds: Dataset, cfg: TrainConfig, train_rows: int):
         yield ds.slice(lo, lo + cfg.batch_size, b)
 
 
-def _loader(ds: Dataset, cfg: TrainConfig, train_rows: int, oracle: Oracle,
+def _loader(ds: Dataset, cfg: TrainConfig, train_rows: int, oracle: Oracle | PolicyPlanner,
             offsets: np.ndarray, out: queue.Queue, stop: threading.Event) -> None:
     """The data loader + oracle thread: plans rounds ahead into a bounded queue."""
     held: list = []
@@ -183,27 +195,13 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     servers = init_servers(cards, rdim, cfg.servers, cfg.seed, rowopt.init_state)
     transport = InProcessTransport(servers, network)
 
-    lookahead = cfg.lookahead if cfg.system == "bagpipe" else 1
-    capacity = None
-    peak = None
-    if cfg.system == "bagpipe":
-        # A planning pass (the oracle is deterministic) gives the peak before any training.
-        keys = (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows))
-        peak, _ = plan_peak(keys, total, cfg.lookahead, cfg.round)
-        if cfg.cache_rows is not None and cfg.cache_rows < peak:
-            raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
-                              f"of {peak} rows; raise --cache-rows or lower --lookahead")
-        capacity = cfg.cache_rows or max(peak, 1)
-        system: EmbeddingSystem = BagpipeSystem(transport, RowCache(capacity, rdim, rowopt.state_dim))
-    else:
-        system = SyncSystem(transport)
-    oracle = Oracle(total, lookahead, cfg.round if cfg.system == "bagpipe" else 1, cfg.trainers,
-                    capacity)
+    system, planner, capacity, peak = _build_system(cfg, ds, train_rows, offsets, total, rdim,
+                                                    rowopt, transport, servers)
 
     q: queue.Queue = queue.Queue(maxsize=4)
     stop = threading.Event()
     loader = threading.Thread(target=_loader, name="oracle", daemon=True,
-                              args=(ds, cfg, train_rows, oracle, offsets, q, stop))
+                              args=(ds, cfg, train_rows, planner, offsets, q, stop))
     loader.start()
     rows_out: list[dict[str, Any]] = []
     per = cfg.batch_size // cfg.trainers
@@ -232,25 +230,25 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
                     later.pop(plan.b - 2).result()
                 rows, state = system.read(step)
                 loss = _forward_backward(model, step, rows, per, cfg)
-                grad_rows = step.grad_rows
                 t = time.perf_counter()
                 if cfg.trainers > 1:
-                    crit = dense_bytes + (plan.sync_now * row_bytes if system.uses_oracle_slots else 0)
-                    network.wait(network.allreduce_seconds(crit, cfg.trainers))
-                    if system.uses_oracle_slots and plan.sync_later:
-                        later[plan.b] = transport.collective(plan.sync_later * row_bytes, cfg.trainers)
+                    crit_rows, async_rows = system.sync_rows(plan)
+                    network.wait(network.allreduce_seconds(dense_bytes + crit_rows * row_bytes,
+                                                           cfg.trainers))
+                    if async_rows:
+                        later[plan.b] = transport.collective(async_rows * row_bytes, cfg.trainers)
                 step.times["sync"] += time.perf_counter() - t
                 t = time.perf_counter()
                 dense_opt.step()
                 dense_opt.zero_grad(set_to_none=True)
-                new_rows, new_state = rowopt.step(rows, state, grad_rows)
-                system.write(step, new_rows, new_state)
+                system.update(step, rows, state, step.grad_rows, rowopt)
                 step.times["optimizer"] = time.perf_counter() - t
                 rec = {"iteration": plan.b, "loss": loss,
                        "time": time.perf_counter() - t_it + step.times["data"] + (waited if i == 0 else 0.0),
                        **step.times, "unique_rows": len(plan.uniq), "rows_fetched": step.rows_fetched,
                        "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
-                       "sync_now": plan.sync_now, "sync_later": plan.sync_later, "no_sync": plan.no_sync}
+                       "sync_now": plan.sync_now, "sync_later": plan.sync_later, "no_sync": plan.no_sync,
+                       **step.extra}
                 rows_out.append(rec)
                 if progress:
                     progress(plan.b, rec)
@@ -269,13 +267,14 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     summary = summarize(metrics, cfg, wall)
     summary.update(ev)
     summary.update({
-        "oracle_ms_per_batch": oracle.ms_per_batch,
+        "oracle_ms_per_batch": planner.ms_per_batch,
         "peak_resident_rows": peak,
         "cache_rows": capacity,
         "network_emulated": network.emulated,
         "train_rows": train_rows,
         "eval_rows": eval_rows,
         "transport_busy_s": transport.busy_seconds(),
+        "rows_written_back_at_end": getattr(system, "written_back_at_end", 0),
     })
     tables = assemble_tables(servers, cards)
     config = {"train": asdict(cfg), "model": asdict(mcfg), "row_dim": rdim,
@@ -284,13 +283,48 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     return TrainResult(config, metrics, summary, model, tables)
 
 
+def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.ndarray, total: int,
+                  rdim: int, rowopt: RowOptimizer, transport, servers):
+    """The system, its planner, the cache capacity and bagpipe's peak for this run."""
+
+    def keys() -> Iterator[np.ndarray]:
+        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows))
+
+    peak = capacity = None
+    if cfg.system in ("bagpipe", *PLANNED_POLICIES):
+        # A planning pass (the oracle is deterministic) gives the peak before any training;
+        # the baselines' default capacity is the memory Bagpipe needs, as in `bagpipe profile`.
+        peak, _ = plan_peak(keys(), total, cfg.lookahead, cfg.round)
+        capacity = cfg.cache_rows or max(peak, 1)
+    if cfg.system == "bagpipe":
+        if cfg.cache_rows is not None and cfg.cache_rows < peak:
+            raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
+                              f"of {peak} rows; raise --cache-rows or lower --lookahead")
+        system: EmbeddingSystem = CacheSystem("bagpipe", transport,
+                                              RowCache(capacity, rdim, rowopt.state_dim), True)
+        return system, Oracle(total, cfg.lookahead, cfg.round, cfg.trainers, capacity), capacity, peak
+    if cfg.system in PLANNED_POLICIES:
+        planner = PolicyPlanner(cfg.system, trace_of(keys(), total), capacity, total)
+        cache = RowCache(planner.slots, rdim, rowopt.state_dim)
+        return CacheSystem(cfg.system, transport, cache, False), planner, capacity, peak
+    if cfg.system == "local":
+        system = LocalSystem(transport, servers, total)
+    elif cfg.system == "het":
+        system = HetSystem(transport, total, cfg.trainers, cfg.staleness, rdim, cfg.batch_size)
+    else:
+        system = SyncSystem(transport)
+    # Only U_b and its inverse are needed: an oracle with lookahead 1 and no cache plans them.
+    return system, Oracle(total, 1, 1, cfg.trainers, None), None, None
+
+
 def _forward_backward(model, step: Step, rows: torch.Tensor, per: int, cfg: TrainConfig) -> float:
     """Forward/backward of every trainer slice; leaves summed row gradients in step.grad_rows."""
     p = step.plan
     t = time.perf_counter()
     inverse = torch.from_numpy(p.inverse)
     n_tables = len(p.inverse) // cfg.batch_size
-    emb = rows.index_select(0, inverse).view(cfg.batch_size, n_tables, -1).requires_grad_()
+    values = step.emb if step.emb is not None else rows.index_select(0, inverse)
+    emb = values.view(cfg.batch_size, n_tables, -1).requires_grad_()
     total = 0.0
     fwd = bwd = 0.0
     for i in range(cfg.trainers):
@@ -304,7 +338,8 @@ def _forward_backward(model, step: Step, rows: torch.Tensor, per: int, cfg: Trai
         bwd += t - t1
         total += float(loss.detach())
     t1 = time.perf_counter()
-    step.grad_rows = torch.zeros_like(rows).index_add_(0, inverse, emb.grad.view(len(p.inverse), -1))
+    step.grad_rows = torch.zeros(len(p.uniq), emb.shape[2]).index_add_(
+        0, inverse, emb.grad.view(len(p.inverse), -1))
     step.times["forward"] = fwd
     step.times["backward"] = bwd + time.perf_counter() - t1
     return total

@@ -63,6 +63,10 @@ class Transport(ABC):
         """Start writing rows back to their servers; the futures complete when they landed."""
 
     @abstractmethod
+    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+        """Send row gradients to the servers, which apply the row optimizer `opt`."""
+
+    @abstractmethod
     def collective(self, nbytes: int, participants: int) -> Future:
         """An all-reduce of `nbytes` among trainers on the collective link (timing only here)."""
 
@@ -146,6 +150,22 @@ class InProcessTransport(Transport):
 
             def run(server=server, idx=idx, r=r, s=s, nbytes=nbytes):
                 server.write_back(idx, r, s)
+                return None, self.network.transfer_seconds(nbytes)
+
+            futures.append(self._workers[k].submit(run))
+        return futures
+
+    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+        futures = []
+        for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            if len(pos) == 0:
+                continue
+            g = grad if self.num_servers == 1 else grad[torch.from_numpy(pos)]
+            server, idx = self.servers[k], torch.from_numpy(local)
+            nbytes = g.numel() * 4
+
+            def run(server=server, idx=idx, g=g, nbytes=nbytes):
+                server.apply_gradients(idx, g, opt)
                 return None, self.network.transfer_seconds(nbytes)
 
             futures.append(self._workers[k].submit(run))

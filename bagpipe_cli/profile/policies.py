@@ -264,7 +264,7 @@ def simulate_fae(trace: TraceLike, capacity: int, row_counts: np.ndarray | None 
 # --------------------------------------------------------------------------- lru, lfu, belady
 
 
-class _EvictingCache:
+class EvictingCache:
     """Fixed-capacity cache evicting the resident row with the smallest priority key.
 
     A row's key is `(primary << shift) | stamp`, where `stamp` is the position of the
@@ -298,6 +298,7 @@ class _EvictingCache:
         """Run the batch whose accesses are trace positions [lo, hi); returns rows fetched."""
         u = self.trace_keys[lo:hi]
         m = hi - lo
+        self.evicted: list[np.ndarray] = []  # rows evicted by this step (the engine writes them back)
         fetched = m - int(np.count_nonzero(self.resident[u]))
         self.resident[u] = True
         self.n_res += fetched
@@ -325,7 +326,9 @@ class _EvictingCache:
             window = self.q[h : h + w]
             live = np.flatnonzero(self._live(window))
             take = live[:left]
-            self.resident[self._rows(window[take])] = False
+            gone = self._rows(window[take])
+            self.resident[gone] = False
+            self.evicted.append(gone)
             left -= take.size
             h += int(take[-1]) + 1 if left == 0 else w
         self.head = h
@@ -356,7 +359,7 @@ def _run_evicting(policy: str, tr: Trace, capacity: int,
                   primary: Callable[[int, int, int], np.ndarray | None], primary_max: int,
                   progress: BatchProgress | None) -> PolicyResult:
     check_capacity(capacity, tr.max_batch_rows, int(np.argmax(tr.batch_sizes)) if len(tr) else None)
-    cache = _EvictingCache(capacity, tr, primary_max)
+    cache = EvictingCache(capacity, tr, primary_max)
     nb = len(tr)
     fetched = np.zeros(nb, dtype=np.int64)
     off = tr.offsets
@@ -379,6 +382,11 @@ def simulate_lru(trace: TraceLike, capacity: int, progress: BatchProgress | None
 def simulate_lfu(trace: TraceLike, capacity: int, progress: BatchProgress | None = None) -> PolicyResult:
     """LFU cache of `capacity` rows counting every access so far (see the module doc)."""
     tr = as_trace(trace)
+    return _run_evicting("lfu", tr, capacity, lfu_priority(tr), max(tr.accesses, 1), progress)
+
+
+def lfu_priority(tr: Trace) -> Callable[[int, int, int], np.ndarray]:
+    """LFU's eviction priority of batch b's rows: their access counts so far, b included."""
     count = np.zeros(tr.num_rows, dtype=np.int64)
     mult = tr.counts
 
@@ -387,7 +395,7 @@ def simulate_lfu(trace: TraceLike, capacity: int, progress: BatchProgress | None
         count[u] += 1 if mult is None else mult[lo:hi]
         return count[u]
 
-    return _run_evicting("lfu", tr, capacity, primary, max(tr.accesses, 1), progress)
+    return primary
 
 
 def next_use(trace: TraceLike) -> np.ndarray:

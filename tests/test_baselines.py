@@ -1,0 +1,70 @@
+"""Baselines in the same engine: lru, lfu, fae, het, local (issue 6)."""
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bagpipe_cli.cli import cli
+from bagpipe_cli.data import open_dataset
+from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.profile import batch_trace, simulate_fae, simulate_lfu, simulate_lru
+
+
+def _same(a, b):
+    if a.metrics["loss"].tolist() != b.metrics["loss"].tolist():
+        return False
+    pa = [*a.tables, *a.model.state_dict().values()]
+    pb = [*b.tables, *b.model.state_dict().values()]
+    return all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
+
+
+@pytest.mark.parametrize("optimizer,trainers,servers", [("sgd", 1, 1), ("adagrad", 2, 3)])
+def test_every_exact_baseline_equals_sync(tiny_dataset, optimizer, trainers, servers):
+    kw = dict(data=str(tiny_dataset), batch_size=256, iterations=30, lookahead=4, optimizer=optimizer,
+              trainers=trainers, servers=servers, eval_rows=2000, dense_optimizer="adam", dense_lr=0.01)
+    sync = train(TrainConfig(system="sync", **kw))
+    for system, extra in [("lru", {"cache_rows": 2500}), ("lfu", {"cache_rows": 2500}),
+                          ("fae", {"cache_rows": 800}), ("local", {}), ("het", {"staleness": 0})]:
+        r = train(TrainConfig(system=system, **kw, **extra))
+        assert _same(sync, r), system
+        if system in ("lru", "lfu", "fae"):
+            # every fetched row goes back to the servers, during training or at its end
+            s = r.summary
+            assert s["rows_written_back"] + s["rows_written_back_at_end"] == s["rows_fetched"]
+            assert 0 < s["rows_fetched"] < sync.summary["rows_fetched"]
+    assert train(TrainConfig(system="local", **kw)).summary["rows_fetched"] == 0
+
+
+@pytest.mark.parametrize("policy,sim,capacity", [("lru", simulate_lru, 2000), ("lfu", simulate_lfu, 2000),
+                                                 ("fae", simulate_fae, 600)])
+def test_fetch_counts_equal_profile(tiny_dataset, policy, sim, capacity):
+    B, eval_rows = 256, 20_000 - 70 * 256  # the run covers exactly the first 70 batches
+    r = train(TrainConfig(data=str(tiny_dataset), system=policy, batch_size=B, iterations=70,
+                          cache_rows=capacity, eval_rows=eval_rows))
+    expected = sim(batch_trace(open_dataset(tiny_dataset), B, rows=70 * B), capacity)
+    assert r.metrics["rows_fetched"].tolist() == expected.fetched_per_batch.tolist()
+    assert r.summary["rows_fetched"] == expected.fetched_rows
+
+
+def test_het_staleness_trades_accuracy_for_fetches(tiny_dataset):
+    kw = dict(data=str(tiny_dataset), system="het", batch_size=256, iterations=40, trainers=2,
+              optimizer="adagrad", eval_rows=2000)
+    exact = train(TrainConfig(staleness=0, **kw))
+    stale = train(TrainConfig(staleness=4, **kw))
+    assert exact.metrics["stale_reads"].sum() == 0
+    assert stale.metrics["stale_reads"].sum() > 0
+    assert stale.summary["rows_fetched"] < exact.summary["rows_fetched"]
+    assert not torch.equal(stale.tables[0], exact.tables[0])
+    assert stale.summary["eval_auc"] > 0.5  # still learns
+
+
+def test_baseline_cli_and_bad_capacity(tiny_dataset, tmp_path):
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", "lru", "--batch-size", "256",
+                                 "--iterations", "5", "--cache-rows", "10", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--cache-rows" in r.output and not (tmp_path / "o").exists()
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", "het", "--staleness", "-1",
+                                 "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--staleness" in r.output
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", "fae", "--batch-size", "256",
+                                 "--iterations", "6", "--eval-rows", "1000", "--out", str(tmp_path / "f")])
+    assert r.exit_code == 0, r.output
