@@ -45,6 +45,13 @@ from bagpipe_cli.engine.systems import SYSTEMS
 @click.option("--net-latency-us", type=float, default=0.0, show_default=True, help="Emulated latency per message.")
 @click.option("--eval-rows", type=int, default=None, help="Held-out tail rows for AUC [default: 10%, at most 50k].")
 @click.option("--warmup", type=int, default=5, show_default=True, help="Iterations excluded from speed figures.")
+@click.option("--transport", type=click.Choice(["inproc", "torch"]), default="inproc", show_default=True,
+              help="inproc: threads in one process; torch: this process is one torch.distributed "
+                   "rank (launch with torchrun, or use --procs).")
+@click.option("--procs", type=int, default=None,
+              help="Spawn the ranks locally: 1 oracle + --servers + --trainers processes over gloo.")
+@click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
+              help="torch transport: seconds a rank waits for a peer before giving up.")
 @out_option()
 @overwrite_option
 @click.option("--save-model", type=click.Path(path_type=Path), default=None,
@@ -62,8 +69,12 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     from bagpipe_cli.io import check_output_dir
     from bagpipe_cli.results import write_run
 
+    procs = kw.pop("procs")
     cfg = TrainConfig(data=str(data), round=round_, **kw)
     check_output_dir(out, overwrite)  # fail before training, not after
+    if procs is not None:
+        _spawn(cfg, procs)
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn(f"[bold]train {cfg.system}"), BarColumn(), MofNCompleteColumn(),
@@ -72,10 +83,15 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
         task = bar.add_task("train", total=cfg.iterations, sps="", loss="")
 
         def on_iter(b: int, rec: dict) -> None:
-            bar.update(task, advance=1, sps=f"{cfg.batch_size / max(rec['time'], 1e-9):,.0f} samples/s",
-                       loss=f"{rec['loss']:.4f}")
+            if rec["time"] == rec["time"]:  # not NaN (distributed rank 0 plans, others train)
+                bar.update(task, completed=b + 1, loss=f"{rec['loss']:.4f}",
+                           sps=f"{cfg.batch_size / max(rec['time'], 1e-9):,.0f} samples/s")
+            else:
+                bar.update(task, completed=b + 1)
 
         result = run(cfg, progress=on_iter)
+    if result is None:  # a non-zero rank of a torch.distributed job: rank 0 writes the run
+        return
     write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite)
     if save_model is not None:
         from bagpipe_cli.data import open_dataset
@@ -93,3 +109,33 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
     t.add_row("network", "emulated" if s["network_emulated"] else "not emulated")
     console.print(t)
+
+
+def _spawn(cfg, procs: int) -> None:
+    """--procs: re-run this command as one local process per rank (--transport torch)."""
+    import sys
+
+    from bagpipe_cli.engine.distributed import Layout, spawn_local
+    from bagpipe_cli.errors import ConfigError
+
+    layout = Layout(cfg.servers, cfg.trainers)
+    if procs != layout.world:
+        raise ConfigError(f"--procs {procs}: a run with --servers {cfg.servers} and --trainers "
+                          f"{cfg.trainers} needs 1 + {cfg.servers} + {cfg.trainers} = {layout.world} processes")
+    argv = sys.argv[1:] if sys.argv[1:2] == ["train"] else None
+    if argv is None:
+        raise ConfigError("--procs must be given on the bagpipe command line")
+    argv = _drop_option(argv, "--procs") + ["--transport", "torch"]
+    spawn_local(argv, layout, cfg.timeout_s)
+
+
+def _drop_option(argv: list[str], name: str) -> list[str]:
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == name:
+            skip = True
+        elif not a.startswith(name + "="):
+            out.append(a)
+    return out

@@ -31,6 +31,7 @@ import numpy as np
 from bagpipe_cli.errors import ConfigError
 
 NEVER = np.iinfo(np.int32).min // 2
+SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2
 
 
 @dataclass
@@ -48,6 +49,8 @@ class IterPlan:
     sync_later: int  # all-reduced asynchronously
     no_sync: int  # used by one trainer only and evicted: never synchronised
     no_sync_owner_rows: np.ndarray  # [N] how many no_sync rows each trainer owns
+    row_class: np.ndarray | None = None  # [|U_b|] SYNC_NOW / SYNC_LATER / NO_SYNC per row of uniq
+    owner: np.ndarray | None = None  # [|U_b|] the one trainer using a row (meaningful for NO_SYNC)
 
 
 @dataclass
@@ -199,9 +202,12 @@ class Oracle:
         owner_rows += np.bincount(owner[no_sync], minlength=self.N)
         n_now = int(in_next.sum())
         n_none = int(no_sync.sum())
+        row_class = np.full(len(uniq), SYNC_LATER, dtype=np.int8)
+        row_class[in_next] = SYNC_NOW
+        row_class[no_sync] = NO_SYNC
         return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots,
                         sync_now=n_now, sync_later=len(uniq) - n_now - n_none, no_sync=n_none,
-                        no_sync_owner_rows=owner_rows)
+                        no_sync_owner_rows=owner_rows, row_class=row_class, owner=owner)
 
     @property
     def ms_per_batch(self) -> float:

@@ -77,6 +77,8 @@ class TrainConfig:
     net_latency_us: float = 0.0  # emulated per-message latency
     eval_rows: int | None = None  # held-out tail for AUC (default: 10% of rows, at most 50,000)
     warmup: int = 5  # iterations excluded from the speed figures
+    transport: str = "inproc"  # inproc (threads in this process) | torch (torch.distributed ranks)
+    timeout_s: float = 120.0  # torch transport: how long a rank waits for a peer
 
     def __post_init__(self) -> None:
         if self.system not in SYSTEMS:
@@ -99,6 +101,10 @@ class TrainConfig:
             raise ConfigError(f"--dense-optimizer {self.dense_optimizer!r}: choose sgd or adam")
         if self.staleness < 0:
             raise ConfigError(f"--staleness must be >= 0 (got {self.staleness})")
+        if self.transport not in ("inproc", "torch"):
+            raise ConfigError(f"--transport {self.transport!r}: choose inproc or torch")
+        if not self.timeout_s > 0:
+            raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0 (got {self.warmup})")
         RowOptimizer(self.optimizer, self.lr)  # validates --optimizer and --lr
@@ -173,8 +179,16 @@ def _rounds(q: queue.Queue) -> Iterator[tuple]:
         yield item
 
 
-def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None) -> TrainResult:
-    """Run `cfg` and return its metrics, summary and final parameters."""
+def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None) -> TrainResult | None:
+    """Run `cfg` and return its metrics, summary and final parameters.
+
+    With `transport="torch"` this process is one rank of a torch.distributed job (see
+    `engine/distributed.py`); only rank 0 returns a result, the others return None.
+    """
+    if cfg.transport == "torch":
+        from bagpipe_cli.engine.distributed import run_rank
+
+        return run_rank(cfg, progress)
     ds = open_dataset(cfg.data)
     if ds.labels is None:
         raise ConfigError(f"dataset {cfg.data} has no labels; training needs a labeled dataset")
@@ -317,31 +331,53 @@ def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.nd
     return system, Oracle(total, 1, 1, cfg.trainers, None), None, None
 
 
-def _forward_backward(model, step: Step, rows: torch.Tensor, per: int, cfg: TrainConfig) -> float:
-    """Forward/backward of every trainer slice; leaves summed row gradients in step.grad_rows."""
-    p = step.plan
-    t = time.perf_counter()
-    inverse = torch.from_numpy(p.inverse)
-    n_tables = len(p.inverse) // cfg.batch_size
-    values = step.emb if step.emb is not None else rows.index_select(0, inverse)
-    emb = values.view(cfg.batch_size, n_tables, -1).requires_grad_()
-    total = 0.0
-    fwd = bwd = 0.0
-    for i in range(cfg.trainers):
-        sl = slice(i * per, (i + 1) * per)
-        logits = model(step.dense[sl], emb[sl])
-        loss = F.binary_cross_entropy_with_logits(logits, step.labels[sl], reduction="sum") / cfg.batch_size
-        t1 = time.perf_counter()
-        fwd += t1 - t
-        loss.backward()
+def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,
+                   inverse: torch.Tensor, n_uniq: int, slices: list[slice], n_tables: int,
+                   batch_size: int, times: dict[str, float]) -> tuple[list[float], list[torch.Tensor]]:
+    """Forward/backward of trainer slices (sample ranges); their losses and row-gradient partials.
+
+    `values` [B*T, dim] are the rows each access reads; a slice's partial is the sum, per
+    row of U_b, of its accesses' gradients (in sample order). Dense gradients accumulate
+    in the parameters' `.grad` (in slice order).
+    """
+    losses, partials = [], []
+    for sl in slices:
         t = time.perf_counter()
-        bwd += t - t1
-        total += float(loss.detach())
-    t1 = time.perf_counter()
-    step.grad_rows = torch.zeros(len(p.uniq), emb.shape[2]).index_add_(
-        0, inverse, emb.grad.view(len(p.inverse), -1))
-    step.times["forward"] = fwd
-    step.times["backward"] = bwd + time.perf_counter() - t1
+        pos = slice(sl.start * n_tables, sl.stop * n_tables)
+        emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
+        logits = model(dense[sl], emb)
+        loss = F.binary_cross_entropy_with_logits(logits, labels[sl], reduction="sum") / batch_size
+        t1 = time.perf_counter()
+        times["forward"] += t1 - t
+        loss.backward()
+        partials.append(torch.zeros(n_uniq, values.shape[1]).index_add_(
+            0, inverse[pos], emb.grad.view(-1, values.shape[1])))
+        times["backward"] += time.perf_counter() - t1
+        losses.append(float(loss.detach()))
+    return losses, partials
+
+
+def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """p0 + p1 + ... in trainer order: the one summation order every transport uses."""
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+def _forward_backward(model, step: Step, rows: torch.Tensor, per: int, cfg: TrainConfig) -> float:
+    """All simulated trainers' slices; leaves the summed row gradients in step.grad_rows."""
+    p = step.plan
+    inverse = torch.from_numpy(p.inverse)
+    values = step.emb if step.emb is not None else rows.index_select(0, inverse)
+    slices = [slice(i * per, (i + 1) * per) for i in range(cfg.trainers)]
+    losses, partials = slice_partials(model, step.dense, step.labels, values, inverse, len(p.uniq),
+                                      slices, len(p.inverse) // cfg.batch_size, cfg.batch_size,
+                                      step.times)
+    step.grad_rows = ordered_sum(partials)
+    total = 0.0
+    for x in losses:
+        total += x
     return total
 
 
