@@ -1,4 +1,4 @@
-"""`bagpipe preprocess`: raw click logs -> a dataset directory, in two streaming passes.
+"""`bagpipe preprocess`: raw click logs -> a dataset directory, streaming.
 
 Stages, per block of input lines (a block is parsed in a background thread while the
 previous one is encoded):
@@ -7,12 +7,17 @@ previous one is encoded):
 2. decode (`_decode`): label and dense checks and transform, per-table dictionary
    encoding of the block's categorical values and their keys (`vocab`); bad lines are
    found here by vectorised checks and either reported (`FILE:LINE: problem`) or dropped;
-3. pass 1 (count): add each table's per-block value counts to a `VocabCounter`;
-4. pass 2 (encode): map every value to its id (vocabulary or hash bucket) and append the
-   block to a `DatasetWriter` inside an atomic output directory.
+3. pass 1 over the input (count + write): add each table's per-block value counts to a
+   `VocabCounter`, and write the block's dense features, labels and each value's
+   first-appearance number (a provisional id) to a `DatasetWriter` inside an atomic
+   output directory;
+4. pass 2 over the written id columns (`_remap_in_place`): once the counts are complete,
+   rewrite every provisional id as its popularity id (or 0 below `--min-count`) and
+   checksum the final arrays.
 
-With `--max-rows-per-table` or `--vocab-from` there is nothing to count, so pass 1 is
-skipped. Memory is the vocabularies plus a block or two, whatever the input size.
+The input is parsed once. With `--max-rows-per-table` or `--vocab-from` ids are final in
+pass 1 and pass 2 is skipped. Memory is the vocabularies plus a block or two, whatever
+the input size.
 """
 
 from __future__ import annotations
