@@ -6,9 +6,8 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_DIR ?= results/demo
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean torchrec
 
 setup: $(STAMP)
 
@@ -18,16 +17,14 @@ $(STAMP): setup.cfg pyproject.toml
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-# The main job on the embedded default: a 1/100-scale Criteo-like dataset, its access
-# profile, and Bagpipe vs synchronous training over an emulated slow network.
-DEMO_TRAIN := --batch-size 2048 --iterations 100 --lookahead 16 --optimizer adagrad --lr 0.05 \
-	--net-gbps 0.25 --net-latency-us 50 --overwrite
+# The main job on the embedded default: every system on a 1/100-scale Criteo-like synthetic
+# dataset (generated on first use) with and without an emulated slow network, then the report.
+DEMO_BENCH ?= results/bench-demo
 demo: $(STAMP)
-	$(BIN)/bagpipe synth --out $(DEMO_DIR)/data --preset criteo-kaggle --scale 0.01 --rows 300000 --overwrite
-	$(BIN)/bagpipe profile $(DEMO_DIR)/data --batch-size 2048 --lookahead 4,16,64 --out $(DEMO_DIR)/profile --overwrite
-	$(BIN)/bagpipe train $(DEMO_DIR)/data --system sync $(DEMO_TRAIN) --out $(DEMO_DIR)/sync
-	$(BIN)/bagpipe train $(DEMO_DIR)/data --system bagpipe $(DEMO_TRAIN) --out $(DEMO_DIR)/bagpipe
-	@echo "demo outputs in $(DEMO_DIR)/: data, profile (profile.json, CSVs, PNGs), sync and bagpipe runs"
+	rm -rf $(DEMO_BENCH)
+	$(BIN)/bagpipe bench --quick --out $(DEMO_BENCH)
+	$(BIN)/bagpipe report $(DEMO_BENCH) --out $(DEMO_BENCH)/report --format png,svg,html,md
+	@echo "report: $(DEMO_BENCH)/report/report.html (Markdown: $(DEMO_BENCH)/report/report.md; figures and summary.csv next to them)"
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
@@ -37,3 +34,10 @@ lint: $(STAMP)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
+
+# Optional: the TorchRec CPU baseline (`--system torchrec`), matched to torch 2.13. torchrec's
+# metadata asks for the CUDA fbgemm-gpu, which would replace the CPU build: install it --no-deps.
+torchrec: $(STAMP)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check fbgemm-gpu-cpu==1.8.0 tensordict 'torchmetrics==1.0.3' tqdm pyre-extensions
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps torchrec==1.8.0
+	$(BIN)/python -c "import torch, torchrec, fbgemm_gpu; print('torchrec', torchrec.__version__, 'with torch', torch.__version__)"

@@ -5,8 +5,10 @@ from __future__ import annotations
 import click
 
 from bagpipe_cli import __version__
+from bagpipe_cli.cli.bench import bench
 from bagpipe_cli.cli.preprocess import preprocess
 from bagpipe_cli.cli.profile import profile
+from bagpipe_cli.cli.report import report
 from bagpipe_cli.cli.synth import synth
 from bagpipe_cli.cli.train import train
 
@@ -26,6 +28,8 @@ cli.add_command(synth)
 cli.add_command(preprocess)
 cli.add_command(profile)
 cli.add_command(train)
+cli.add_command(bench)
+cli.add_command(report)
 
 
 def main() -> None:

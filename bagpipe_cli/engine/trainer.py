@@ -49,6 +49,8 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.metrics import auc
 from bagpipe_cli.models import MODELS, ModelConfig, build_model, row_dim
 
+# Systems run by another library, same data, models and metrics (optional installs).
+EXTERNAL_SYSTEMS = ("torchrec",)
 TIME_KEYS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
 
 
@@ -81,8 +83,9 @@ class TrainConfig:
     timeout_s: float = 120.0  # torch transport: how long a rank waits for a peer
 
     def __post_init__(self) -> None:
-        if self.system not in SYSTEMS:
-            raise ConfigError(f"--system {self.system!r}: choose one of {', '.join(SYSTEMS)}")
+        if self.system not in (*SYSTEMS, *EXTERNAL_SYSTEMS):
+            raise ConfigError(f"--system {self.system!r}: choose one of "
+                              f"{', '.join((*SYSTEMS, *EXTERNAL_SYSTEMS))}")
         if self.model not in MODELS:
             raise ConfigError(f"--model {self.model!r}: choose one of {', '.join(sorted(MODELS))}")
         for opt, v in [("--batch-size", self.batch_size), ("--iterations", self.iterations),
@@ -185,6 +188,10 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     With `transport="torch"` this process is one rank of a torch.distributed job (see
     `engine/distributed.py`); only rank 0 returns a result, the others return None.
     """
+    if cfg.system == "torchrec":
+        from bagpipe_cli.external import train_torchrec
+
+        return train_torchrec(cfg, progress=progress)
     if cfg.transport == "torch":
         from bagpipe_cli.engine.distributed import run_rank
 

@@ -1,0 +1,36 @@
+"""`bagpipe bench`: a matrix of training runs (systems x models x datasets x settings).
+
+Entry points: `load_bench_config(path) -> BenchConfig` (YAML/TOML, validated),
+`plan_runs(cfg) -> [PlannedRun]` (deduplicated by effective config), and
+`run_bench(cfg, out, resume, progress) -> BenchResult` (writes the bench folder; see
+`bagpipe_cli.bench.runner` for its layout). Results are read back with
+`bagpipe_cli.results.load_results`.
+"""
+
+from bagpipe_cli.bench.config import (
+    SYSTEM_OWN_SETTINGS,
+    BenchConfig,
+    DatasetSpec,
+    MatrixAxis,
+    PlannedRun,
+    ProfileSpec,
+    find_bench_file,
+    ignored_settings,
+    load_bench_config,
+    parse_bench_config,
+    plan_runs,
+)
+from bagpipe_cli.bench.runner import (
+    BenchEvent,
+    BenchResult,
+    default_out,
+    read_bench_config,
+    run_bench,
+)
+
+__all__ = [
+    "SYSTEM_OWN_SETTINGS", "BenchConfig", "BenchEvent", "BenchResult", "DatasetSpec",
+    "MatrixAxis", "PlannedRun", "ProfileSpec", "default_out", "find_bench_file",
+    "ignored_settings", "load_bench_config", "parse_bench_config", "plan_runs",
+    "read_bench_config", "run_bench",
+]  # fmt: skip

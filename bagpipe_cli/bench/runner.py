@@ -1,0 +1,244 @@
+"""Running a benchmark matrix into a bench folder.
+
+Bench folder layout (every file written atomically):
+
+    <out>/bench.json         the bench config as loaded (+ the planned run ids)
+    <out>/environment.json   where it ran (torch, CPU/GPU, threads, git revision, dirty flag)
+    <out>/index.json         schema_version, the runs finished so far (rewritten after each run)
+    <out>/index.csv          the same runs as a table
+    <out>/runs/<run-id>/     one run folder each (config.json, metrics.csv, summary.json)
+    <out>/profiles/<dataset>/  `bagpipe profile` of each dataset (access_cdf.csv, ...)
+
+Repeats are interleaved (every configuration once, then every configuration again, ...)
+so that slow drifts of the machine spread over all systems alike. A run folder appears only
+when its run is complete, so an interrupted bench keeps every finished run, and `resume`
+skips them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bagpipe_cli.bench.config import BenchConfig, PlannedRun, plan_runs
+from bagpipe_cli.engine.trainer import train
+from bagpipe_cli.environment import environment
+from bagpipe_cli.errors import ConfigError, DataError
+from bagpipe_cli.io import atomic_file, write_json
+from bagpipe_cli.results import RUN_SCHEMA_VERSION, write_run
+
+INDEX_SCHEMA_VERSION = 1
+BENCH_KIND = "bagpipe-bench"
+INDEX_COLUMNS = ["run_id", "repeat", "system", "model", "dataset", "setting", "variant", "status",
+                 "path", "samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
+                 "final_loss", "eval_auc", "network_emulated", "wall_s", "finished"]
+
+
+@dataclass
+class BenchEvent:
+    """What the bench is doing, for a progress display.
+
+    kind: "dataset" (generating or checking one), "profile", "start" (a run starts),
+    "iteration" (one training iteration done), "done" (a run finished: `row` is its index
+    row), "skipped" (already complete: `row`).
+    """
+
+    kind: str
+    message: str = ""
+    run: PlannedRun | None = None
+    repeat: int = 0
+    done: int = 0  # runs finished or skipped so far (including this one for done/skipped)
+    total: int = 0  # runs in the bench
+    iteration: int = 0
+    record: dict[str, Any] | None = None  # the iteration's metrics
+    row: dict[str, Any] | None = None  # the run's index row
+
+
+@dataclass
+class BenchResult:
+    """A finished bench: its folder and one index row per run."""
+
+    out: Path
+    index: pd.DataFrame
+    ran: int = 0
+    skipped: int = 0
+    datasets_generated: list[str] = field(default_factory=list)
+
+
+ProgressFn = Callable[[BenchEvent], None]
+
+
+def default_out(cfg: BenchConfig) -> Path:
+    return Path("results") / f"bench-{cfg.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
+              progress: ProgressFn | None = None) -> BenchResult:
+    """Run every planned run `cfg.repeat` times into the bench folder `out`."""
+    emit = progress or (lambda e: None)
+    out = Path(out)
+    plan = plan_runs(cfg)
+    _prepare(out, resume)
+    total = len(plan) * cfg.repeat
+    now = _now()
+    write_json(out / "bench.json", {"kind": BENCH_KIND, "schema_version": INDEX_SCHEMA_VERSION,
+                                    "written": now, "config": cfg.to_json(),
+                                    "planned_runs": [p.run_id(r) for r in range(1, cfg.repeat + 1)
+                                                     for p in plan]})
+    if not (out / "environment.json").exists() or not resume:
+        write_json(out / "environment.json", environment())
+    result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
+    for ds in cfg.datasets:
+        if prepare_dataset(ds, emit):
+            result.datasets_generated.append(ds.name)
+    if cfg.profile is not None:
+        for ds in cfg.datasets:
+            _profile(cfg, plan, ds, out / "profiles" / ds.name, emit)
+
+    rows: list[dict[str, Any]] = []
+    done = 0
+    for r in range(1, cfg.repeat + 1):
+        for p in plan:
+            rid = p.run_id(r)
+            folder = out / "runs" / rid
+            if (folder / "summary.json").is_file():
+                done += 1
+                row = _index_row(p, r, folder, _read_json(folder / "summary.json"), "kept")
+                rows.append(row)
+                result.skipped += 1
+                _write_index(out, cfg, rows, total)
+                emit(BenchEvent("skipped", run=p, repeat=r, done=done, total=total, row=row))
+                continue
+            emit(BenchEvent("start", run=p, repeat=r, done=done, total=total))
+
+            def on_iter(b: int, rec: dict, p: PlannedRun = p, r: int = r, done: int = done) -> None:
+                emit(BenchEvent("iteration", run=p, repeat=r, done=done, total=total,
+                                iteration=b, record=rec))
+
+            res = train(p.config, progress=on_iter)
+            config = {**res.config, "bench": {"name": cfg.name, "run_id": rid, "repeat": r,
+                                              "dataset": p.dataset, "setting": p.setting,
+                                              "variant": p.variant, "key": p.key}}
+            write_run(folder, config, res.metrics, res.summary)
+            done += 1
+            row = _index_row(p, r, folder, res.summary, "done")
+            rows.append(row)
+            result.ran += 1
+            _write_index(out, cfg, rows, total)
+            emit(BenchEvent("done", run=p, repeat=r, done=done, total=total, row=row))
+    result.index = pd.DataFrame(rows, columns=INDEX_COLUMNS)
+    return result
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def _prepare(out: Path, resume: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        if not resume:
+            raise ConfigError(f"--out {out} exists and is not empty; pass --resume to continue "
+                              "that bench, or choose another --out")
+        if not (out / "bench.json").is_file():
+            raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
+    (out / "runs").mkdir(parents=True, exist_ok=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path}: cannot read: {e}") from None
+
+
+def read_bench_config(out: Path) -> dict[str, Any]:
+    """The bench config stored in a bench folder (for `--resume` without a CONFIG)."""
+    p = Path(out) / "bench.json"
+    if not p.is_file():
+        raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
+    obj = _read_json(p)
+    if obj.get("schema_version") != INDEX_SCHEMA_VERSION:
+        raise DataError(f"{p}: schema_version {obj.get('schema_version')} is not supported by this "
+                        f"bagpipe (expects {INDEX_SCHEMA_VERSION}); rerun the bench with it")
+    from bagpipe_cli.bench.config import BENCH_KEYS
+
+    return {k: v for k, v in obj["config"].items() if k in BENCH_KEYS}
+
+
+def _index_row(p: PlannedRun, r: int, folder: Path, s: dict[str, Any], status: str) -> dict[str, Any]:
+    return {
+        "run_id": p.run_id(r), "repeat": r, "system": p.config.system, "model": p.config.model,
+        "dataset": p.dataset, "setting": p.setting_label, "variant": p.variant_label,
+        "status": status, "path": f"runs/{folder.name}",
+        **{k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
+                                 "final_loss", "eval_auc", "network_emulated", "wall_s")},
+        "finished": _now() if status == "done" else None,
+    }
+
+
+def _write_index(out: Path, cfg: BenchConfig, rows: list[dict[str, Any]], total: int) -> None:
+    """index.json and index.csv, atomically: they always list exactly the finished runs."""
+    write_json(out / "index.json", {
+        "kind": BENCH_KIND, "schema_version": INDEX_SCHEMA_VERSION,
+        "run_schema_version": RUN_SCHEMA_VERSION, "name": cfg.name, "source": cfg.source,
+        "updated": _now(), "planned": total, "completed": len(rows), "runs": rows,
+    })
+    with atomic_file(out / "index.csv") as f:
+        pd.DataFrame(rows, columns=INDEX_COLUMNS).to_csv(f, index=False)
+
+
+def prepare_dataset(ds, emit: ProgressFn) -> bool:
+    """Generate a missing synthetic dataset; check an existing one. True if generated."""
+    from bagpipe_cli.data.format import open_dataset
+    from bagpipe_cli.data.synth import SynthConfig, generate
+
+    if not ds.path.exists():
+        if ds.synth is None:
+            raise ConfigError(
+                f"dataset {ds.name}: {ds.path} does not exist; make it first, e.g. "
+                f"`bagpipe preprocess criteo train.txt --out {ds.path}` (paths are relative to "
+                "the current directory)")
+        sc = SynthConfig(**ds.synth)
+        emit(BenchEvent("dataset", message=f"generating {ds.name} into {ds.path}"))
+        t0 = time.perf_counter()
+        generate(sc, ds.path)
+        emit(BenchEvent("dataset", message=f"generated {ds.name} in {time.perf_counter() - t0:.1f} s"))
+        return True
+    meta = open_dataset(ds.path).meta
+    if ds.synth is not None:
+        want = asdict(SynthConfig(**ds.synth))
+        want["rows"] = SynthConfig(**ds.synth).num_rows
+        have = getattr(meta, "options", None) or {}
+        diff = sorted(k for k in want if k in have and have[k] != want[k])
+        if diff:
+            raise ConfigError(f"dataset {ds.name}: {ds.path} exists but was generated with other "
+                              f"options ({', '.join(f'{k}={have[k]!r}' for k in diff)}); delete it "
+                              "or change the dataset's path")
+    return False
+
+
+def _profile(cfg: BenchConfig, plan: list[PlannedRun], ds, out: Path, emit: ProgressFn) -> None:
+    from bagpipe_cli.profile import ProfileConfig, run_profile
+    from bagpipe_cli.profile.report import write_profile
+
+    if (out / "profile.json").is_file():
+        return
+    runs = [p.config for p in plan if p.dataset == ds.name]
+    spec = cfg.profile
+    lookaheads = spec.lookaheads or tuple(sorted({c.lookahead for c in runs if c.system == "bagpipe"})
+                                          or {runs[0].lookahead})
+    pc = ProfileConfig(data=ds.path, batch_size=spec.batch_size or runs[0].batch_size,
+                       lookaheads=lookaheads, policies=spec.policies, dim=spec.dim or runs[0].emb_dim)
+    emit(BenchEvent("profile", message=f"profiling {ds.name} (batch {pc.batch_size}, "
+                                       f"L={','.join(map(str, lookaheads))})"))
+    write_profile(run_profile(pc), out, overwrite=True)

@@ -1,0 +1,48 @@
+"""`bagpipe report`: figures and a Markdown/HTML page from stored results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from bagpipe_cli.cli.common import console, overwrite_option, translate_errors
+
+
+@click.command(epilog="""\b
+Examples:
+  bagpipe report results/bench-quick-20250101-120000
+  bagpipe report results/paper results/sync-run --out results/paper-report --format png,svg,html,md""")
+@click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="Report folder [default: <first RESULTS>/report]; an earlier report there is replaced.")
+@click.option("--format", "formats", default="png,html,md", show_default=True,
+              help="Comma-separated outputs: png, svg (figures), html, md (pages).")
+@overwrite_option
+@translate_errors
+def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite: bool) -> None:
+    """Draw the figures and write a report page from stored RESULTS (bench folders, run folders
+    or their parents); nothing is re-run.
+
+    Figures: speed-up of every system over sync, per-iteration time breakdown, samples/s vs
+    lookahead and vs cache size (when the results vary them), loss curves, rows fetched per
+    iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
+    """
+    from bagpipe_cli.report import ReportConfig, build_report
+
+    cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
+    res = build_report(cfg)
+    s = res.summary
+    t = Table(title=f"{len(res.runs)} runs: median over repeats", title_justify="left")
+    for col in ("setting", "system", "runs", "iteration ms", "samples/s", "speed-up vs sync"):
+        t.add_column(col, justify="left" if col in ("setting", "system") else "right")
+    for r in s.itertuples():
+        t.add_row(r.setting, r.variant, str(r.runs), f"{r.iter_ms_median:.1f}",
+                  f"{r.samples_per_s_median:,.0f}", "-" if r.speedup != r.speedup else f"{r.speedup:.2f}x")
+    console.print(t)
+    for n in res.notes:
+        console.print(f"[yellow]note:[/yellow] {n}", soft_wrap=True)
+    pages = [p for p in res.files if p.suffix in (".html", ".md")]
+    console.print(f"{len(res.figures)} figures; report: {', '.join(map(str, pages)) or res.out}",
+                  soft_wrap=True)

@@ -1,0 +1,291 @@
+"""`bagpipe report`: figures and a page from stored results (a pure function of them).
+
+Entry point: `build_report(ReportConfig(results=(...), out=..., formats=(...))) -> ReportResult`.
+It reads run folders with `bagpipe_cli.results.load_results`/`load_metrics` and the access
+profiles a bench stored in `<bench>/profiles/<dataset>/`, and writes (atomically) into one
+folder:
+
+- `report.md`, `report.html` (figures embedded as PNG, self-contained), as asked;
+- figures `speedup`, `time_breakdown`, `throughput_vs_lookahead`, `throughput_vs_cache`,
+  `loss`, `rows_fetched`, `access_cdf` in the image formats asked (png, svg); a figure the
+  results cannot support (no lookahead sweep, no profile...) is skipped with a note;
+- `summary.csv` (the summary table, numeric), `time_breakdown.csv`, `runs.csv` (every run
+  loaded, one row each), `report.json` (inputs, figures, notes).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import atomic_dir, write_json
+from bagpipe_cli.report import plots
+from bagpipe_cli.report.analysis import (
+    BASELINE,
+    annotate,
+    context,
+    summary_table,
+    swept,
+    time_breakdown,
+)
+from bagpipe_cli.report.page import Block, display_summary, render_html, render_markdown
+from bagpipe_cli.results import load_metrics, load_results
+
+FORMATS = ("png", "svg", "html", "md")
+IMAGE_FORMATS = ("png", "svg")
+REPORT_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What `bagpipe report` reads and writes."""
+
+    results: tuple[Path, ...]  # run folders, bench folders or parents
+    out: Path | None = None  # default: <first result>/report
+    formats: tuple[str, ...] = ("png", "html", "md")  # of FORMATS
+    overwrite: bool = False  # replace a non-empty --out that is not an earlier report
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "results", tuple(Path(p) for p in self.results))
+        object.__setattr__(self, "formats", tuple(dict.fromkeys(f.strip().lower()
+                                                                 for f in self.formats if f.strip())))
+        if not self.results:
+            raise ConfigError("RESULTS: give at least one results folder")
+        if not self.formats:
+            raise ConfigError("--format: give at least one of " + ",".join(FORMATS))
+        for f in self.formats:
+            if f not in FORMATS:
+                raise ConfigError(f"--format {f!r}: choose from {','.join(FORMATS)}")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out) if self.out is not None else self.results[0] / "report"
+
+
+@dataclass
+class ReportResult:
+    """What a report contains: its folder and files, the tables and the notes."""
+
+    out: Path
+    files: list[Path]
+    runs: pd.DataFrame
+    summary: pd.DataFrame
+    breakdown: pd.DataFrame
+    figures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict]]:
+    """(dataset name, access_cdf.csv, profile.json) of the bench profiles near `paths`."""
+    cands: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        cands += sorted(p.glob("profiles/*/access_cdf.csv"))
+        if (p / "summary.json").is_file():  # a run folder inside <bench>/runs/
+            cands += sorted(p.parent.parent.glob("profiles/*/access_cdf.csv"))
+        if not cands:
+            cands += sorted(q for q in p.rglob("access_cdf.csv") if "report" not in q.parts)
+    seen, out = set(), []
+    datasets = set(runs["dataset"].dropna())
+    for c in cands:
+        name = c.parent.name
+        if name in seen or (datasets and name not in datasets):
+            continue
+        seen.add(name)
+        prof = {}
+        if (c.parent / "profile.json").is_file():
+            try:
+                prof = json.loads((c.parent / "profile.json").read_text())
+            except ValueError:
+                prof = {}
+        out.append((name, pd.read_csv(c), prof))
+    return out
+
+
+def _curves(runs: pd.DataFrame, metrics: pd.DataFrame, measured_only: bool
+            ) -> tuple[list[tuple[str, str, pd.DataFrame]], list[str]]:
+    """Per (dataset, model): the first setting that has sync, every variant's first repeat."""
+    out, panels = [], []
+    for (_ds, _model), g in runs.groupby(["dataset", "model"], sort=False):
+        with_sync = g[g["system"] == BASELINE]["setting_key"]
+        key = with_sync.iloc[0] if len(with_sync) else g["setting_key"].iloc[0]
+        gs = g[g["setting_key"] == key]
+        label = f"{gs['dataset'].iloc[0]} · {gs['model'].iloc[0]} · {gs['setting'].iloc[0]}"
+        panels.append(label)
+        for _, v in gs.groupby("variant", sort=False):
+            r = v.sort_values("repeat").iloc[0]
+            m = metrics[metrics["run_path"] == r["run_path"]]
+            if measured_only:
+                m = m[m["measured"]]
+            out.append((label, r["variant"], m))
+    return out, panels
+
+
+def _loss_note(curves: list[tuple[str, str, pd.DataFrame]]) -> str:
+    notes = []
+    for panel in dict.fromkeys(p for p, _, _ in curves):
+        mine = {v: m["loss"].to_numpy() for p, v, m in curves if p == panel}
+        base = next((m for v, m in mine.items() if v.split()[0] == BASELINE), None)
+        if base is None:
+            continue
+        for v, m in mine.items():
+            if v.split()[0] == BASELINE:
+                continue
+            if len(m) == len(base) and np.array_equal(m, base):
+                notes.append(f"{v}: bitwise identical to sync")
+            elif len(m) == len(base):
+                notes.append(f"{v}: max |Δloss| vs sync {np.max(np.abs(m - base)):.2g}")
+    return "; ".join(notes)
+
+
+def build_report(cfg: ReportConfig) -> ReportResult:
+    """Load the results under `cfg.results`, draw every figure, write the page(s)."""
+    out = cfg.out_dir
+    if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file() and not cfg.overwrite:
+        raise ConfigError(f"--out {out} exists, is not empty and is not a bagpipe report; pass "
+                          "--overwrite to replace it")
+    runs = annotate(load_results(*cfg.results))
+    metrics = load_metrics(*cfg.results)
+    summary = summary_table(runs, metrics)
+    bd = time_breakdown(runs, metrics)
+    sub = context(runs)
+    notes: list[str] = []
+    images = tuple(f for f in cfg.formats if f in IMAGE_FORMATS)
+    if "md" in cfg.formats and "png" not in images:
+        images = ("png", *images)  # the Markdown page links PNG files
+    figures: list[tuple[str, Any, str, str]] = []  # name, fig, heading, caption
+
+    systems = list(dict.fromkeys(runs["system"]))
+    fig = plots.plot_speedup(summary, sub)
+    if fig is None:
+        notes.append("No speed-up chart: the results have no `sync` run in the same setting as "
+                      "another system." if BASELINE in systems or len(systems) > 1 else
+                      "No speed-up chart: the results hold only one system.")
+    else:
+        missing = [s for s in systems if s != BASELINE and not
+                   summary[(summary["system"] == s)]["speedup"].notna().any()]
+        if missing:
+            notes.append(f"No sync run in the setting of {', '.join(missing)}: no speed-up for them.")
+        figures.append(("speedup", fig, "Speed-up over sync",
+                        "Median samples/s of each system divided by the median samples/s of `sync` in "
+                        "the same setting (same dataset, model, network, trainers...). Error bars: "
+                        "p10–p90 over repeats of each repeat's samples/s divided by sync's median. "
+                        "Warm-up iterations are excluded."))
+    fig = plots.plot_breakdown(bd, sub)
+    if fig is not None:
+        figures.append(("time_breakdown", fig, "Per-iteration time breakdown",
+                        "Mean time per measured iteration spent in each stage, stacked (means, so "
+                        "that costs paid once per round, such as Bagpipe's prefetch wait at a "
+                        "round's start, are amortised over the round); `other` is iteration time "
+                        "outside the six timed stages. The black tick is the median iteration time."))
+    for col, name, heading in (("lookahead", "throughput_vs_lookahead", "Throughput vs lookahead"),
+                               ("cache_rows", "throughput_vs_cache", "Throughput vs cache size")):
+        sw = swept(runs, col)
+        fig = plots.plot_sweep(sw, col, runs[runs["system"] == BASELINE], sub)
+        if fig is None:
+            notes.append(f"{heading}: skipped, the results do not vary `{col}` for a system that "
+                         "reads it.")
+        else:
+            figures.append((name, fig, heading,
+                            f"Median samples/s over repeats against `{col}` (p10–p90 error bars); "
+                            "horizontal lines: sync in the same setting."))
+    warmup = int(runs["warmup"].min()) if "warmup" in runs else 0
+    curves, _ = _curves(runs, metrics, measured_only=False)
+    loss_note = _loss_note(curves)
+    fig = plots.plot_loss(curves, warmup, sub, "sync thick, bagpipe thin dashed on top")
+    if fig is not None:
+        figures.append(("loss", fig, "Loss curves",
+                        "Training loss of each system's first repeat, every iteration (the grey band "
+                        "is the warm-up, excluded from the speed figures only). Sync is drawn as a "
+                        "thick translucent line and Bagpipe as a thin dashed line on top: Bagpipe "
+                        "produces the same parameters as synchronous training, so where the curves "
+                        "are identical only the dashed line over the thick one shows. "
+                        + (f"Checked on the stored losses: {loss_note}." if loss_note else "")))
+    curves_m, _ = _curves(runs, metrics, measured_only=True)
+    fig = plots.plot_rows_fetched(curves_m, sub)
+    if fig is not None:
+        figures.append(("rows_fetched", fig, "Rows fetched per iteration",
+                        "Embedding rows each system fetched from the embedding servers in each "
+                        "measured iteration (first repeat); the dotted line is the batch's unique "
+                        "rows, which sync fetches every time. Bagpipe fetches only rows not used in "
+                        "the previous L iterations."))
+    profiles = find_profiles(cfg.results, runs)
+    fig = plots.plot_access_cdf(profiles)
+    if fig is None:
+        notes.append("Access skew: skipped, no `profiles/<dataset>/access_cdf.csv` (written by "
+                     "`bagpipe bench` or `bagpipe profile`) next to the results.")
+    else:
+        figures.append(("access_cdf", fig, "Access skew of the dataset",
+                        "Share of all embedding accesses taken by the most-accessed rows (from "
+                        "`bagpipe profile`): the skew that makes caching pay."))
+
+    blocks = _page(cfg, runs, summary, figures, notes, sub)
+    files: list[Path] = []
+    with atomic_dir(out, overwrite=True) as tmp:
+        for name, fig, _, _ in figures:
+            files += [out / p.name for p in plots.save(fig, tmp, name, images)]
+        summary.to_csv(tmp / "summary.csv", index=False)
+        bd.to_csv(tmp / "time_breakdown.csv", index=False)
+        runs.to_csv(tmp / "runs.csv", index=False)
+        files += [out / "summary.csv", out / "time_breakdown.csv", out / "runs.csv"]
+        if "md" in cfg.formats:
+            (tmp / "report.md").write_text(render_markdown(blocks))
+            files.append(out / "report.md")
+        if "html" in cfg.formats:
+            pngs = {name: plots.png_bytes(fig) for name, fig, _, _ in figures}
+            for b in blocks:
+                if b.kind == "figure":
+                    b.png = pngs[b.figure]
+            (tmp / "report.html").write_text(render_html(blocks, blocks[0].text))
+            files.append(out / "report.html")
+        write_json(tmp / "report.json", {
+            "kind": "bagpipe-report", "schema_version": REPORT_SCHEMA_VERSION,
+            "results": [str(p) for p in cfg.results], "runs": len(runs),
+            "formats": list(cfg.formats), "figures": [f[0] for f in figures], "notes": notes,
+        })
+    return ReportResult(out, files, runs, summary, bd, [f[0] for f in figures], notes)
+
+
+def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
+          figures: list[tuple[str, Any, str, str]], notes: list[str], sub: str) -> list[Block]:
+    benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
+    title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
+    n_runs = len(runs)
+    inputs = ", ".join(f"`{p}`" for p in cfg.results)
+    emulated = runs["network_emulated"].fillna(False).astype(bool) if "network_emulated" in runs \
+        else pd.Series([False] * n_runs)
+    rev = [r for r in dict.fromkeys(runs.get("env_git_revision", pd.Series(dtype=object)).dropna())]
+    dirty = bool(runs.get("env_git_dirty", pd.Series(dtype=object)).fillna(False).astype(bool).any())
+    intro = (f"{n_runs} runs from {inputs}: {sub}. Network emulated in {int(emulated.sum())} of "
+             f"{n_runs} runs. Code: "
+             + (", ".join(f"`{r[:10]}`" for r in rev) if rev else "unknown revision")
+             + (" (with uncommitted changes)" if dirty else "") + ". "
+             "Speed figures exclude warm-up iterations; every number is a median with its "
+             "p10–p90 spread.")
+    blocks = [Block("h1", title), Block("p", intro), Block("h2", "Summary"),
+              Block("p", "One row per system and setting. Iteration time: every measured iteration "
+                         "of every repeat; samples/s and speed-up: over repeats (speed-up = median "
+                         "samples/s / median samples/s of sync in the same setting)."),
+              Block("table", table=display_summary(summary))]
+    best = summary[(summary["system"] == "bagpipe") & summary["speedup"].notna()]
+    if len(best):
+        b = best.loc[best["speedup"].idxmax()]
+        blocks.append(Block("p", f"Largest Bagpipe speed-up: {b['speedup']:.2f}× over sync "
+                                 f"({b['variant']}, {b['setting']})."))
+    for name, _, heading, caption in figures:
+        blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
+    if notes:
+        blocks += [Block("h2", "Notes")] + [Block("p", n) for n in notes]
+    env_cols = [c for c in ("env_cpu", "env_torch", "env_torch_threads", "env_cuda", "env_hostname")
+                if c in runs]
+    if env_cols:
+        env = runs[env_cols].astype(str).drop_duplicates()
+        env.columns = [c.removeprefix("env_") for c in env_cols]
+        blocks += [Block("h2", "Environment"), Block("table", table=env)]
+    return blocks

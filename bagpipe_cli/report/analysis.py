@@ -1,0 +1,219 @@
+"""The numbers a report shows, computed from stored runs only (pure pandas, no plotting).
+
+Definitions:
+- *setting*: everything a run was configured with except the system and the system's own
+  settings (`lookahead`, `round`, `cache_rows`): dataset, model, batch size, network,
+  trainers... Systems are compared within one setting.
+- *variant*: a system with its own settings (e.g. `bagpipe L=16`); a setting a system does
+  not read is not part of its variant (sync has one variant).
+- *group*: the repeats of one (setting, variant).
+- speed-up of a group = median samples/s of the group / median samples/s of `sync` in the
+  same setting; its spread is the p10-p90 of (each repeat's samples/s / that sync median).
+- iteration time: the per-iteration `time` of every measured (non-warm-up) iteration of
+  every repeat, pooled: median, p10, p90.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bagpipe_cli.bench.config import SYSTEM_OWN_SETTINGS, ignored_settings
+
+BASELINE = "sync"
+TIME_COLUMNS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
+# Columns of a run row that are not part of its setting: the system and its own settings.
+_NOT_SETTING = {"system", "data", "dataset_path", "dataset_rows", "dataset_tables",
+                "embedding_rows", "warmup", *SYSTEM_OWN_SETTINGS}
+_OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s"}
+SUMMARY_COLUMNS = [
+    "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
+    "samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90", "speedup",
+    "speedup_p10", "speedup_p90", "final_loss", "eval_auc",
+]
+
+
+def setting_columns(runs: pd.DataFrame) -> list[str]:
+    """The config columns that define a run's setting (present in `runs`)."""
+    from bagpipe_cli.bench.config import _train_fields
+
+    cols = ["dataset", "model", *[k for k in _train_fields() if k not in _NOT_SETTING and k != "model"]]
+    return [c for c in cols if c in runs.columns]
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "none"
+    if isinstance(v, float) and v.is_integer():
+        return str(int(v))
+    return str(v)
+
+
+def _network_label(gbps: Any, lat: Any) -> str:
+    if gbps is None or (isinstance(gbps, float) and math.isnan(gbps)):
+        return "no network emulation"
+    return f"net {_fmt(gbps)} Gbit/s, {_fmt(lat)} µs"
+
+
+def annotate(runs: pd.DataFrame) -> pd.DataFrame:
+    """Add `setting_key`, `setting` (label), `variant_key`, `variant` (label) and `group`."""
+    runs = runs.copy()
+    cols = setting_columns(runs)
+    keyed = runs[cols].astype(object).where(runs[cols].notna(), None)
+    varying = [c for c in cols if keyed[c].map(_fmt).nunique() > 1]
+    runs["setting_key"] = keyed.apply(lambda r: "|".join(f"{c}={_fmt(r[c])}" for c in cols), axis=1)
+
+    def setting_label(r: pd.Series) -> str:
+        parts = []
+        for c in varying:
+            if c == "net_latency_us" and "net_gbps" in varying:
+                continue
+            if c in ("net_gbps", "net_latency_us"):
+                parts.append(_network_label(r.get("net_gbps"), r.get("net_latency_us")))
+            else:
+                parts.append(f"{c}={_fmt(r[c])}")
+        return ", ".join(parts) or "all runs"
+
+    runs["setting"] = keyed.apply(setting_label, axis=1)
+    # The own settings a system reads, and which of them vary among its runs.
+    own_vary: dict[str, list[str]] = {}
+    def reads(r: pd.Series) -> list[str]:
+        cache = r.get("cache_rows")
+        cache = None if cache is None or (isinstance(cache, float) and math.isnan(cache)) else cache
+        return [c for c in SYSTEM_OWN_SETTINGS
+                if c in r.index and c not in ignored_settings(r["system"], cache)]
+
+    runs["variant_key"] = runs.apply(
+        lambda r: "|".join([r["system"], *[f"{c}={_fmt(r[c])}" for c in reads(r)]]), axis=1)
+    for system, g in runs.groupby("system", sort=False):
+        read = {c for _, r in g.iterrows() for c in reads(r)}
+        own_vary[system] = [c for c in SYSTEM_OWN_SETTINGS
+                            if c in read and g[c].map(_fmt).nunique() > 1]
+
+    def variant(r: pd.Series) -> str:
+        parts = [r["system"]]
+        for c in own_vary[r["system"]]:
+            if c in reads(r):
+                v = _fmt(r[c])
+                parts.append(f"{_OWN_SHORT[c]}={'auto' if v == 'none' else v}")
+        return " ".join(parts)
+
+    runs["variant"] = runs.apply(variant, axis=1)
+    runs["group"] = runs["setting_key"] + "||" + runs["variant_key"]
+    return runs
+
+
+def _ordered_groups(runs: pd.DataFrame):
+    """Groups by setting (in order of appearance), then sync first, then the other variants."""
+    settings = list(dict.fromkeys(runs["setting_key"]))
+    variants = list(dict.fromkeys(runs["variant_key"]))
+    groups = list(runs.groupby("group", sort=False))
+
+    def key(item):
+        g = item[1].iloc[0]
+        return (settings.index(g["setting_key"]), g["system"] != BASELINE,
+                variants.index(g["variant_key"]))
+
+    return sorted(groups, key=key)
+
+
+def _pct(x: np.ndarray, q: float) -> float:
+    x = np.asarray(x, dtype=float)
+    x = x[~np.isnan(x)]
+    return float(np.percentile(x, q)) if len(x) else math.nan
+
+
+def speedups(runs: pd.DataFrame) -> pd.DataFrame:
+    """Per run: `speedup` = its samples/s / the median samples/s of sync in its setting."""
+    runs = runs.copy()
+    base = runs[runs["system"] == BASELINE].groupby("setting_key")["samples_per_s"].median()
+    runs["sync_samples_per_s"] = runs["setting_key"].map(base)
+    runs["speedup"] = runs["samples_per_s"] / runs["sync_samples_per_s"]
+    return runs
+
+
+def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per group (setting, variant), in the order the runs were made (see module doc)."""
+    runs = speedups(runs)
+    measured = metrics[metrics["measured"]]
+    times = measured.groupby("run_path")["time"].apply(lambda s: s.to_numpy())
+    rows = []
+    for _, g in _ordered_groups(runs):
+        r0 = g.iloc[0]
+        it = np.concatenate([times.get(p, np.array([])) for p in g["run_path"]]) * 1e3
+        sps = g["samples_per_s"].to_numpy(dtype=float)
+        sp = g["speedup"].to_numpy(dtype=float)
+        base = r0["sync_samples_per_s"]
+        rows.append({
+            "setting": r0["setting"], "system": r0["system"], "variant": r0["variant"],
+            "runs": len(g),
+            "iter_ms_median": _pct(it, 50), "iter_ms_p10": _pct(it, 10), "iter_ms_p90": _pct(it, 90),
+            "samples_per_s_median": _pct(sps, 50), "samples_per_s_p10": _pct(sps, 10),
+            "samples_per_s_p90": _pct(sps, 90),
+            "speedup": _pct(sps, 50) / base if base and not math.isnan(base) else math.nan,
+            "speedup_p10": _pct(sp, 10), "speedup_p90": _pct(sp, 90),
+            "final_loss": _pct(g["final_loss"].to_numpy(dtype=float), 50),
+            "eval_auc": _pct(g["eval_auc"].to_numpy(dtype=float), 50) if "eval_auc" in g else math.nan,
+        })
+    return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
+
+
+def time_breakdown(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+    """Mean ms per measured iteration of each time component, per group, plus `other`
+    (iteration time not in any component) and the median iteration time.
+
+    Means, not medians: Bagpipe's data and prefetch wait fall on a round's first iteration
+    only, and a median would hide them; the means add up to the mean iteration time.
+    """
+    m = metrics[metrics["measured"]].merge(runs[["run_path", "group"]], on="run_path")
+    rows = []
+    for grp, g in _ordered_groups(runs):
+        mm = m[m["group"] == grp]
+        row = {"setting": g.iloc[0]["setting"], "system": g.iloc[0]["system"],
+               "variant": g.iloc[0]["variant"]}
+        for c in TIME_COLUMNS:
+            row[c] = 1e3 * float(mm[c].mean()) if c in mm and len(mm) else math.nan
+        total = 1e3 * float(mm["time"].mean()) if len(mm) else math.nan
+        row["other"] = max(total - sum(row[c] for c in TIME_COLUMNS if not math.isnan(row[c])), 0.0)
+        row["mean_iter_ms"] = total
+        row["median_iter_ms"] = 1e3 * float(mm["time"].median()) if len(mm) else math.nan
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def swept(runs: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Runs of systems that read `column` (an own setting) whose values of it vary within a
+    setting; empty when the results do not sweep it."""
+    keep = []
+    for (_setting, system), g in runs.groupby(["setting_key", "system"], sort=False):
+        if column in ignored_settings(system) or column not in g:
+            continue
+        if g[column].map(_fmt).nunique() > 1:
+            keep.append(g)
+    return pd.concat(keep) if keep else runs.iloc[0:0]
+
+
+def context(runs: pd.DataFrame) -> str:
+    """What every run shares, for figure subtitles: dataset, model, batch, iterations, machine."""
+    def one(col: str, fmt=str) -> str | None:
+        if col not in runs:
+            return None
+        vals = runs[col].dropna().unique()
+        return fmt(vals[0]) if len(vals) == 1 else None
+
+    parts = [one("dataset"), one("model"), one("batch_size", lambda v: f"batch {int(v):,}")]
+    mi = one("measured_iterations", lambda v: f"{int(v)} measured iterations")
+    wu = one("warmup", lambda v: f"{int(v)} warm-up excluded")
+    if mi:
+        parts.append(f"{mi}" + (f" ({wu})" if wu else ""))
+    reps = runs.groupby("group")["repeat"].nunique().max() if "group" in runs else None
+    if reps:
+        parts.append(f"{reps} repeat{'s' if reps > 1 else ''}")
+    cpu = one("env_cpu")
+    thr = one("env_torch_threads", lambda v: f"{int(v)} threads")
+    if cpu:
+        parts.append(f"{cpu}" + (f", {thr}" if thr else ""))
+    return " · ".join(p for p in parts if p)

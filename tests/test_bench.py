@@ -1,0 +1,186 @@
+"""`bagpipe bench`: config validation, planning, end-to-end runs, resume and interrupts."""
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from bagpipe_cli.bench import load_bench_config, parse_bench_config, plan_runs
+from bagpipe_cli.bench import runner as bench_runner
+from bagpipe_cli.cli import cli
+from bagpipe_cli.engine.systems import SYSTEMS
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.results import load_metrics, load_results
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+def _config(tmp_path: Path, data: Path, extra: str = "", systems: str = "[sync, bagpipe]") -> Path:
+    p = tmp_path / "tiny.yaml"
+    p.write_text(f"""
+name: tiny
+datasets:
+  - {{name: tiny, path: {data}}}
+models: [dlrm]
+systems: {systems}
+repeat: 1
+base: {{batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000}}
+matrix:
+  lookahead: [4, 8]
+{extra}""")
+    return p
+
+
+def _index(out: Path) -> dict:
+    return json.loads((out / "index.json").read_text())
+
+
+def test_bench_end_to_end(tmp_path, tiny_dataset):
+    cfg = _config(tmp_path, tiny_dataset)
+    out = tmp_path / "bench"
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out), "--repeat", "2"])
+    assert r.exit_code == 0, r.output
+    idx = _index(out)
+    # sync ignores the lookahead: 1 sync + 2 bagpipe configurations, twice.
+    assert idx["planned"] == idx["completed"] == 6
+    assert idx["schema_version"] == 1 and idx["name"] == "tiny"
+    runs = idx["runs"]
+    assert [x["repeat"] for x in runs] == [1, 1, 1, 2, 2, 2]  # repeats interleaved
+    assert [x["system"] for x in runs[:3]] == ["sync", "bagpipe", "bagpipe"]
+    assert {x["variant"] for x in runs if x["system"] == "bagpipe"} == {"L4", "L8"}
+    for x in runs:
+        assert x["status"] == "done" and x["samples_per_s"] > 0
+        assert x["run_id"].endswith(f"-r{x['repeat']}")
+        assert (out / x["path"] / "summary.json").is_file()
+    assert (out / "index.csv").read_text().count("\n") == 7
+    bench = json.loads((out / "bench.json").read_text())
+    assert bench["config"]["systems"] == ["sync", "bagpipe"] and len(bench["planned_runs"]) == 6
+    assert "torch" in json.loads((out / "environment.json").read_text())
+    assert (out / "profiles" / "tiny" / "access_cdf.csv").is_file()
+    # The loader: one row per run, config and summary flattened.
+    df = load_results(out)
+    assert len(df) == 6 and set(df["system"]) == {"sync", "bagpipe"}
+    assert {"lookahead", "net_gbps", "samples_per_s", "median_ms_forward", "repeat", "run_path",
+            "env_torch", "bench"} <= set(df.columns)
+    assert (df["bench"] == "tiny").all()
+    assert sorted(df.loc[df["system"] == "bagpipe", "lookahead"].unique()) == [4, 8]
+    m = load_metrics(out / "runs" / runs[0]["run_id"])
+    assert len(m) == 8 and m["measured"].sum() == 6
+    # "live" output: one line per finished run and the summary table.
+    assert runs[0]["run_id"] in r.output and "bagpipe report" in r.output
+
+
+def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
+    cfg = _config(tmp_path, tiny_dataset)
+    out = tmp_path / "bench"
+    assert CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out)]).exit_code == 0
+    # Without --resume an existing bench folder is refused.
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out)])
+    assert r.exit_code == 2 and "--resume" in r.output
+
+    def boom(*a, **k):
+        raise AssertionError("a complete run was run again")
+
+    monkeypatch.setattr(bench_runner, "train", boom)
+    r = CliRunner().invoke(cli, ["bench", "--resume", "--out", str(out)])  # config from bench.json
+    assert r.exit_code == 0, r.output
+    idx = _index(out)
+    assert idx["completed"] == 3 and {x["status"] for x in idx["runs"]} == {"kept"}
+
+
+def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypatch):
+    cfg = _config(tmp_path, tiny_dataset)
+    out = tmp_path / "bench"
+    real = bench_runner.train
+    calls = []
+
+    def flaky(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(bench_runner, "train", flaky)
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out)])
+    assert r.exit_code == 130
+    assert "1 finished run kept" in r.output and "--resume" in r.output
+    idx = _index(out)
+    assert idx["completed"] == 1 and idx["planned"] == 3
+    first = idx["runs"][0]["run_id"]
+    assert [p.name for p in (out / "runs").iterdir()] == [first]  # no half-written run
+    assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
+    monkeypatch.setattr(bench_runner, "train", real)
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out), "--resume"])
+    assert r.exit_code == 0, r.output
+    idx = _index(out)
+    assert idx["completed"] == 3
+    assert [x["status"] for x in idx["runs"]] == ["kept", "done", "done"]
+
+
+@pytest.mark.parametrize("extra,systems,needle", [
+    ("  frobnicate: [1, 2]", "[sync, bagpipe]", "frobnicate"),
+    ("", "[sync, warp]", "unknown system 'warp'"),
+    ("unknown_top: 1", "[sync, bagpipe]", "unknown key 'unknown_top'"),
+    ("  net: [{label: a, net_gbps: fast}]", "[sync]", "matrix.net[0].net_gbps"),
+])
+def test_bad_config_is_one_line_exit_2(tmp_path, tiny_dataset, extra, systems, needle):
+    cfg = _config(tmp_path, tiny_dataset, extra, systems)
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and str(cfg) in r.output
+    assert r.output.strip().count("\n") == 0
+    assert not (tmp_path / "o").exists()
+
+
+def test_missing_config_and_missing_dataset(tmp_path):
+    r = CliRunner().invoke(cli, ["bench", str(tmp_path / "nope.yaml")])
+    assert r.exit_code == 2 and "nope.yaml does not exist" in r.output
+    cfg = _config(tmp_path, tmp_path / "no-data")
+    r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "no-data does not exist" in r.output and "preprocess" in r.output
+
+
+def test_plan_dedups_settings_a_system_ignores(tmp_path):
+    cfg = parse_bench_config({
+        "datasets": [{"name": "d", "path": str(tmp_path)}], "systems": list(SYSTEMS),
+        "base": {"iterations": 10, "warmup": 2, "cache_rows": 5000},
+        "matrix": {"lookahead": [4, 16], "net": [{"label": "a"}, {"label": "b", "net_gbps": 1.0}]},
+    }, "t.yaml")
+    plan = plan_runs(cfg)
+    per = {s: sum(p.config.system == s for p in plan) for s in SYSTEMS}
+    assert per["bagpipe"] == 4  # 2 lookaheads x 2 networks
+    assert per["sync"] == 2  # the lookahead does not multiply sync
+    for p in plan:
+        if p.config.system == "sync":
+            assert p.config.lookahead == 16 and p.config.cache_rows is None  # reset to defaults
+    assert len({p.key for p in plan}) == len(plan)
+
+
+def test_toml_config(tmp_path, tiny_dataset):
+    p = tmp_path / "b.toml"
+    p.write_text(f'name = "t"\nsystems = ["sync", "bagpipe"]\n[[datasets]]\npath = "{tiny_dataset}"\n'
+                 '[base]\niterations = 6\nwarmup = 1\n[matrix]\nnet = [{label = "none"}, '
+                 '{label = "slow", net_gbps = 0.5}]\n')
+    cfg = load_bench_config(p)
+    assert len(plan_runs(cfg)) == 4
+
+
+@pytest.mark.parametrize("name", ["quick", "paper", "criteo-kaggle"])
+def test_shipped_configs_are_valid(name):
+    cfg = load_bench_config(BENCHMARKS / f"{name}.yaml")
+    plan = plan_runs(cfg)
+    assert plan and cfg.repeat >= 1
+    if name == "quick":
+        assert {"sync", "bagpipe"} <= {p.config.system for p in plan}
+        assert any(p.config.net_gbps for p in plan) and any(p.config.net_gbps is None for p in plan)
+
+
+def test_bench_help_has_example():
+    r = CliRunner().invoke(cli, ["bench", "--help"])
+    assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_unknown_key_error_names_file(tmp_path):
+    with pytest.raises(ConfigError, match="x.yaml: unknown key 'base.lookahed'"):
+        parse_bench_config({"datasets": ["d"], "systems": ["sync"], "base": {"lookahed": 3}}, "x.yaml")

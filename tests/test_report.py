@@ -1,0 +1,136 @@
+"""`bagpipe report` and the results loader, on stored example results (tests/data).
+
+tests/data/bench-example is a bench folder made by `bagpipe bench` (tiny synthetic dataset;
+sync, bagpipe at L=4 and L=8, lru; with and without an emulated network; 2 repeats; the
+profile's PNGs left out). tests/data/bench-example-summary.csv is its golden summary table.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from bagpipe_cli.cli import cli
+from bagpipe_cli.errors import DataError
+from bagpipe_cli.report import ReportConfig, build_report
+from bagpipe_cli.results import load_metrics, load_results
+
+DATA = Path(__file__).resolve().parent / "data"
+EXAMPLE = DATA / "bench-example"
+GOLDEN = DATA / "bench-example-summary.csv"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("rep") / "report"
+    return build_report(ReportConfig(results=(EXAMPLE,), out=out, formats=("png", "svg", "html", "md")))
+
+
+def test_load_results_one_row_per_run():
+    df = load_results(EXAMPLE)
+    assert len(df) == 16
+    assert df.groupby("system").size().to_dict() == {"bagpipe": 8, "lru": 4, "sync": 4}
+    assert sorted(df["repeat"].unique()) == [1, 2]
+    assert list(df["repeat"]) == [1] * 8 + [2] * 8  # bench order, repeats interleaved
+    # A run folder and a parent folder work as well.
+    one = load_results(Path(df["run_path"][0]))
+    assert len(one) == 1 and one["run_id"][0] == df["run_id"][0]
+    assert len(load_results(DATA)) == 16
+
+
+def test_summary_table_matches_golden(report):
+    golden = pd.read_csv(GOLDEN)
+    got = report.summary
+    assert list(got.columns) == list(golden.columns)
+    pd.testing.assert_frame_equal(got.reset_index(drop=True), golden, check_dtype=False, rtol=1e-9)
+    written = pd.read_csv(report.out / "summary.csv")
+    pd.testing.assert_frame_equal(written, golden, check_dtype=False, rtol=1e-9)
+
+
+def test_summary_definitions_from_raw_files():
+    """Recompute two golden cells from the stored files, by the documented definitions."""
+    golden = pd.read_csv(GOLDEN)
+    runs = sorted((EXAMPLE / "runs").glob("bagpipe-dlrm-L8-slow-*"))
+    assert len(runs) == 2
+    times = np.concatenate([pd.read_csv(r / "metrics.csv")["time"].to_numpy()[2:] for r in runs])
+    row = golden[(golden["variant"] == "bagpipe L=8") & golden["setting"].str.startswith("net")].iloc[0]
+    assert row["iter_ms_median"] == pytest.approx(1e3 * np.median(times))
+    assert row["iter_ms_p90"] == pytest.approx(1e3 * np.percentile(times, 90))
+    sps = [json.loads((r / "summary.json").read_text())["samples_per_s"] for r in runs]
+    sync = [json.loads((r / "summary.json").read_text())["samples_per_s"]
+            for r in sorted((EXAMPLE / "runs").glob("sync-dlrm-slow-*"))]
+    assert row["speedup"] == pytest.approx(np.median(sps) / np.median(sync))
+
+
+def test_every_figure_is_written(report):
+    names = ["speedup", "time_breakdown", "throughput_vs_lookahead", "loss", "rows_fetched",
+             "access_cdf"]
+    assert report.figures == names
+    for n in names:
+        assert (report.out / f"{n}.png").read_bytes()[:8] == PNG
+        assert b"<svg" in (report.out / f"{n}.svg").read_bytes()[:500]
+    # The example does not vary the cache size: that plot is skipped with a note.
+    assert not (report.out / "throughput_vs_cache.png").exists()
+    assert any("cache_rows" in n for n in report.notes)
+
+
+def test_pages(report):
+    md = (report.out / "report.md").read_text()
+    assert "## Summary" in md and "| net 0.5 Gbit/s, 20 µs | bagpipe L=8 |" in md
+    for n in report.figures:
+        assert f"({n}.png)" in md
+    assert "bitwise identical to sync" in md  # the loss check on the stored curves
+    html = (report.out / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == len(report.figures)
+    assert "<table>" in html
+    meta = json.loads((report.out / "report.json").read_text())
+    assert meta["runs"] == 16 and meta["figures"] == report.figures
+
+
+def test_report_cli_default_out_and_rerun(tmp_path):
+    res = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, res)
+    r = CliRunner().invoke(cli, ["report", str(res), "--format", "png,md"])
+    assert r.exit_code == 0, r.output
+    assert (res / "report" / "report.md").is_file() and not (res / "report" / "report.html").exists()
+    assert "report.md" in r.output
+    # Reports are derived: an earlier report is replaced, and it is not read as results.
+    r = CliRunner().invoke(cli, ["report", str(res), "--format", "html"])
+    assert r.exit_code == 0, r.output
+    assert (res / "report" / "report.html").is_file() and not (res / "report" / "report.md").exists()
+
+
+def test_unknown_schema_version_is_rejected(tmp_path):
+    res = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, res)
+    run = sorted((res / "runs").iterdir())[0]
+    s = json.loads((run / "summary.json").read_text())
+    s["schema_version"] = 2
+    (run / "summary.json").write_text(json.dumps(s))
+    with pytest.raises(DataError, match="schema_version 2 is not supported by this bagpipe "
+                                        r"\(expects 1\)"):
+        load_results(res)
+    with pytest.raises(DataError, match="schema_version 2"):
+        load_metrics(run)
+    r = CliRunner().invoke(cli, ["report", str(res)])
+    assert r.exit_code == 2 and "summary.json: schema_version 2" in r.output
+    assert r.output.strip().count("\n") == 0
+
+
+def test_bad_inputs(tmp_path):
+    r = CliRunner().invoke(cli, ["report", str(tmp_path / "missing")])
+    assert r.exit_code == 2 and "no such results folder" in r.output
+    r = CliRunner().invoke(cli, ["report", str(tmp_path)])
+    assert r.exit_code == 2 and "no runs" in r.output
+    r = CliRunner().invoke(cli, ["report", str(EXAMPLE), "--format", "pdf", "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "--format 'pdf'" in r.output
+
+
+def test_report_help_has_example():
+    r = CliRunner().invoke(cli, ["report", "--help"])
+    assert r.exit_code == 0 and "Example" in r.output
