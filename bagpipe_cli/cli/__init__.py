@@ -9,6 +9,7 @@ from bagpipe_cli.cli.bench import bench
 from bagpipe_cli.cli.preprocess import preprocess
 from bagpipe_cli.cli.profile import profile
 from bagpipe_cli.cli.report import report
+from bagpipe_cli.cli.simulate import simulate
 from bagpipe_cli.cli.synth import synth
 from bagpipe_cli.cli.train import train
 
@@ -30,6 +31,7 @@ cli.add_command(profile)
 cli.add_command(train)
 cli.add_command(bench)
 cli.add_command(report)
+cli.add_command(simulate)
 
 
 def main() -> None:

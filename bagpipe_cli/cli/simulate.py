@@ -1,0 +1,182 @@
+"""`bagpipe simulate`: predicted iteration times and speed-ups on a cluster (the performance model)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+from rich.table import Table
+
+from bagpipe_cli.cli.common import (
+    console,
+    err_console,
+    list_option,
+    out_option,
+    overwrite_option,
+    translate_errors,
+)
+from bagpipe_cli.io import check_output_dir
+from bagpipe_cli.simulate.model import SYSTEMS
+
+EPILOG = """\b
+Examples:
+  bagpipe simulate data/demo --trainers 8 --net-gbps 25 --net-latency-us 10 --compute-ms 5 \\
+      --batch-size 16384 --lookahead 200 --out results/sim
+  bagpipe simulate results/profile-demo --calibrate results/bench-quick --trainers 4 --net-gbps 10
+  bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario
+  bagpipe simulate --validate results/bench-quick    # model vs every measured run
+"""
+
+
+@click.command(epilog=EPILOG)
+@click.argument("source", required=False, type=click.Path(path_type=Path))
+@click.option("--cluster", "cluster_file", type=click.Path(path_type=Path),
+              help="Cluster/scenario YAML file (see benchmarks/paper-scenario.yaml); options given "
+                   "here override it.")
+@click.option("--validate", "validate_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Instead of predicting: compare the model with every run under RESULTS "
+                   "(run or bench folders; repeatable).")
+@click.option("--trainers", type=int, help="N data-parallel trainers [default: 1].")
+@click.option("--servers", type=int, help="K embedding servers, one link each [default: 1].")
+@click.option("--net-gbps", type=float, help="Link bandwidth in Gbit/s [default: infinite].")
+@click.option("--net-latency-us", type=float, help="Per-message latency in us [default: 0].")
+@click.option("--compute-ms", type=float,
+              help="Compute per iteration on one trainer (forward, backward, optimizer), in ms.")
+@click.option("--calibrate", "calibrate_paths", multiple=True, type=click.Path(path_type=Path),
+              help="Take the compute per system from measured runs under RESULTS (no-network runs "
+                   "preferred), scaled to the samples per trainer.")
+@click.option("--systems", default=None, help=f"Systems, comma-separated [default: {','.join(SYSTEMS)}].")
+@click.option("--model", default=None, help="Dense model: dlrm, wdl, deepfm, dcn [default: dlrm].")
+@click.option("--batch-size", type=int, help="Global batch size [default: the profile's, else 4096].")
+@click.option("--iterations", type=int, help="Iterations to trace [default: one pass over the data].")
+@click.option("--warmup", type=int, help="Iterations left out of the figures [default: 10%].")
+@click.option("--lookahead", type=int, help="Bagpipe's lookahead L [default: 200].")
+@click.option("--round", "round_", type=int, help="Bagpipe's round C [default: L/4].")
+@click.option("--cache-rows", type=int, help="lru/lfu/fae capacity [default: Bagpipe's peak].")
+@click.option("--staleness", type=int, help="het's staleness bound [default: 0].")
+@click.option("--emb-dim", type=int, help="Embedding dimension E [default: 16].")
+@click.option("--optimizer", default=None, help="Embedding optimizer sgd|adagrad [default: adagrad].")
+@click.option("--sweep-trainers", default=None, help="Trainer counts of the sweep, comma-separated.")
+@click.option("--sweep-gbps", default=None, help="Bandwidths of the sweep (Gbit/s), comma-separated.")
+@out_option(required=False, help="Write simulate.json, CSVs and plots here (atomically).")
+@overwrite_option
+@translate_errors
+def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tuple[Path, ...],
+             trainers, servers, net_gbps, net_latency_us, compute_ms, calibrate_paths, systems, model,
+             batch_size, iterations, warmup, lookahead, round_, cache_rows, staleness, emb_dim,
+             optimizer, sweep_trainers, sweep_gbps, out: Path | None, overwrite: bool) -> None:
+    """Predict iteration times and speed-ups of every system on a cluster from SOURCE's trace.
+
+    SOURCE is a dataset or a `bagpipe profile` output folder. Communication volumes per
+    iteration come from the engine's own plans over the batch trace; the model overlaps
+    them with the compute as each system's pipeline allows (docs/performance-model.md).
+    """
+    if validate_paths:
+        _validate(validate_paths, out, overwrite)
+        return
+    from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
+    from bagpipe_cli.simulate.cluster import ensure_dataset, load_cluster
+
+    cf = load_cluster(cluster_file) if cluster_file else None
+    if out is not None:
+        check_output_dir(out, overwrite)
+    if cf is not None and source is None:
+        ensure_dataset(cf, lambda m: err_console.print(m))
+    sys_list = None
+    if systems is not None:
+        sys_list = [s.strip().lower() for s in systems.split(",") if s.strip()]
+    cfg = build_config(
+        str(source) if source else None, cf, trainers=trainers, servers=servers, net_gbps=net_gbps,
+        net_latency_us=net_latency_us, compute_ms=compute_ms,
+        calibrate=tuple(map(str, calibrate_paths)) or None, systems=sys_list, model=model,
+        batch_size=batch_size, iterations=iterations, warmup=warmup, lookahead=lookahead,
+        round=round_, cache_rows=cache_rows, staleness=staleness, emb_dim=emb_dim,
+        optimizer=optimizer,
+        sweep_trainers=list_option(sweep_trainers, int, "--sweep-trainers"),
+        sweep_gbps=list_option(sweep_gbps, float, "--sweep-gbps"),
+    )
+    with err_console.status("simulating") as status:
+        result = run_simulate(cfg, lambda m: status.update(m))
+    _print_result(result)
+    if out is not None:
+        write_simulation(result, out, overwrite)
+        console.print(f"wrote {out}/simulate.json, predictions.csv, sweep.csv, "
+                      "speedup_vs_trainers.png, speedup_vs_bandwidth.png")
+
+
+def _print_result(result) -> None:
+    cfg, cl = result.config, result.config.cluster
+    net = f"{cl.net_gbps:g} Gbit/s" if cl.net_gbps else "infinite bandwidth"
+    title = (f"{cfg.name}: {cl.trainers} trainers, {cl.servers} servers, {net}, "
+             f"{cl.net_latency_us:g} us; batch {cfg.batch_size:,}, L={cfg.lookahead}, "
+             f"{result.trace['iterations']:,} iterations traced")
+    tab = Table(title=title, caption="ms per iteration, means after warm-up; fetch, sync: exposed "
+                "waits; iter = compute + fetch + sync; vs sync: speed-up of the mean")
+    for col in ["system", "compute", "fetch", "sync", "iter", "median", "vs sync", "fetched/iter"]:
+        tab.add_column(col, justify="left" if col == "system" else "right")
+    for p in result.predictions:
+        v = result.volumes[p.system]
+        tab.add_row(p.system, f"{p.compute_ms:.2f}", f"{p.exposed_fetch_ms:.2f}",
+                    f"{p.exposed_sync_ms:.2f}", f"{p.mean_ms:.2f}", f"{p.median_ms:.2f}",
+                    f"{p.speedup:.2f}x", f"{v['rows_fetched']:,.0f}")
+    console.print(tab)
+    src = result.compute_source
+    if src.get("kind") == "calibrated":
+        console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
+                      f"(x{src['scale']:.3g} for {cfg.batch_size // cl.trainers:,} samples per trainer)")
+    bag = next((p for p in result.predictions if p.system == "bagpipe"), None)
+    if bag is not None:
+        rep = cfg.reported or {}
+        t = Table(title="predicted speed-up of bagpipe over each baseline"
+                  + (f" (reported: {rep.get('source', 'published')})" if rep else ""))
+        t.add_column("baseline")
+        t.add_column("bagpipe speed-up", justify="right")
+        if rep:
+            t.add_column("reported", justify="right")
+        for p in result.predictions:
+            if p.system in ("bagpipe", "local"):
+                continue
+            row = [p.system, f"{p.mean_ms / bag.mean_ms:.2f}x"]
+            if rep:
+                per = rep.get("speedup") or {}
+                row.append(str(per.get(p.system, f"up to {rep.get('speedup_max', '?')}x")
+                               if isinstance(per, dict) else per))
+            t.add_row(*row)
+        console.print(t)
+
+
+def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
+    from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
+
+    if out is not None:
+        check_output_dir(out, overwrite)
+    with err_console.status("validating") as status:
+        rows = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
+    tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
+                      f"within ±{TOLERANCE:.0%} passes)",
+                caption="ms per iteration; compute: calibrated from the run's own timers")
+    for col in ["system", "setting", "compute", "predicted", "measured", "error", ""]:
+        tab.add_column(col, justify="left" if col in ("system", "setting") else "right")
+    for r in rows:
+        d = r.to_dict()
+        tab.add_row(d["system"], d["setting"], f"{d['compute_ms']:.2f}",
+                    f"{d['predicted_ms']:.2f}", f"{d['measured_ms']:.2f}", f"{100 * d['error']:+.1f}%",
+                    "ok" if r.ok else "[red]OUT[/red]")
+    console.print(tab)
+    n_ok = sum(r.ok for r in rows)
+    by_sys: dict[str, list[bool]] = {}
+    for r in rows:
+        by_sys.setdefault(r.run.system, []).append(r.ok)
+    console.print(f"{n_ok} of {len(rows)} runs within ±{TOLERANCE:.0%}; by system: "
+                  + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items()))
+    missing = [r.run.run_id for r in rows if r.run.network_emulated and r.run.fetch_cpu_from.startswith("none")]
+    if missing:
+        console.print(f"note: {len(missing)} emulated-network run(s) have no no-network twin; their "
+                      "fetch CPU is taken as 0")
+    if out is not None:
+        from bagpipe_cli.io import atomic_dir
+
+        with atomic_dir(out, overwrite) as tmp:
+            validation_frame(rows).to_csv(tmp / "validate.csv", index=False)
+        console.print(f"wrote {out}/validate.csv")
+

@@ -1,0 +1,223 @@
+"""Compute times from measured runs (run folders or bench folders).
+
+A run's compute is what its timers measured outside communication: per iteration, the
+median over the measured iterations (after warm-up) of
+
+- data (at round starts only: bagpipe loads a round's batches at once),
+- forward + backward,
+- optimizer (dense and row optimizer, cache updates; write-backs are only queued),
+- other = time - (data + prefetch_wait + forward + backward + sync + optimizer): untimed
+  bookkeeping.
+
+`prefetch_wait` and `sync` are left out: they are the communication the model predicts.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bagpipe_cli.engine.trainer import TIME_KEYS
+from bagpipe_cli.errors import DataError
+from bagpipe_cli.models import ModelConfig, build_model
+from bagpipe_cli.results import find_runs, read_run
+from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Workload
+from bagpipe_cli.simulate.volumes import TraceConfig
+
+
+def dense_bytes(model: ModelConfig) -> int:
+    """fp32 bytes of the dense model's parameters (what N > 1 trainers all-reduce)."""
+    import torch
+
+    torch.manual_seed(0)
+    return 4 * sum(p.numel() for p in build_model(model).parameters())
+
+
+def state_dim(optimizer: str) -> int:
+    return 1 if optimizer == "adagrad" else 0
+
+
+@dataclass
+class MeasuredRun:
+    """One stored run: its settings (as the model's inputs), compute and measured times."""
+
+    path: Path
+    run_id: str
+    system: str
+    setting: str  # a short label: "L16 net=0.25Gbps/50us N1 K1"
+    trace: TraceConfig
+    cluster: Cluster
+    workload: Workload
+    compute: ComputeTimes
+    measured_median_ms: float
+    measured_mean_ms: float
+    network_emulated: bool
+    model: str = "dlrm"
+    fetch_cpu_from: str = ""  # where fetch_cpu_ms came from (emulated runs: a no-net twin)
+
+    def twin_key(self) -> tuple:
+        """Runs equal in everything but the network are twins."""
+        return (self.system, self.model, replace(self.trace, data=str(Path(self.trace.data).resolve())),
+                self.cluster.trainers, self.cluster.servers, self.workload)
+
+
+def _round_len(train: dict[str, Any]) -> int:
+    if train.get("system") != "bagpipe":
+        return 1
+    return int(train.get("round") or max(1, int(train.get("lookahead", 16)) // 4))
+
+
+def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
+               emulated: bool = True) -> ComputeTimes:
+    """Median compute phases of the measured iterations (see the module docstring).
+
+    Without an emulated network (`emulated=False`), `prefetch_wait` is CPU work alone
+    (gathering rows, inserting them into the cache) and becomes `fetch_cpu_ms`.
+    """
+    m = metrics.iloc[warmup:] if len(metrics) > warmup else metrics
+    missing = [k for k in (*TIME_KEYS, "time") if k not in m.columns]
+    if missing:
+        raise DataError(f"metrics.csv lacks the time columns {', '.join(missing)}")
+    starts = m[m.index % round_len == 0] if round_len > 1 else m
+    other = m["time"] - m[list(TIME_KEYS)].sum(axis=1)
+
+    def med(x: pd.Series) -> float:
+        return max(0.0, 1e3 * float(np.median(x))) if len(x) else 0.0
+
+    return ComputeTimes(data_ms=med(starts["data"]), fwd_bwd_ms=med(m["forward"] + m["backward"]),
+                        optimizer_ms=med(m["optimizer"]), other_ms=med(other),
+                        fetch_cpu_ms=0.0 if emulated else med(starts["prefetch_wait"]))
+
+
+def read_measured(folder: Path) -> MeasuredRun:
+    """A run folder as the model's inputs (settings, calibrated compute) and its measurement."""
+    config, summary = read_run(folder)
+    train = config.get("train") or {}
+    try:
+        mcfg = ModelConfig(**config["model"])
+        system = train["system"]
+        data = config.get("dataset", {}).get("path") or train["data"]
+    except (KeyError, TypeError) as e:
+        raise DataError(f"{folder}/config.json: missing {e}; not a `bagpipe train` run") from None
+    try:
+        metrics = pd.read_csv(Path(folder) / "metrics.csv")
+    except (OSError, ValueError) as e:
+        raise DataError(f"{Path(folder) / 'metrics.csv'}: cannot read: {e}") from None
+    warmup = int(train.get("warmup", 0))
+    m = metrics.iloc[warmup:] if len(metrics) > warmup else metrics
+    trace = TraceConfig(
+        data=str(data), batch_size=int(train["batch_size"]), iterations=int(train["iterations"]),
+        lookahead=int(train.get("lookahead", 16)), round=train.get("round"),
+        cache_rows=train.get("cache_rows"), staleness=int(train.get("staleness", 0)),
+        trainers=int(train.get("trainers", 1)), servers=int(train.get("servers", 1)),
+        eval_rows=train.get("eval_rows"),
+    )
+    cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
+                      train.get("net_gbps"), float(train.get("net_latency_us") or 0.0))
+    work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
+                    state_dim=state_dim(train.get("optimizer", "sgd")),
+                    dense_bytes=dense_bytes(mcfg), warmup=warmup)
+    setting = _setting(train)
+    bench = config.get("bench") or {}
+    emulated = bool(summary.get("network_emulated", cluster.network.emulated))
+    return MeasuredRun(
+        path=Path(folder), run_id=str(bench.get("run_id", Path(folder).name)), system=system,
+        setting=setting, trace=trace, cluster=cluster, workload=work,
+        compute=compute_of(metrics, warmup, _round_len(train), emulated),
+        measured_median_ms=float(summary.get("median_iter_ms", math.nan)),
+        measured_mean_ms=1e3 * float(m["time"].mean()) if len(m) else math.nan,
+        network_emulated=emulated,
+        model=mcfg.name,
+    )
+
+
+def _setting(train: dict[str, Any]) -> str:
+    parts = []
+    if train.get("system") == "bagpipe":
+        parts.append(f"L{train.get('lookahead')}")
+    if train.get("system") == "het":
+        parts.append(f"s{train.get('staleness', 0)}")
+    if train.get("net_gbps") or train.get("net_latency_us"):
+        parts.append(f"{train.get('net_gbps') or 'inf'}G/{train.get('net_latency_us') or 0:g}us")
+    else:
+        parts.append("no-net")
+    parts.append(f"N{train.get('trainers', 1)}K{train.get('servers', 1)} B{train.get('batch_size')}")
+    return " ".join(parts)
+
+
+def measured_runs(*paths: Path) -> list[MeasuredRun]:
+    """Every run under `paths` (run folders, bench folders or parents).
+
+    An emulated-network run's `fetch_cpu_ms` (the CPU share of its waits for rows, which
+    its timers cannot separate from the emulated transfer) comes from its no-network twins
+    (same settings but the network): their median, scaled by the ratio of the two runs'
+    forward+backward times (the machine's load when each ran).
+    """
+    runs = [read_measured(f) for f in find_runs(*paths)]
+    twins: dict[tuple, list[MeasuredRun]] = {}
+    for r in runs:
+        if not r.network_emulated:
+            twins.setdefault(r.twin_key(), []).append(r)
+    for r in runs:
+        if not r.network_emulated:
+            r.fetch_cpu_from = "own prefetch_wait (no network)"
+            continue
+        ts = twins.get(r.twin_key())
+        if not ts:
+            r.fetch_cpu_from = "none (no no-network twin)"
+            continue
+        cpu = float(np.median([t.compute.fetch_cpu_ms for t in ts]))
+        fb = float(np.median([t.compute.fwd_bwd_ms for t in ts]))
+        load = r.compute.fwd_bwd_ms / fb if fb > 0 else 1.0
+        r.compute = replace(r.compute, fetch_cpu_ms=cpu * load)
+        r.fetch_cpu_from = f"{len(ts)} no-network twin(s)"
+    return runs
+
+
+def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, ComputeTimes], dict[str, Any]]:
+    """Compute times per system from stored runs, for `--calibrate RESULTS`.
+
+    Runs without an emulated network are preferred (their timers are least disturbed);
+    `model` keeps only runs of that model. Per system: the phases of its least disturbed
+    run (the lowest total compute: on a shared machine, slower repeats are other load,
+    as pyperf's minimum); a system without runs gets the median over the systems ("*").
+    Returns the
+    compute per system and what it came from (batch size, trainers, model, runs used).
+    """
+    runs = measured_runs(*paths)
+    if model:
+        runs = [r for r in runs if _model_of(r) == model]
+        if not runs:
+            raise DataError(f"--calibrate: no runs of model {model!r} under "
+                            f"{', '.join(map(str, paths))}")
+    quiet = [r for r in runs if not r.network_emulated]
+    use = quiet or runs
+    batches = sorted({r.trace.batch_size for r in use})
+    # The most common batch size (and trainer count) among the runs decides the reference.
+    ref_b = max(batches, key=lambda b: sum(r.trace.batch_size == b for r in use))
+    use = [r for r in use if r.trace.batch_size == ref_b]
+    ref_n = max({r.cluster.trainers for r in use}, key=lambda n: sum(r.cluster.trainers == n for r in use))
+    use = [r for r in use if r.cluster.trainers == ref_n]
+
+    def least_disturbed(rs: list[MeasuredRun]) -> ComputeTimes:
+        return min(rs, key=lambda r: r.compute.total_ms).compute
+
+    out = {}
+    for s in sorted({r.system for r in use}):
+        out[s] = least_disturbed([r for r in use if r.system == s])
+    out["*"] = ComputeTimes(*(float(np.median([getattr(c, f) for c in out.values()]))
+                              for f in ("data_ms", "fwd_bwd_ms", "optimizer_ms", "other_ms",
+                                        "fetch_cpu_ms")))
+    source = {"batch_size": ref_b, "trainers": ref_n, "runs": len(use),
+              "network_emulated_runs": not quiet, "models": sorted({_model_of(r) for r in use}),
+              "paths": [str(p) for p in paths]}
+    return out, source
+
+
+def _model_of(run: MeasuredRun) -> str:
+    return run.model

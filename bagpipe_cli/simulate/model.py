@@ -1,0 +1,272 @@
+"""The performance model: per-iteration communication volumes + a cluster -> iteration times.
+
+The model replays, iteration by iteration, what the engine's pipeline does (see
+docs/performance-model.md for the formulas):
+
+- K embedding-server links, each FIFO: a message of `n` rows submitted at time `t` starts
+  when the link is free, `start = max(t, free_k)`, and holds it for
+  `latency + n * row_bytes / bandwidth` (`NetworkModel.transfer_seconds`); a fetch is done
+  when its slowest shard is;
+- the main thread: per round, load the data, wait for the round's rows (fetched now, or
+  prefetched one round earlier), start the next round's prefetch (bagpipe); per iteration,
+  read (sync/het fetch here), forward+backward, all-reduce `sync_now` rows and the dense
+  parameters on the critical path (N > 1), queue `sync_later` on the collective link,
+  optimizer, queue write-backs;
+- one collective link for asynchronous all-reduces, waited for two iterations later.
+
+Compute is given per phase (`ComputeTimes`): calibrated from a measured run or chosen.
+Everything here is pure: no I/O, no printing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.errors import ConfigError
+
+SYSTEMS = ("sync", "bagpipe", "lru", "lfu", "fae", "het", "local")
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    """Per-iteration compute on one trainer, in milliseconds, split as the engine's timers are."""
+
+    data_ms: float = 0.0  # loading a round's batches (at each round's start)
+    fwd_bwd_ms: float = 0.0  # forward + backward (all of one trainer's samples)
+    optimizer_ms: float = 0.0  # dense + row optimizer, cache updates; write-backs are queued at its end
+    other_ms: float = 0.0  # untimed work, most of it when rows are read (het assembles them)
+    fetch_cpu_ms: float = 0.0  # CPU of receiving a fetch (gather, cache insert), at each wait for rows
+
+    def __post_init__(self) -> None:
+        for k, v in asdict(self).items():
+            if not (v >= 0 and math.isfinite(v)):
+                raise ConfigError(f"compute time {k} must be a finite number >= 0 (got {v})")
+
+    @property
+    def total_ms(self) -> float:
+        return self.data_ms + self.fwd_bwd_ms + self.optimizer_ms + self.other_ms + self.fetch_cpu_ms
+
+    @classmethod
+    def from_total(cls, ms: float) -> ComputeTimes:
+        """A total split like a typical run (data in the rest, the optimizer a tenth)."""
+        if not (ms >= 0 and math.isfinite(ms)):
+            raise ConfigError(f"--compute-ms must be a finite number >= 0 (got {ms})")
+        return cls(data_ms=0.0, fwd_bwd_ms=0.9 * ms, optimizer_ms=0.1 * ms, other_ms=0.0)
+
+    def scaled(self, factor: float) -> ComputeTimes:
+        return ComputeTimes(*(factor * v for v in asdict(self).values()))
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """The machines: trainers, embedding servers and the network between them."""
+
+    trainers: int = 1  # N data-parallel trainers
+    servers: int = 1  # K embedding-server shards, one link each
+    net_gbps: float | None = None  # bandwidth of every link (None: infinite)
+    net_latency_us: float = 0.0  # per-message latency
+
+    def __post_init__(self) -> None:
+        if self.trainers < 1:
+            raise ConfigError(f"trainers must be >= 1 (got {self.trainers})")
+        if self.servers < 1:
+            raise ConfigError(f"servers must be >= 1 (got {self.servers})")
+        NetworkModel(self.net_gbps, self.net_latency_us)  # validates
+
+    @property
+    def network(self) -> NetworkModel:
+        return NetworkModel(self.net_gbps, self.net_latency_us)
+
+
+@dataclass
+class Volumes:
+    """One system's communication per iteration (rows; [iterations, K] arrays split by shard).
+
+    `round_fetch[b]` is the fetch of the round that *starts* at iteration b (zeros
+    elsewhere); with `prefetch_ahead` it is sent when the previous round starts.
+    """
+
+    system: str
+    iterations: int
+    servers: int
+    round_start: np.ndarray  # bool [I]: iteration b starts a round
+    round_fetch: np.ndarray  # [I, K] rows fetched for the round starting at b
+    pre_evict: np.ndarray  # [I, K] rows written back at that round's start, before its fetch
+    read_fetch: np.ndarray  # [I, M, K] fetches made when iteration b reads (sync: 1, het: N)
+    write_back: np.ndarray  # [I, K] rows written back (or gradients pushed, het) after b
+    sync_now: np.ndarray  # [I] rows all-reduced on the critical path (N > 1)
+    sync_later: np.ndarray  # [I] rows all-reduced asynchronously (N > 1)
+    unique_rows: np.ndarray  # [I] |U_b|
+    prefetch_ahead: bool = False  # bagpipe: round r+1 is fetched when round r starts
+    push_gradients: bool = False  # het: write_back carries gradients (no optimizer state)
+    empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
+
+    def totals(self) -> dict[str, int]:
+        return {
+            "rows_fetched": int(self.round_fetch.sum() + self.read_fetch.sum()),
+            "rows_written_back": int(self.pre_evict.sum() + self.write_back.sum()),
+            "sync_now": int(self.sync_now.sum()),
+            "sync_later": int(self.sync_later.sum()),
+            "unique_rows": int(self.unique_rows.sum()),
+        }
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What is trained: bytes per row and per dense model, and which iterations count."""
+
+    row_dim: int  # floats of a row (E, +1 for wdl/deepfm)
+    state_dim: int  # floats of optimizer state per row (adagrad 1, sgd 0)
+    dense_bytes: int  # bytes of the dense parameters (all-reduced every iteration, N > 1)
+    warmup: int = 0  # first iterations excluded from the medians and means
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of a fetched or written-back row (the optimizer state moves with it)."""
+        return (self.row_dim + self.state_dim) * 4
+
+    @property
+    def grad_bytes(self) -> int:
+        """Bytes of one row's gradient (all-reduces, het's pushes)."""
+        return self.row_dim * 4
+
+
+@dataclass
+class Prediction:
+    """Predicted times of one system (milliseconds)."""
+
+    system: str
+    median_ms: float  # median per-iteration time (what `bagpipe train` reports)
+    mean_ms: float  # mean per-iteration time (1 / throughput)
+    compute_ms: float  # mean compute per iteration
+    exposed_fetch_ms: float  # mean time the main thread waits for fetches
+    exposed_sync_ms: float  # mean time it waits for all-reduces (sync_now + dense; late sync_later)
+    link_busy: float  # busiest server link's busy fraction of the run
+    speedup: float = float("nan")  # mean time of sync / mean time of this system
+    iter_ms: np.ndarray = field(default=None, repr=False)  # every iteration's predicted time
+
+    def to_json(self) -> dict:
+        d = {k: v for k, v in asdict(self).items() if k != "iter_ms"}
+        return d
+
+
+class _Links:
+    """K FIFO links: `send` returns when a message submitted at `t` has been transferred."""
+
+    def __init__(self, k: int, net: NetworkModel, row_bytes: int):
+        self.free = np.zeros(k)
+        self.busy = np.zeros(k)
+        self.net, self.row_bytes = net, row_bytes
+
+    def send(self, t: float, rows: np.ndarray, always: bool = False) -> float:
+        """Submit one message per shard with rows (every shard if `always`); completion time."""
+        done = t
+        for k, n in enumerate(rows):
+            if n == 0 and not always:
+                continue
+            d = self.net.transfer_seconds(int(n) * self.row_bytes)
+            start = max(t, self.free[k])
+            self.free[k] = start + d
+            self.busy[k] += d
+            done = max(done, self.free[k])
+        return done
+
+
+def predict(vol: Volumes, cluster: Cluster, work: Workload, compute: ComputeTimes) -> Prediction:
+    """Replay `vol` on `cluster` with `compute` per iteration; see the module docstring."""
+    if vol.servers != cluster.servers:
+        raise ConfigError(f"volumes are split over {vol.servers} servers, the cluster has "
+                          f"{cluster.servers}")
+    net = cluster.network
+    n = cluster.trainers
+    links = _Links(cluster.servers, net, work.row_bytes)
+    push = _Links(cluster.servers, net, work.grad_bytes)  # het's gradients, same links
+    push.free = links.free  # one link per server: fetches, write-backs and pushes share it
+    push.busy = links.busy
+    s = 1e-3  # ms -> s
+    c_data, c_fb, c_opt, c_other, c_fcpu = (compute.data_ms * s, compute.fwd_bwd_ms * s,
+                                            compute.optimizer_ms * s, compute.other_ms * s,
+                                            compute.fetch_cpu_ms * s)
+    I = vol.iterations  # noqa: E741 - the paper's symbol
+    times = np.zeros(I)
+    fetch_wait = np.zeros(I)
+    sync_wait = np.zeros(I)
+    comp = np.zeros(I)
+    coll_free = 0.0
+    later_done: dict[int, float] = {}
+    inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
+    starts = np.flatnonzero(vol.round_start)
+    next_start = {int(a): int(b) for a, b in zip(starts[:-1], starts[1:], strict=True)}
+    t = 0.0
+    for b in range(I):
+        t_it = t
+        if vol.round_start[b]:
+            t += c_data
+            comp[b] += c_data
+            t0 = t
+            links_done = t
+            if vol.pre_evict[b].any():
+                links.send(t, vol.pre_evict[b])
+            if vol.round_fetch[b].any():
+                links_done = inflight.pop(b, None)
+                if links_done is None:  # not prefetched: fetched now (bagpipe's first round)
+                    links_done = links.send(t, vol.round_fetch[b])
+            t = max(t, links_done)
+            fetch_wait[b] += t - t0
+            if vol.round_fetch[b].any() or vol.pre_evict[b].any():
+                t += c_fcpu
+                comp[b] += c_fcpu
+            nb = next_start.get(b)
+            if vol.prefetch_ahead and nb is not None and vol.round_fetch[nb].any():
+                inflight[nb] = links.send(t, vol.round_fetch[nb])
+        if b - 2 in later_done:  # the asynchronous sync of b-2 lands before b reads
+            t0 = t
+            t = max(t, later_done.pop(b - 2))
+            sync_wait[b] += t - t0
+        fetched = False
+        for msg in vol.read_fetch[b]:
+            if msg.any() or vol.empty_fetch_message:
+                t0 = t
+                t = links.send(t, msg, always=vol.empty_fetch_message)
+                fetch_wait[b] += t - t0
+                fetched = True
+        t += c_other + (c_fcpu if fetched else 0.0)
+        comp[b] += c_other + (c_fcpu if fetched else 0.0)
+        t += c_fb
+        comp[b] += c_fb
+        if n > 1:
+            d = net.allreduce_seconds(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes, n)
+            t += d
+            sync_wait[b] += d
+            if vol.sync_later[b]:
+                d = net.allreduce_seconds(int(vol.sync_later[b]) * work.grad_bytes, n)
+                coll_free = max(t, coll_free) + d
+                later_done[b] = coll_free
+        t += c_opt
+        comp[b] += c_opt
+        if vol.write_back[b].any():
+            (push if vol.push_gradients else links).send(t, vol.write_back[b])
+        times[b] = t - t_it
+    m = slice(work.warmup, None) if I > work.warmup else slice(None)
+    total = t if t > 0 else 1.0
+    return Prediction(
+        system=vol.system,
+        median_ms=1e3 * float(np.median(times[m])) if I else math.nan,
+        mean_ms=1e3 * float(times[m].mean()) if I else math.nan,
+        compute_ms=1e3 * float(comp[m].mean()) if I else math.nan,
+        exposed_fetch_ms=1e3 * float(fetch_wait[m].mean()) if I else math.nan,
+        exposed_sync_ms=1e3 * float(sync_wait[m].mean()) if I else math.nan,
+        link_busy=float(links.busy.max() / total) if I else 0.0,
+        iter_ms=1e3 * times,
+    )
+
+
+def add_speedups(preds: list[Prediction]) -> None:
+    """Set each prediction's speed-up over `sync` (mean iteration times; NaN without sync)."""
+    base = next((p.mean_ms for p in preds if p.system == "sync"), math.nan)
+    for p in preds:
+        p.speedup = base / p.mean_ms if p.mean_ms > 0 else math.nan

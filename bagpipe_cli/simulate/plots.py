@@ -1,0 +1,70 @@
+"""Plots of `bagpipe simulate` (matplotlib's object API with the Agg canvas; no global state)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullLocator
+
+if TYPE_CHECKING:
+    from bagpipe_cli.simulate import SimulateResult
+
+COLORS = {"sync": "#7f7f7f", "bagpipe": "#d62728", "lru": "#1f77b4", "lfu": "#2ca02c",
+          "fae": "#9467bd", "het": "#ff7f0e", "local": "#000000"}
+DPI = 120
+
+
+def _num(x: float, _pos: object = None) -> str:
+    return f"{x:g}"
+
+
+def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str, log2: bool) -> None:
+    df = result.sweep[result.sweep["sweep"] == sweep]
+    cfg = result.config
+    fig = Figure(figsize=(11, 5), dpi=DPI)
+    ax_s, ax_t = fig.subplots(1, 2)
+    for system in cfg.systems:
+        d = df[df["system"] == system].sort_values(xcol)
+        if d.empty:
+            continue
+        style = {"color": COLORS.get(system), "marker": "o", "ms": 4,
+                 "lw": 2.5 if system == "bagpipe" else 1.5,
+                 "ls": "--" if system in ("sync", "local") else "-"}
+        ax_s.plot(d[xcol], d["speedup"], label=system, **style)
+        ax_t.plot(d[xcol], d["mean_ms"], label=system, **style)
+    for ax in (ax_s, ax_t):
+        ax.set_xscale("log", base=2 if log2 else 10)
+        ax.xaxis.set_major_formatter(FuncFormatter(_num))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xticks(sorted(df[xcol].unique()))
+        ax.set_xlabel(xlabel)
+        ax.grid(True, alpha=0.3)
+    ax_s.axhline(1.0, color="#bbbbbb", lw=1)
+    ax_s.set_ylabel("predicted speed-up over sync (x)")
+    ax_s.set_ylim(bottom=0)
+    ax_s.set_title("speed-up over sync")
+    ax_t.set_yscale("log")
+    ax_t.yaxis.set_major_formatter(FuncFormatter(_num))
+    ax_t.yaxis.set_minor_formatter(FuncFormatter(_num))
+    ax_t.set_ylabel("predicted time per iteration (ms, log scale)")
+    ax_t.set_title("iteration time")
+    ax_t.legend(loc="best", fontsize=9)
+    cl = cfg.cluster
+    fixed = (f"{cl.net_gbps:g} Gbit/s, {cl.net_latency_us:g} us" if sweep == "trainers"
+             else f"{cl.trainers} trainers")
+    fig.suptitle(f"{cfg.name}: batch {cfg.batch_size:,}, L={cfg.lookahead}, {cl.servers} servers, "
+                 f"{fixed}", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(path)
+
+
+def plot_speedup_vs_trainers(result: SimulateResult, path: Path) -> None:
+    """Speed-up over sync and iteration time vs trainers (global batch fixed)."""
+    _plot(result, path, "trainers", "trainers", "trainers (global batch fixed)", True)
+
+
+def plot_speedup_vs_bandwidth(result: SimulateResult, path: Path) -> None:
+    """Speed-up over sync and iteration time vs link bandwidth."""
+    _plot(result, path, "net_gbps", "net_gbps", "link bandwidth (Gbit/s)", False)

@@ -1,0 +1,76 @@
+"""`bagpipe simulate --validate RESULTS`: the model's prediction of every stored run against
+its measured median iteration time.
+
+For each run: the trace is rebuilt from the run's dataset and settings (batch size,
+iterations, lookahead, round, cache rows, staleness, trainers, servers), compute is
+calibrated from the same run's non-communication timers (`calibrate.compute_of`), the
+network from its config, and the prediction's median iteration time is compared with the
+measured `median_iter_ms`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from bagpipe_cli.errors import DataError
+from bagpipe_cli.simulate.calibrate import MeasuredRun, measured_runs
+from bagpipe_cli.simulate.model import Prediction, Volumes, predict
+from bagpipe_cli.simulate.volumes import trace_volumes
+
+TOLERANCE = 0.20  # |predicted / measured - 1| within which a run passes
+
+
+@dataclass
+class ValidationRow:
+    run: MeasuredRun
+    prediction: Prediction
+
+    @property
+    def error(self) -> float:
+        """predicted / measured - 1 (median iteration times)."""
+        m = self.run.measured_median_ms
+        return self.prediction.median_ms / m - 1 if m > 0 else math.nan
+
+    @property
+    def ok(self) -> bool:
+        return abs(self.error) <= TOLERANCE
+
+    def to_dict(self) -> dict:
+        r, p = self.run, self.prediction
+        return {
+            "run_id": r.run_id, "system": r.system, "setting": r.setting,
+            "compute_ms": r.compute.total_ms, "predicted_ms": p.median_ms,
+            "measured_ms": r.measured_median_ms, "error": self.error, "ok": self.ok,
+            "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
+            "exposed_fetch_ms": p.exposed_fetch_ms, "exposed_sync_ms": p.exposed_sync_ms,
+            "run_path": str(r.path),
+        }
+
+
+def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = None) -> list[ValidationRow]:
+    """Predict every run under `paths` from its own trace and calibration."""
+    runs = measured_runs(*paths)
+    cache: dict[tuple, Volumes] = {}
+    out = []
+    for i, run in enumerate(runs):
+        if progress:
+            progress(i, len(runs), run.run_id)
+        key = (run.trace, run.system)
+        if key not in cache:
+            if not Path(run.trace.data).is_dir():
+                raise DataError(f"{run.path}: its dataset {run.trace.data} is gone; regenerate it "
+                                "(bagpipe bench does) or validate runs whose dataset exists")
+            vols, _ = trace_volumes(run.trace, [run.system])
+            cache[key] = vols[run.system]
+        pred = predict(cache[key], run.cluster, run.workload, run.compute)
+        out.append(ValidationRow(run, pred))
+    return out
+
+
+def validation_frame(rows: list[ValidationRow]) -> pd.DataFrame:
+    return pd.DataFrame([r.to_dict() for r in rows])

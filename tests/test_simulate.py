@@ -1,0 +1,290 @@
+"""`bagpipe simulate`: the performance model on hand-computed cases, its volumes against the
+engine's own metrics, calibration, --validate on real runs, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+from click.testing import CliRunner
+
+from bagpipe_cli.cli import cli
+from bagpipe_cli.simulate.calibrate import compute_of, read_measured
+from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Volumes, Workload, predict
+
+# Hand-computed cases use: row_dim 24 + state_dim 1 -> 100 bytes per row; 0.8 Gbit/s =
+# 1e8 bytes/s, so one row takes 1 us and 1000 rows take 1 ms (latency 0 unless stated).
+WORK = Workload(row_dim=24, state_dim=1, dense_bytes=0, warmup=0)
+SLOW = Cluster(trainers=1, servers=1, net_gbps=0.8, net_latency_us=0.0)
+FB6 = ComputeTimes(fwd_bwd_ms=6.0)
+
+
+def volumes(system: str, iters: int, k: int = 1, m: int = 1, **arrays) -> Volumes:
+    z = np.zeros((iters, k), np.int64)
+    v = Volumes(system, iters, k, np.ones(iters, bool), z.copy(), z.copy(),
+                np.zeros((iters, m, k), np.int64), z.copy(), np.zeros(iters, np.int64),
+                np.zeros(iters, np.int64), np.zeros(iters, np.int64))
+    for name, value in arrays.items():
+        setattr(v, name, value)
+    return v
+
+
+def test_sync_fetch_queues_behind_the_previous_write_back():
+    # |U_b| = 10,000 rows, 100 us latency: a message takes 0.1 + 10 = 10.1 ms.
+    # it 0: fetch 0 -> 10.1, compute 6 -> 16.1, write-back queued at 16.1, done 26.2.
+    # it 1: starts 16.1, its fetch waits for the write-back: 26.2 -> 36.3 (wait 20.2), +6.
+    # Every later iteration: exposed = wb(b-1) + fetch(b) = 20.2 ms, time 26.2 ms.
+    n = np.full((5, 1), 10_000)
+    v = volumes("sync", 5, read_fetch=n[:, None, :].copy(), write_back=n.copy(),
+                empty_fetch_message=True)
+    p = predict(v, Cluster(1, 1, 0.8, 100.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([16.1, 26.2, 26.2, 26.2, 26.2])
+    assert p.median_ms == pytest.approx(26.2)
+    assert p.exposed_fetch_ms == pytest.approx((10.1 + 4 * 20.2) / 5)
+
+
+def test_sync_over_two_servers_halves_each_message():
+    # 10,000 rows split 5,000 / 5,000 over K = 2 links: every message 5 ms, links parallel.
+    # Steady iteration: wb 5 + fetch 5 exposed + compute 6 = 16 ms.
+    n = np.full((4, 2), 5_000)
+    v = volumes("sync", 4, k=2, read_fetch=n[:, None, :].copy(), write_back=n.copy())
+    p = predict(v, Cluster(1, 2, 0.8, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([11.0, 16.0, 16.0, 16.0])
+
+
+def test_bagpipe_prefetch_hidden_until_the_link_is_the_bottleneck():
+    # Rounds of C = 2; each round fetches 10,000 rows (10 ms), each iteration writes back
+    # 5,000 (5 ms): link work per round 20 ms > compute per round 12 ms.
+    # r0: fetched now 0->10 (wait 10); r1's fetch 10->20; it0 6 -> wb 20->25; it1 -> wb 25->30.
+    # r1 at 22: r1 ready (20), no wait; r2's fetch 30->40; it2, it3 end at 34 (wbs 40..50).
+    # r2 at 34: wait until 40 (6); r3's fetch 50->60; it4, it5 end at 52 (wbs 60..70).
+    # r3 at 52: wait until 60 (8); r4's fetch 70->80; it6, it7 end at 72.
+    # r4 at 72: wait until 80 (8); no more rounds; it8, it9.
+    # Steady state: 20 ms per round = (fetch + 2 write-backs) / C = 10 ms per iteration.
+    it = 10
+    start = np.arange(it) % 2 == 0
+    rf = np.where(start, 10_000, 0)[:, None]
+    v = volumes("bagpipe", it, round_start=start, round_fetch=rf, write_back=np.full((it, 1), 5_000),
+                prefetch_ahead=True)
+    p = predict(v, SLOW, WORK, FB6)
+    assert p.iter_ms == pytest.approx([16, 6, 6, 6, 12, 6, 14, 6, 14, 6])
+    assert p.median_ms == pytest.approx(6.0)  # the wait falls on each round's first iteration
+    # Link faster than compute (1 row = 0.1 us): after round 0 nothing is exposed.
+    p = predict(v, Cluster(1, 1, 8.0, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([7, 6, 6, 6, 6, 6, 6, 6, 6, 6])
+
+
+def test_lru_victims_are_written_back_before_the_misses_are_fetched():
+    # Every iteration: 2,000 victims written back (2 ms), then 2,000 misses fetched (2 ms)
+    # on the same link: 4 ms exposed + 6 ms compute. Iteration 0 has no victims: 2 + 6.
+    it = 4
+    pre = np.array([[0], [2000], [2000], [2000]])
+    v = volumes("lru", it, round_fetch=np.full((it, 1), 2000), pre_evict=pre)
+    p = predict(v, SLOW, WORK, FB6)
+    assert p.iter_ms == pytest.approx([8, 10, 10, 10])
+
+
+def test_fae_cold_rows_written_back_after_the_iteration():
+    # 3,000 cold rows fetched at the start (3 ms) and written back at the end (3 ms): the
+    # next fetch waits for the write-back: 3 + 3 + 6 = 12 ms from iteration 1 on.
+    it = 3
+    v = volumes("fae", it, round_fetch=np.full((it, 1), 3000), write_back=np.full((it, 1), 3000))
+    p = predict(v, SLOW, WORK, FB6)
+    assert p.iter_ms == pytest.approx([9, 12, 12])
+
+
+def test_het_trainers_fetch_one_after_another_and_push_gradients():
+    # N = 2 trainers fetch 1,000 and 2,000 rows in turn (1 + 2 ms); the push of |U_b| = 4,800
+    # gradients (24 floats = 96 bytes each: 4.608 ms) occupies the link before the next fetch.
+    # Dense all-reduce of 0 bytes: none. it0: 3 + 6 = 9; later: 4.608 + 3 + 6 = 13.608.
+    it = 3
+    rf = np.zeros((it, 2, 1), np.int64)
+    rf[:, 0, 0], rf[:, 1, 0] = 1000, 2000
+    v = volumes("het", it, m=2, read_fetch=rf, write_back=np.full((it, 1), 4800), push_gradients=True)
+    p = predict(v, Cluster(2, 1, 0.8, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([9, 13.608, 13.608])
+
+
+def test_local_all_reduces_every_row_and_the_dense_model():
+    # N = 4, 1 Gbit/s... use 0.8 Gbit/s = 1e8 B/s, latency 10 us. Rows: 1,000 x 96 B gradient
+    # + 4,000 B dense = 100,000 B. Ring: 2(N-1) = 6 steps of (10 us + 25,000 B / 1e8 B/s =
+    # 250 us) = 6 x 0.26 ms = 1.56 ms exposed sync; no fetches.
+    v = volumes("local", 3, sync_now=np.full(3, 1000))
+    work = Workload(row_dim=24, state_dim=1, dense_bytes=4000)
+    p = predict(v, Cluster(4, 1, 0.8, 10.0), work, FB6)
+    assert p.iter_ms == pytest.approx([7.56] * 3)
+    assert p.exposed_sync_ms == pytest.approx(1.56)
+    assert p.exposed_fetch_ms == 0
+
+
+def test_late_sync_waits_two_iterations_later():
+    # bagpipe, N = 2, nothing to fetch; sync_later 10,000 rows: all-reduce 2(N-1) = 2 steps
+    # of 480,000 B / 1e8 = 4.8 ms -> 9.6 ms on the collective link per iteration, while an
+    # iteration computes 6 ms. Collectives queue: it0's lands at 15.6, it1's at 25.2 ...
+    # it2 starts at 12 and waits until 15.6 (3.6); it3 starts at 21.6, waits for 25.2 (3.6)
+    # -> in steady state the collective link sets the pace: 9.6 ms per iteration.
+    it = 6
+    v = volumes("bagpipe", it, sync_later=np.full(it, 10_000), prefetch_ahead=True)
+    p = predict(v, Cluster(2, 1, 0.8, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([6, 6, 9.6, 9.6, 9.6, 9.6])
+    assert p.exposed_sync_ms == pytest.approx(4 * 3.6 / 6)
+
+
+def test_no_network_means_compute_alone():
+    n = np.full((3, 1), 10_000)
+    v = volumes("sync", 3, read_fetch=n[:, None, :].copy(), write_back=n.copy())
+    c = ComputeTimes(data_ms=0.5, fwd_bwd_ms=6, optimizer_ms=1, other_ms=0.25, fetch_cpu_ms=0.25)
+    p = predict(v, Cluster(), WORK, c)
+    assert p.iter_ms == pytest.approx([8.0] * 3)  # 0.5 + 6 + 1 + 0.25 + 0.25
+
+
+def test_compute_of_takes_medians_and_leaves_out_communication():
+    m = pd.DataFrame({
+        "data": [0.1, 0.0, 0.002, 0.0, 0.004, 0.0],  # seconds; rounds of 2: starts 0, 2, 4
+        "prefetch_wait": [0.05, 0, 0.003, 0, 0.003, 0],
+        "forward": [0.01, 0.002, 0.002, 0.002, 0.002, 0.002],
+        "backward": [0.01, 0.004, 0.004, 0.004, 0.004, 0.004],
+        "sync": [0.0, 0.001, 0.001, 0.001, 0.001, 0.001],
+        "optimizer": [0.001] * 6,
+    })
+    m["time"] = m[["data", "prefetch_wait", "forward", "backward", "sync", "optimizer"]].sum(axis=1) + 0.0005
+    c = compute_of(m, warmup=2, round_len=2)
+    # data: median over round starts 2, 4 = 3 ms; fwd+bwd 6 ms; optimizer 1 ms; other 0.5 ms.
+    assert (c.data_ms, c.fwd_bwd_ms, c.optimizer_ms, c.other_ms, c.fetch_cpu_ms) == pytest.approx(
+        (3.0, 6.0, 1.0, 0.5, 0.0))
+    # Without an emulated network the waits for rows are CPU: median over round starts = 3 ms.
+    assert compute_of(m, warmup=2, round_len=2, emulated=False).fetch_cpu_ms == pytest.approx(3.0)
+
+
+def test_calibration_from_a_stored_bench_run(tmp_path):
+    from pathlib import Path
+
+    run = Path(__file__).parent / "data" / "bench-example" / "runs" / "bagpipe-dlrm-L8-slow-300c9515-r1"
+    r = read_measured(run)
+    m = pd.read_csv(run / "metrics.csv").iloc[2:]  # warmup 2
+    assert r.system == "bagpipe" and r.trace.lookahead == 8 and r.cluster.net_gbps == 0.5
+    assert r.workload.row_bytes == (16 + 1) * 4  # adagrad keeps one float of state per row
+    assert r.compute.fwd_bwd_ms == pytest.approx(1e3 * float((m["forward"] + m["backward"]).median()))
+    assert r.measured_median_ms == pytest.approx(19.908710499976223)
+
+
+# ------------------------------------------------------------------- real runs of the engine
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_dataset):
+    """Tiny real runs: sync/bagpipe/het with an emulated network (N = 2, K = 2), and a
+    no-network twin of sync."""
+    from bagpipe_cli.engine.trainer import TrainConfig, train
+    from bagpipe_cli.results import write_run
+
+    root = tmp_path_factory.mktemp("simruns")
+    common = dict(data=str(tiny_dataset), batch_size=512, iterations=16, warmup=3, lookahead=8,
+                  optimizer="adagrad", lr=0.05, eval_rows=2000, trainers=2, servers=2)
+    specs = {"sync-net": dict(system="sync", net_gbps=0.2, net_latency_us=50),
+             "bagpipe-net": dict(system="bagpipe", net_gbps=0.2, net_latency_us=50),
+             "het-net": dict(system="het", staleness=2, net_gbps=0.2, net_latency_us=50),
+             "sync-nonet": dict(system="sync")}
+    for name, extra in specs.items():
+        res = train(TrainConfig(**common, **extra))
+        write_run(root / name, res.config, res.metrics, res.summary)
+    return root
+
+
+def test_volumes_equal_the_engines_metrics(runs):
+    from bagpipe_cli.simulate.volumes import trace_volumes
+
+    for name in ("sync-net", "bagpipe-net", "het-net"):
+        r = read_measured(runs / name)
+        v = trace_volumes(r.trace, [r.system])[0][r.system]
+        m = pd.read_csv(runs / name / "metrics.csv")
+        fetched = v.read_fetch.sum(axis=(1, 2)) + v.round_fetch.sum(axis=1)
+        if r.system == "bagpipe":  # the engine counts a row as fetched at the iteration using it
+            assert fetched.sum() == m["rows_fetched"].sum()
+        else:
+            assert fetched.tolist() == m["rows_fetched"].tolist()
+        assert (v.write_back.sum(axis=1) + v.pre_evict.sum(axis=1)).tolist() == m["rows_written_back"].tolist()
+        assert v.sync_now.tolist() == (m["sync_now"].tolist() if r.system == "bagpipe" else [0] * 16)
+
+
+def test_validate_prints_the_table(runs, tmp_path):
+    r = CliRunner().invoke(cli, ["simulate", "--validate", str(runs), "--out", str(tmp_path / "v")])
+    assert r.exit_code == 0, r.output
+    for needle in ("predicted", "measured", "sync", "bagpipe", "het", "runs within"):
+        assert needle in r.output
+    df = pd.read_csv(tmp_path / "v" / "validate.csv")
+    assert len(df) == 4 and set(df["system"]) == {"sync", "bagpipe", "het"}
+    assert (df["predicted_ms"] > 0).all() and df["error"].notna().all()
+    # The emulated sync run borrows its fetch CPU from its no-network twin.
+    from bagpipe_cli.simulate.calibrate import measured_runs
+
+    sync = next(x for x in measured_runs(runs) if x.path.name == "sync-net")
+    assert sync.fetch_cpu_from.startswith("1 no-network twin")
+
+
+def test_simulate_dataset_with_cluster_file_writes_outputs(runs, tiny_dataset, tmp_path):
+    cfg = tmp_path / "cluster.yaml"
+    cfg.write_text(f"name: tiny-cluster\ndata: {tiny_dataset}\ntrainers: 2\nservers: 2\n"
+                   "net_gbps: 1\nnet_latency_us: 20\nbatch_size: 1024\nlookahead: 8\n"
+                   "systems: [sync, bagpipe, lru, local]\nsweep: {trainers: [1, 2, 4], net_gbps: [0.5, 5]}\n"
+                   "reported: {source: test, speedup_max: 5.6}\n")
+    out = tmp_path / "sim"
+    r = CliRunner().invoke(cli, ["simulate", "--cluster", str(cfg), "--calibrate", str(runs),
+                                 "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "bagpipe" in r.output and "up to 5.6x" in r.output
+    js = json.loads((out / "simulate.json").read_text())
+    assert js["schema_version"] == 1
+    assert [p["system"] for p in js["predictions"]] == ["sync", "bagpipe", "lru", "local"]
+    assert js["compute_source"]["kind"] == "calibrated"
+    sweep = pd.read_csv(out / "sweep.csv")
+    assert set(sweep["trainers"]) == {1, 2, 4} and set(sweep.loc[sweep.sweep == "net_gbps", "net_gbps"]) == {0.5, 5}
+    for png in ("speedup_vs_trainers.png", "speedup_vs_bandwidth.png"):
+        assert (out / png).stat().st_size > 10_000
+    # A given compute instead, on the dataset directly; sync's speed-up is 1 by definition.
+    r = CliRunner().invoke(cli, ["simulate", str(tiny_dataset), "--compute-ms", "3", "--net-gbps", "1",
+                                 "--batch-size", "1024", "--lookahead", "8", "--systems", "sync,bagpipe",
+                                 "--sweep-trainers", "1,2", "--sweep-gbps", "1"])
+    assert r.exit_code == 0, r.output
+    assert "1.00x" in r.output
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
+    (["--compute-ms", "1", "--calibrate", "RUNS"], "either --compute-ms or --calibrate"),
+    ([], "give the compute time"),
+])
+def test_bad_options_are_one_line_exit_2(tiny_dataset, runs, args, needle):
+    args = [str(runs) if a == "RUNS" else a for a in args]
+    r = CliRunner().invoke(cli, ["simulate", str(tiny_dataset), "--batch-size", "512", *args])
+    assert r.exit_code == 2, r.output
+    assert needle in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_bad_files_are_one_line_exit_2(tmp_path, tiny_dataset):
+    bad = tmp_path / "c.yaml"
+    bad.write_text(f"data: {tiny_dataset}\ntrainers: 2\nbandwidth: 10\n")
+    for args, needle in [(["--cluster", str(bad)], "unknown key 'bandwidth'"),
+                         (["--cluster", str(tmp_path / "none.yaml")], "cannot read"),
+                         ([str(tmp_path / "nodata"), "--compute-ms", "1"], "no such dataset"),
+                         (["--validate", str(tmp_path / "noresults")], "no such results folder")]:
+        r = CliRunner().invoke(cli, ["simulate", *args])
+        assert r.exit_code == 2, (args, r.output)
+        assert needle in r.output and len(r.output.strip().splitlines()) == 1
+
+
+def test_shipped_paper_scenario_is_valid():
+    from pathlib import Path
+
+    from bagpipe_cli.simulate.cluster import load_cluster
+
+    cf = load_cluster(Path(__file__).parents[1] / "benchmarks" / "paper-scenario.yaml")
+    assert (cf.trainers, cf.batch_size, cf.lookahead, cf.net_gbps) == (8, 16384, 200, 10.0)
+    assert cf.synth["preset"] == "criteo-kaggle" and cf.reported["speedup_max"] == 5.6
+
+
+def test_simulate_help_has_example():
+    r = CliRunner().invoke(cli, ["simulate", "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output and "--validate" in r.output
