@@ -49,7 +49,7 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except MemoryError:
             raise OneLineError("out of memory; use a smaller --batch-size or dataset", 1) from None
         except KeyboardInterrupt:
-            raise OneLineError("interrupted; nothing was written", 130) from None
+            raise OneLineError("interrupted; no output was written (checkpoints already written are kept)", 130) from None
 
     return wrapper
 

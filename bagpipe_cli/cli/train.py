@@ -52,6 +52,15 @@ from bagpipe_cli.engine.systems import SYSTEMS
               help="Spawn the ranks locally: 1 oracle + --servers + --trainers processes over gloo.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="torch transport: seconds a rank waits for a peer before giving up.")
+@click.option("--checkpoint-every", type=int, default=0, show_default=True,
+              help="Checkpoint every N iterations (0: never): tables after write-backs, dense model "
+                   "and optimizer, iteration, RNG; written atomically.")
+@click.option("--checkpoint-dir", type=click.Path(path_type=Path), default=None,
+              help="Where checkpoints go (ckpt-NNNNNNNN folders) [default: <--out>.ckpt].")
+@click.option("--checkpoint-keep", type=int, default=2, show_default=True,
+              help="Newest checkpoints kept.")
+@click.option("--resume", type=click.Path(path_type=Path), default=None,
+              help="Resume from a checkpoint folder, or the newest good one in a --checkpoint-dir.")
 @out_option()
 @overwrite_option
 @click.option("--save-model", type=click.Path(path_type=Path), default=None,
@@ -63,6 +72,8 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     The loss is the mean over the global batch; dense and embedding gradients of the
     trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
     """
+    from dataclasses import replace
+
     from bagpipe_cli.engine import TrainConfig
     from bagpipe_cli.engine import save_model as save
     from bagpipe_cli.engine import train as run
@@ -70,8 +81,14 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     from bagpipe_cli.results import write_run
 
     procs = kw.pop("procs")
+    if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
+        kw["checkpoint_dir"] = out.with_name(out.name + ".ckpt")
+    for key in ("checkpoint_dir", "resume"):
+        kw[key] = str(kw[key]) if kw[key] is not None else None
     cfg = TrainConfig(data=str(data), round=round_, **kw)
     check_output_dir(out, overwrite)  # fail before training, not after
+    if cfg.resume is not None and cfg.transport == "inproc":
+        _check_resume(cfg if procs is None else replace(cfg, transport="torch"))
     if procs is not None:
         _spawn(cfg, procs)
         return
@@ -108,7 +125,25 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
         t.add_row("oracle", f"{s['oracle_ms_per_batch']:.2f} ms/batch")
     t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
     t.add_row("network", "emulated" if s["network_emulated"] else "not emulated")
+    if s.get("checkpoints"):
+        t.add_row("checkpoints", f"{s['checkpoints']} x {s['checkpoint_ms_median']:.1f} ms "
+                                 f"({s['checkpoint_overhead_pct']:.1f}% of training) -> {cfg.checkpoint_dir}")
+    if s.get("resumed_from"):
+        t.add_row("resumed from", f"{s['resumed_from']['checkpoint']} (iteration {s['resumed_from']['iteration']})")
     console.print(t)
+
+
+def _check_resume(cfg) -> None:
+    """Fail before training (or spawning ranks) if --resume cannot be used; say which one is used."""
+    from bagpipe_cli.data import open_dataset
+    from bagpipe_cli.engine.checkpoint import check_compatible, dataset_identity, find_checkpoint
+
+    ds = open_dataset(cfg.data)
+    ck = find_checkpoint(Path(cfg.resume))
+    check_compatible(cfg, ck, dataset_identity(ds))
+    for why in ck.skipped:
+        err_console.print(f"[yellow]Warning:[/] skipped a checkpoint: {why}", highlight=False, soft_wrap=True)
+    err_console.print(f"resuming from {ck.path} at iteration {ck.iteration}", highlight=False, soft_wrap=True)
 
 
 def _spawn(cfg, procs: int) -> None:

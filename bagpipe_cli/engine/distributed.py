@@ -10,6 +10,15 @@ any-source receive:
   (FETCH, WRITEBACK, GRAD, DONE; empty ones included), so a server serves the trainers
   round-robin, each in its own order. A trainer's write-backs precede its later fetches on
   the same connection, which keeps fetches after the write-backs they depend on;
+- checkpoints (every `--checkpoint-every` iterations, at the boundary before iteration b):
+  each trainer settles its pending sync_later updates, after which every resident row of
+  the replicated cache has its true value on every trainer; it sends rank 0 its new metrics
+  records (trainer 0 also the resident rows, the dense model, its optimizer and the RNG
+  state), then every server a CHECKPOINT request after its write-backs. A server that has
+  it from a trainer serves that trainer no further until it has it from all of them, then
+  sends rank 0 its shard. Rank 0 lays the resident rows over the shards and writes the
+  checkpoint. On resume rank 0 reads it and sends each server its shard and each trainer
+  the dense state (only rank 0 needs to see the checkpoint directory);
 - trainers among themselves: all-gathers of dense gradients and of the embedding
   gradients LRPP says to synchronise, summed in trainer order on every trainer (the same
   order as the in-process engine, so results are bitwise equal to it).
@@ -35,6 +44,7 @@ import sys
 import time
 from concurrent.futures import Future
 from dataclasses import asdict, dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -44,6 +54,7 @@ import torch.distributed as dist
 
 from bagpipe_cli.data.format import open_dataset, table_offsets
 from bagpipe_cli.engine.cache import RowCache
+from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import (
@@ -60,7 +71,7 @@ from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
 
-OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE = 1, 2, 3, 4
+OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT = 1, 2, 3, 4, 5
 DIST_SYSTEMS = ("bagpipe", "sync")
 
 
@@ -205,6 +216,11 @@ class TorchTransport(Transport):
         f.set_result(None)
         return f
 
+    def checkpoint(self) -> None:
+        """Tell every server this trainer reached a checkpoint (after its write-backs)."""
+        for k in range(self.num_servers):
+            self._send(self.layout.server_rank(k), OP_CHECKPOINT, np.empty(0, np.int64))
+
     def close(self) -> None:
         for k in range(self.num_servers):
             self._send(self.layout.server_rank(k), OP_DONE, np.empty(0, np.int64))
@@ -220,12 +236,16 @@ def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: R
     """Serve the trainers' requests round-robin until every trainer is done."""
     dim, sdim = server.weight.shape[1], server.state.shape[1]
     active = list(range(layout.trainers))
+    paused: set[int] = set()  # trainers that reached a checkpoint the others have not
     busy = wait = 0.0
     bytes_sent = 0
     while active:
         grads = []
         still = []
         for i in active:
+            if i in paused:
+                still.append(i)
+                continue
             src = layout.trainer_rank(i)
             hdr = torch.empty(2, dtype=torch.int64)
             t0 = time.perf_counter()
@@ -236,6 +256,9 @@ def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: R
             if op == OP_DONE:
                 continue
             still.append(i)
+            if op == OP_CHECKPOINT:
+                paused.add(i)
+                continue
             local = torch.empty(n, dtype=torch.int64)
             if n:
                 _comm(layout, src, dist.recv, local, src)
@@ -275,6 +298,12 @@ def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: R
                 server.apply_gradients(keys, total, opt)
             busy += time.perf_counter() - t1
         active = still
+        if active and paused == set(active):
+            # Every trainer's requests before the checkpoint are served: this is the shard at
+            # the boundary.
+            send_obj({"weight": server.weight, "state": server.state}, 0, layout)
+            paused.clear()
+            checkpoint_done()
     return {"busy_s": busy, "waiting_s": wait, "bytes_sent": bytes_sent,
             "bytes_received": server.bytes_received}
 
@@ -317,6 +346,11 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
                  else torch.optim.Adam(model.parameters(), lr=dlr))
     params = list(model.parameters())
     info = recv_obj(0, layout)
+    start = info["start"]
+    if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
+        model.load_state_dict(info["dense"])
+        dense_opt.load_state_dict(info["optimizer"])
+        torch.set_rng_state(info["rng"])
     transport = TorchTransport(layout, rdim, opt.state_dim, network)
     bagpipe = cfg.system == "bagpipe"
     system = (CacheSystem("bagpipe", transport, RowCache(info["capacity"], rdim, opt.state_dim), True)
@@ -341,6 +375,24 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
         while pending:
             finish_later(pending.pop(0))
 
+    sent = 0  # records already sent to rank 0 with a checkpoint
+
+    def checkpoint() -> None:
+        nonlocal sent
+        settle()  # now every resident row has its true value, the same on every trainer
+        msg: dict[str, Any] = {"records": records[sent:]}
+        sent = len(records)
+        if i == 0:
+            msg["resident"] = system.resident() if bagpipe else None
+            msg["dense"] = model.state_dict()
+            msg["optimizer"] = dense_opt.state_dict()
+            msg["rng"] = torch.get_rng_state()
+        send_obj(msg, 0, layout)
+        transport.checkpoint()  # after every write-back of this trainer
+        checkpoint_done()
+
+    every = cfg.checkpoint_every
+
     cur = recv_obj(0, layout)
     while cur is not None:
         rp, batches = cur
@@ -350,6 +402,8 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
         waited = system.begin_round(rp, nxt[0] if nxt else None) if bagpipe else 0.0
         t_round = time.perf_counter() - t_round
         for j, (plan, (dense_np, labels_np)) in enumerate(zip(rp.iters, batches, strict=True)):
+            if every and plan.b > start and plan.b % every == 0:
+                checkpoint()
             t_it = time.perf_counter()
             step = Step(plan, torch.from_numpy(dense_np), torch.from_numpy(labels_np))
             step.times = dict.fromkeys(TIME_KEYS, 0.0)
@@ -418,6 +472,7 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
                     r, s = system.cache.read(plan.evict_slots[mine_ev])
                     transport.write_back(plan.evict_keys[mine_ev], r, s)
                 late_ev = (ev_cls == SYNC_LATER) & (plan.evict_keys % n == i)
+                system.forget(plan.evict_slots)  # evicted from the logical cache on every trainer
                 step.rows_written_back = int(mine_ev.sum() + late_ev.sum())
                 step.rows_fetched = plan.fetched
                 step.cache_hits = len(plan.uniq) - plan.fetched
@@ -450,8 +505,11 @@ def oracle_main(cfg, layout: Layout, progress=None):
     """Rank 0: plan, feed the trainers, then gather everything and return a TrainResult."""
     from bagpipe_cli.engine.trainer import (
         TrainResult,
+        checkpoint_summary,
         evaluate,
         iter_train_batches,
+        open_resume,
+        shift_plan,
         split_rows,
         summarize,
     )
@@ -463,9 +521,15 @@ def oracle_main(cfg, layout: Layout, progress=None):
     total = int(sum(cards))
     offsets = table_offsets(cards)
     n, per = layout.trainers, cfg.batch_size // layout.trainers
+    ck = open_resume(cfg, ds)
+    start = ck.iteration if ck else 0
+    if ck is not None and len(ck.metrics) != n:
+        raise ConfigError(f"--resume {ck.path}: the checkpoint has metrics of {len(ck.metrics)} "
+                          f"trainer(s), this run has {n}")
+    prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(n)]
 
     def keys():
-        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows))
+        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows, start))
 
     peak = capacity = None
     if cfg.system == "bagpipe":
@@ -478,28 +542,71 @@ def oracle_main(cfg, layout: Layout, progress=None):
     else:
         oracle = Oracle(total, 1, 1, n, None)
     trainers = [layout.trainer_rank(i) for i in range(n)]
+    for k in range(layout.servers):  # initial shards: the checkpoint's, or None (seeded init)
+        send_obj(None if ck is None else {"weight": ck.weight[k::layout.servers].clone(),
+                                          "state": ck.state[k::layout.servers].clone()},
+                 layout.server_rank(k), layout)
     for r in trainers:
-        send_obj({"capacity": capacity}, r, layout)
+        send_obj({"capacity": capacity, "start": start,
+                  **({"dense": ck.dense, "optimizer": ck.dense_optimizer, "rng": ck.rng} if ck else {})},
+                 r, layout)
+    if ck is not None:
+        del ck.weight, ck.state
+    ckpt = Checkpointer(cfg, dataset_identity(ds), start) if cfg.checkpoint_every else None
+    ck_records = [list(p) for p in prior]
+
+    def take_checkpoints(rp) -> None:
+        """Rank 0's part of the checkpoints at boundaries inside round `rp` (see the module doc)."""
+        for plan in rp.iters:
+            if ckpt is None or not ckpt.due(plan.b, cfg.iterations):
+                continue
+            parts = [recv_obj(r, layout) for r in trainers]
+            t = time.perf_counter()
+            for i, part in enumerate(parts):
+                ck_records[i].extend(part["records"])
+            shards = [SimpleNamespace(shard=k, **recv_obj(layout.server_rank(k), layout))
+                      for k in range(layout.servers)]
+            res = parts[0]["resident"]
+            weight, state = full_tables(shards, [res] if res is not None else [])
+            ckpt.save(plan.b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
+                      parts[0]["rng"], ck_records, t)
+            checkpoint_done()
+
     held: list = []
 
     def stream():
-        for batch in iter_train_batches(ds, cfg, train_rows):
+        for batch in iter_train_batches(ds, cfg, train_rows, start):
             held.append(batch)
             yield batch_keys(batch.sparse, offsets)
 
-    done = 0
-    for rp in oracle.plan(stream()):
-        batches = held[: len(rp.iters)]
-        del held[: len(rp.iters)]
-        for i, r in enumerate(trainers):
-            sl = slice(i * per, (i + 1) * per)
-            send_obj((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r, layout)
-        done += len(rp.iters)
-        if progress:
-            progress(done - 1, {"loss": float("nan"), "time": float("nan")})
-    for r in trainers:
-        send_obj(None, r, layout)
+    done = start
+    prev = None
+    try:
+        for rp in oracle.plan(stream()):
+            shift_plan(rp, start)
+            batches = held[: len(rp.iters)]
+            del held[: len(rp.iters)]
+            for i, r in enumerate(trainers):
+                sl = slice(i * per, (i + 1) * per)
+                send_obj((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r, layout)
+            # The trainers got this round while they train the previous one, which is when
+            # they reach its checkpoint boundaries.
+            if prev is not None:
+                take_checkpoints(prev)
+            prev = rp
+            done += len(rp.iters)
+            if progress:
+                progress(done - 1, {"loss": float("nan"), "time": float("nan")})
+        for r in trainers:
+            send_obj(None, r, layout)
+        if prev is not None:
+            take_checkpoints(prev)
+    finally:
+        if ckpt is not None:
+            ckpt.close()
     outs = [recv_obj(r, layout) for r in trainers]
+    for i, o in enumerate(outs):
+        o["records"] = prior[i] + o["records"]
     shards = [recv_obj(layout.server_rank(k), layout) for k in range(layout.servers)]
     wall = time.perf_counter() - t_start
 
@@ -526,6 +633,7 @@ def oracle_main(cfg, layout: Layout, progress=None):
         "network_emulated": NetworkModel(cfg.net_gbps, cfg.net_latency_us).emulated,
         "train_rows": train_rows, "eval_rows": eval_rows, "transport": "torch",
         "world_size": layout.world,
+        **checkpoint_summary(ckpt, ck, summary),
         "roles": {**{f"trainer{i}": {"bytes_sent": o["bytes_sent"],
                                      "waiting_s": float(frames[i]["prefetch_wait"].sum() + frames[i]["sync"].sum()),
                                      "busy_s": float(frames[i][["forward", "backward", "optimizer"]].sum().sum())}
@@ -544,8 +652,13 @@ def server_main(cfg, layout: Layout, k: int) -> None:
     mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
     opt = RowOptimizer(cfg.optimizer, cfg.lr)
     cards = ds.meta.cardinalities
-    # Every server initialises all shards' values deterministically and keeps its own.
-    server = init_servers(cards, row_dim(mcfg), layout.servers, cfg.seed, opt.init_state)[k]
+    init = recv_obj(0, layout)  # a resumed run's shard, from rank 0's checkpoint
+    if init is None:
+        # Every server initialises all shards' values deterministically and keeps its own.
+        server = init_servers(cards, row_dim(mcfg), layout.servers, cfg.seed, opt.init_state)[k]
+    else:
+        server = EmbeddingServer(k, layout.servers, int(sum(cards)), row_dim(mcfg), init["state"])
+        server.weight = init["weight"]
     stats = serve(server, layout, NetworkModel(cfg.net_gbps, cfg.net_latency_us), opt)
     send_obj({"weight": server.weight, "state": server.state, "stats": stats}, 0, layout)
 
@@ -630,17 +743,38 @@ def spawn_local(argv: list[str], layout: Layout, timeout_s: float) -> None:
         raise RankFailure(f"{layout.name(failed[0])} exited with code {failed[1]}")
 
 
+_after_checkpoints: list = []  # [checkpoints left before the kill, delay_s] when armed
+
+
 def _fault_injection(rank: int) -> None:
-    """For fault tests: BAGPIPE_FAULT="rank=R,after_s=S" SIGKILLs rank R after S seconds."""
+    """For fault tests: BAGPIPE_FAULT="rank=R,after_s=S" SIGKILLs rank R after S seconds;
+    "rank=R,after_checkpoints=K[,delay_s=D]" SIGKILLs it D seconds after its part of the
+    K-th checkpoint is done (a server: its shard sent; a trainer: its state sent; rank 0:
+    the checkpoint written)."""
     spec = os.environ.get("BAGPIPE_FAULT")
     if not spec:
         return
     kv = dict(part.split("=", 1) for part in spec.split(","))
     if int(kv.get("rank", -1)) != rank:
         return
+    if "after_checkpoints" in kv:
+        _after_checkpoints[:] = [int(kv["after_checkpoints"]), float(kv.get("delay_s", 0.0))]
+        return
+    _kill_later(float(kv.get("after_s", 1.0)))
+
+
+def _kill_later(seconds: float) -> None:
     import signal
     import threading
 
-    t = threading.Timer(float(kv.get("after_s", 1.0)), lambda: os.kill(os.getpid(), signal.SIGKILL))
+    t = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGKILL))
     t.daemon = True
     t.start()
+
+
+def checkpoint_done() -> None:
+    """This rank finished its part of a checkpoint (for BAGPIPE_FAULT's after_checkpoints)."""
+    if _after_checkpoints:
+        _after_checkpoints[0] -= 1
+        if _after_checkpoints[0] == 0:
+            _kill_later(_after_checkpoints[1])

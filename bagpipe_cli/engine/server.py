@@ -107,3 +107,14 @@ def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) ->
     for s in servers:
         full[s.shard::k] = s.weight
     return list(torch.split(full, cardinalities))
+
+
+def servers_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[EmbeddingServer]:
+    """K shards holding the full tables `weight`/`state` in global key order (a checkpoint's)."""
+    total = weight.shape[0]
+    servers = []
+    for k in range(num_shards):
+        s = EmbeddingServer(k, num_shards, total, weight.shape[1], state[k::num_shards].clone())
+        s.weight = weight[k::num_shards].clone()
+        servers.append(s)
+    return servers

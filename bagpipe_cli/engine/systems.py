@@ -7,7 +7,9 @@ Every system implements the same three stages, called by the trainer loop:
 - `read(step)`: the rows (and optimizer state) of U_b, in `step.plan.uniq` order;
 - `update(step, rows, state, grad)`: apply the row optimizer and store the updated rows
   (in a cache, or back on the servers), then write back what the plan evicts;
-- `flush()`: when training ends, everything is back on the servers.
+- `flush()`: when training ends, everything is back on the servers;
+- `resident()`: the rows whose newest value is on the trainer, not on the servers (after
+  `flush()`); a checkpoint lays them over the servers' tables.
 
 Everything else (model, gradients, optimizers, synchronisation, metrics) is shared, so a
 difference between systems is the policy's alone.
@@ -87,6 +89,10 @@ class EmbeddingSystem(ABC):
             f.result()
         self._pending_writes = []
 
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """(keys, rows, state) held on the trainer with a newer value than the servers'."""
+        return np.empty(0, np.int64), torch.empty(0, 0), torch.empty(0, 0)
+
 
 class SyncSystem(EmbeddingSystem):
     """No cache: fetch U_b from the servers every iteration, write the updates straight back.
@@ -134,6 +140,8 @@ class CacheSystem(EmbeddingSystem):
         self._inflight: dict[int, RowsFuture] = {}
         self._pre_evicted = 0
         self.written_back_at_end = 0  # rows still resident when training ended
+        # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
+        self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
 
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
         t0 = time.perf_counter()
@@ -143,10 +151,12 @@ class CacheSystem(EmbeddingSystem):
         if len(rp.pre_evict_keys):
             rows_out, state_out = self.cache.read(rp.pre_evict_slots)
             self._write_back(rp.pre_evict_keys, rows_out.cpu(), state_out.cpu())
+            self.forget(rp.pre_evict_slots)
         fut = self._inflight.pop(rp.r, None)
         if len(rp.fetch_keys):
             rows, state = (fut or self.transport.fetch(rp.fetch_keys)).result()
             self.cache.insert(rp.fetch_slots, rows, state)
+            self.slot_key[rp.fetch_slots] = rp.fetch_keys
         waited = time.perf_counter() - t0
         # Every write-back of earlier iterations is already queued, so the servers serve this
         # fetch after them (see the oracle on why that is early enough).
@@ -166,6 +176,7 @@ class CacheSystem(EmbeddingSystem):
         if len(p.evict_keys):
             rows_out, state_out = self.cache.read(p.evict_slots)
             self._write_back(p.evict_keys, rows_out.cpu(), state_out.cpu())
+            self.forget(p.evict_slots)
         step.rows_written_back = len(p.evict_keys) + self._pre_evicted
         self._pre_evicted = 0  # counted with the round's first iteration
 
@@ -173,6 +184,15 @@ class CacheSystem(EmbeddingSystem):
         if self.prefetch_ahead:  # bagpipe's LRPP
             return plan.sync_now, plan.sync_later
         return plan.sync_now, 0
+
+    def forget(self, slots: np.ndarray) -> None:
+        """Slots whose rows were evicted (their write-back is queued or done)."""
+        self.slot_key[slots] = -1
+
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        slots = np.flatnonzero(self.slot_key >= 0)
+        rows, state = self.cache.read(slots)
+        return self.slot_key[slots], rows.cpu(), state.cpu()
 
 
 class LocalSystem(EmbeddingSystem):
@@ -214,6 +234,9 @@ class LocalSystem(EmbeddingSystem):
         for s in self.servers:
             s.weight.copy_(self.weight[s.shard::k])
             s.state.copy_(self.state[s.shard::k])
+
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        return np.arange(self.weight.shape[0]), self.weight.clone(), self.state.clone()
 
 
 class HetSystem(EmbeddingSystem):

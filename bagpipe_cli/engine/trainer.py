@@ -5,6 +5,10 @@
                     round's fetch on the transport's server workers); per iteration: read rows,
                     forward/backward per trainer slice, sum gradients, sync, optimizers, write
     server workers: serve fetches and write-backs in FIFO order (network emulated there)
+    checkpoints:    at the boundary before iteration b (main thread, b % checkpoint_every == 0):
+                    pending work lands, the servers' tables with the cache's resident rows over
+                    them are written with the dense state (engine/checkpoint.py); training then
+                    goes on with the same cache. `resume` starts at b with an empty cache.
 
 Gradient convention: the loss is the mean over the *global* batch; each trainer's slice
 contributes sum(BCE)/B, and partial gradients (dense and embedding) are *summed* across
@@ -30,11 +34,24 @@ import torch.nn.functional as F
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
 from bagpipe_cli.engine.cache import RowCache
+from bagpipe_cli.engine.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    check_compatible,
+    dataset_identity,
+    find_checkpoint,
+    full_tables,
+)
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
 from bagpipe_cli.engine.planner import PLANNED_POLICIES, PolicyPlanner, trace_of
-from bagpipe_cli.engine.server import assemble_tables, init_servers, split_by_shard
+from bagpipe_cli.engine.server import (
+    assemble_tables,
+    init_servers,
+    servers_from_tables,
+    split_by_shard,
+)
 from bagpipe_cli.engine.systems import (
     SYSTEMS,
     CacheSystem,
@@ -81,6 +98,10 @@ class TrainConfig:
     warmup: int = 5  # iterations excluded from the speed figures
     transport: str = "inproc"  # inproc (threads in this process) | torch (torch.distributed ranks)
     timeout_s: float = 120.0  # torch transport: how long a rank waits for a peer
+    checkpoint_every: int = 0  # checkpoint every N iterations (0: never)
+    checkpoint_dir: str | None = None  # where checkpoints go (None: a temporary dir, removed)
+    checkpoint_keep: int = 2  # newest good checkpoints kept
+    resume: str | None = None  # a checkpoint (or a directory of them) to resume from
 
     def __post_init__(self) -> None:
         if self.system not in (*SYSTEMS, *EXTERNAL_SYSTEMS):
@@ -110,6 +131,15 @@ class TrainConfig:
             raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0 (got {self.warmup})")
+        if self.checkpoint_every < 0:
+            raise ConfigError(f"--checkpoint-every must be >= 0 (got {self.checkpoint_every})")
+        if self.checkpoint_keep < 1:
+            raise ConfigError(f"--checkpoint-keep must be >= 1 (got {self.checkpoint_keep})")
+        if self.system == "het" and self.staleness > 0 and (self.checkpoint_every or self.resume):
+            # Its trainers read stale cached copies that a checkpoint of the true parameters
+            # does not hold, so a resumed run would not be the run that was stopped.
+            raise ConfigError("--checkpoint-every/--resume: het with --staleness > 0 cannot be "
+                              "resumed exactly; use --staleness 0 or another system")
         RowOptimizer(self.optimizer, self.lr)  # validates --optimizer and --lr
         NetworkModel(self.net_gbps, self.net_latency_us)  # validates the network options
 
@@ -137,26 +167,38 @@ def split_rows(ds: Dataset, cfg: TrainConfig) -> tuple[int, int]:
     return train_rows, ev
 
 
-def iter_train_batches(ds: Dataset, cfg: TrainConfig, train_rows: int):
-    """Global batches in dataset order, wrapping around at the end of the training rows."""
+def iter_train_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, start: int = 0):
+    """Global batches start.. in dataset order, wrapping around at the end of the training rows.
+
+    Batch b is the same whatever `start` is, which is what makes a resumed run exact.
+    """
     per_epoch = train_rows // cfg.batch_size
-    for b in range(cfg.iterations):
+    for b in range(start, cfg.iterations):
         lo = (b % per_epoch) * cfg.batch_size
         yield ds.slice(lo, lo + cfg.batch_size, b)
 
 
+def shift_plan(rp, start: int):
+    """A resumed run's planner counts iterations from 0; its plans are for iterations start.."""
+    if start:
+        for it in rp.iters:
+            it.b += start
+    return rp
+
+
 def _loader(ds: Dataset, cfg: TrainConfig, train_rows: int, oracle: Oracle | PolicyPlanner,
-            offsets: np.ndarray, out: queue.Queue, stop: threading.Event) -> None:
+            offsets: np.ndarray, out: queue.Queue, stop: threading.Event, start: int = 0) -> None:
     """The data loader + oracle thread: plans rounds ahead into a bounded queue."""
     held: list = []
 
     def keys() -> Iterator[np.ndarray]:
-        for batch in iter_train_batches(ds, cfg, train_rows):
+        for batch in iter_train_batches(ds, cfg, train_rows, start):
             held.append(batch)
             yield batch_keys(batch.sparse, offsets)
 
     try:
         for rp in oracle.plan(keys()):
+            shift_plan(rp, start)
             batches = held[: len(rp.iters)]
             del held[: len(rp.iters)]
             while not stop.is_set():
@@ -208,23 +250,31 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     rowopt = RowOptimizer(cfg.optimizer, cfg.lr)
     network = NetworkModel(cfg.net_gbps, cfg.net_latency_us)
 
+    ck = open_resume(cfg, ds)
+    start = ck.iteration if ck else 0
+
     torch.manual_seed(cfg.seed)
     model = build_model(mcfg)
     dlr = cfg.dense_lr if cfg.dense_lr is not None else cfg.lr
     dense_opt = (torch.optim.SGD(model.parameters(), lr=dlr) if cfg.dense_optimizer == "sgd"
                  else torch.optim.Adam(model.parameters(), lr=dlr))
-    servers = init_servers(cards, rdim, cfg.servers, cfg.seed, rowopt.init_state)
+    if ck is None:
+        servers = init_servers(cards, rdim, cfg.servers, cfg.seed, rowopt.init_state)
+    else:  # the checkpoint's true parameters; the cache starts empty
+        servers = servers_from_tables(ck.weight, ck.state, cfg.servers)
+        restore_dense(ck, model, dense_opt)
     transport = InProcessTransport(servers, network)
 
     system, planner, capacity, peak = _build_system(cfg, ds, train_rows, offsets, total, rdim,
-                                                    rowopt, transport, servers)
+                                                    rowopt, transport, servers, start)
+    ckpt = Checkpointer(cfg, dataset_identity(ds), start) if cfg.checkpoint_every else None
 
     q: queue.Queue = queue.Queue(maxsize=4)
     stop = threading.Event()
     loader = threading.Thread(target=_loader, name="oracle", daemon=True,
-                              args=(ds, cfg, train_rows, planner, offsets, q, stop))
+                              args=(ds, cfg, train_rows, planner, offsets, q, stop, start))
     loader.start()
-    rows_out: list[dict[str, Any]] = []
+    rows_out: list[dict[str, Any]] = list(ck.metrics[0]) if ck else []
     per = cfg.batch_size // cfg.trainers
     row_bytes = rdim * 4
     dense_bytes = sum(p.numel() for p in model.parameters()) * 4
@@ -240,6 +290,18 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
             t_data_round = time.perf_counter() - t0
             waited = system.begin_round(rp, nxt[0] if nxt else None)
             for i, (plan, batch) in enumerate(zip(rp.iters, batches, strict=True)):
+                if ckpt is not None and ckpt.due(plan.b, cfg.iterations):
+                    t = time.perf_counter()
+                    # At the boundary before b: pending work lands, then the true tables are
+                    # the servers' with the resident rows over them (the cache keeps them).
+                    for f in later.values():
+                        f.result()
+                    later.clear()
+                    system.flush()
+                    weight, state = full_tables(servers, [system.resident()])
+                    ckpt.save(plan.b, weight, state, model.state_dict(), dense_opt.state_dict(),
+                              torch.get_rng_state(), [rows_out], t)
+                    del weight, state
                 t_it = time.perf_counter()
                 step = Step(plan, torch.from_numpy(batch.dense), torch.from_numpy(batch.labels))
                 step.times = dict.fromkeys(TIME_KEYS, 0.0)
@@ -282,6 +344,8 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
         stop.set()
         loader.join(timeout=5)
         transport.close()
+        if ckpt is not None:
+            ckpt.close()
     wall = time.perf_counter() - t_start
     metrics = pd.DataFrame(rows_out)
     ev = evaluate(model, servers, ds, offsets, train_rows, eval_rows)
@@ -297,6 +361,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
         "transport_busy_s": transport.busy_seconds(),
         "rows_written_back_at_end": getattr(system, "written_back_at_end", 0),
     })
+    summary.update(checkpoint_summary(ckpt, ck, summary))
     tables = assemble_tables(servers, cards)
     config = {"train": asdict(cfg), "model": asdict(mcfg), "row_dim": rdim,
               "dataset": {"path": str(cfg.data), "name": ds.meta.name, "rows": ds.rows,
@@ -305,11 +370,12 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
 
 
 def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.ndarray, total: int,
-                  rdim: int, rowopt: RowOptimizer, transport, servers):
-    """The system, its planner, the cache capacity and bagpipe's peak for this run."""
+                  rdim: int, rowopt: RowOptimizer, transport, servers, start: int = 0):
+    """The system, its planner, the cache capacity and bagpipe's peak for this run
+    (for batches start.. of it: a resumed run plans only what is left)."""
 
     def keys() -> Iterator[np.ndarray]:
-        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows))
+        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows, start))
 
     peak = capacity = None
     if cfg.system in ("bagpipe", *PLANNED_POLICIES):
@@ -336,6 +402,33 @@ def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.nd
         system = SyncSystem(transport)
     # Only U_b and its inverse are needed: an oracle with lookahead 1 and no cache plans them.
     return system, Oracle(total, 1, 1, cfg.trainers, None), None, None
+
+
+def open_resume(cfg: TrainConfig, ds: Dataset) -> Checkpoint | None:
+    """The checkpoint `cfg.resume` names, verified and checked against this run (or None)."""
+    if cfg.resume is None:
+        return None
+    ck = find_checkpoint(Path(cfg.resume))
+    check_compatible(cfg, ck, dataset_identity(ds))
+    return ck
+
+
+def restore_dense(ck: Checkpoint, model: torch.nn.Module, dense_opt: torch.optim.Optimizer) -> None:
+    model.load_state_dict(ck.dense)
+    dense_opt.load_state_dict(ck.dense_optimizer)
+    torch.set_rng_state(ck.rng)
+
+
+def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
+                       summary: dict[str, Any]) -> dict[str, Any]:
+    """Summary fields of checkpointing (timings) and of resuming (from where)."""
+    out: dict[str, Any] = {}
+    if ckpt is not None:
+        out.update(ckpt.summary(summary["median_iter_ms"]))
+    if ck is not None:
+        out["resumed_from"] = {"checkpoint": str(ck.path), "iteration": ck.iteration,
+                               "skipped": ck.skipped}
+    return out
 
 
 def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,

@@ -52,8 +52,10 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
     ax_t.set_title("iteration time")
     ax_t.legend(loc="best", fontsize=9)
     cl = cfg.cluster
-    fixed = (f"{cl.net_gbps:g} Gbit/s, {cl.net_latency_us:g} us" if sweep == "trainers"
-             else f"{cl.trainers} trainers")
+    net = ("no network delay" if cl.net_gbps is None and not cl.net_latency_us
+           else f"{'unlimited' if cl.net_gbps is None else format(cl.net_gbps, 'g')} Gbit/s, "
+                f"{cl.net_latency_us:g} us")
+    fixed = net if sweep == "trainers" else f"{cl.trainers} trainers"
     fig.suptitle(f"{cfg.name}: batch {cfg.batch_size:,}, L={cfg.lookahead}, {cl.servers} servers, "
                  f"{fixed}", fontsize=11)
     fig.tight_layout()

@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import io
 import queue
+import sys
 import threading
 import zlib
 from collections.abc import Iterator
@@ -238,6 +239,20 @@ def _locate(block: bytes, texts: list[str]) -> list[tuple[int, str]]:
             ):
                 found[int(np.searchsorted(nl, off))] = text
     return sorted(found.items())
+
+
+def _quiet_undecodable_rows(u) -> None:
+    # pyarrow decodes a bad row's text before it calls `on_invalid`; on invalid UTF-8 that
+    # raises inside its callback machinery and is printed as an "ignored" traceback. The row
+    # is then reported by read_csv as a parse error, so the traceback is only noise.
+    if (isinstance(u.exc_value, UnicodeDecodeError)
+            and getattr(u.object, "__qualname__", "") == "_parse.<locals>.on_invalid"):
+        return
+    _previous_unraisablehook(u)
+
+
+_previous_unraisablehook = sys.unraisablehook
+sys.unraisablehook = _quiet_undecodable_rows
 
 
 def _parse(block: memoryview, names: list[str], types: dict[str, pa.DataType],

@@ -1,0 +1,323 @@
+"""Checkpoints of a training run at an iteration boundary, and finding one to resume from.
+
+Every system except `het` with staleness > 0 trains the same parameters whatever is cached,
+so a checkpoint holds only the *true* parameters: the full tables (the servers' shards with
+every row resident in a trainer cache laid over them, since the cache holds the newer
+value), the dense model and its optimizer, the next iteration `b`, the torch RNG state and
+the metrics rows so far. A resumed run starts at `b` with an empty cache and a fresh
+oracle over batches b.. (the oracle is deterministic; batch b's data is the same), so its
+parameters and loss curve are bitwise those of a run that was never stopped.
+
+Layout (one directory per checkpoint, written with `io.atomic_dir`: temp + rename):
+
+    DIR/ckpt-00000040/
+        tables.pt      {"weight": [rows, dim], "state": [rows, state_dim]} in global key order
+        dense.pt       {"model": state_dict, "optimizer": state_dict, "rng": torch RNG state}
+        metrics.json   per-iteration records so far (a list per metrics stream)
+        state.json     format, version, iteration, config, dataset, created, versions
+        checksums.json sha256 of each file above
+
+`find_checkpoint` takes the newest checkpoint whose checksums verify and says which newer
+ones it skipped and why; the last `keep` good checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass, field, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bagpipe_cli.errors import ConfigError
+
+FORMAT = "bagpipe-checkpoint"
+VERSION = 1
+FILES = ("tables.pt", "dense.pt", "metrics.json", "state.json")
+CHECKSUMS = "checksums.json"
+NAME = re.compile(r"^ckpt-(\d{8})$")
+
+# TrainConfig fields that do not change parameters or metrics, or are checked otherwise:
+# a resumed run may change them (`iterations` may grow: batch b is the same for any length).
+FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
+               "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume"}
+OPTION = {"round": "--round", "timeout_s": "--timeout"}
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used (missing, corrupt, foreign or from another config)."""
+
+
+@dataclass
+class Checkpoint:
+    """A verified checkpoint, loaded."""
+
+    path: Path
+    iteration: int  # the next iteration to run
+    config: dict[str, Any]
+    dataset: dict[str, Any]
+    weight: torch.Tensor  # [total rows, dim], global key order
+    state: torch.Tensor  # [total rows, state_dim]
+    dense: dict[str, torch.Tensor]
+    dense_optimizer: dict[str, Any]
+    rng: torch.Tensor
+    metrics: list[list[dict[str, Any]]]  # records per stream (one in-process, one per trainer)
+    skipped: list[str] = field(default_factory=list)  # newer checkpoints that did not verify
+
+
+def checkpoint_name(iteration: int) -> str:
+    return f"ckpt-{iteration:08d}"
+
+
+def dataset_identity(ds) -> dict[str, Any]:
+    """What a checkpoint records of its dataset (compared on resume; the path may move)."""
+    return {"name": ds.meta.name, "rows": int(ds.rows),
+            "cardinalities": [int(c) for c in ds.meta.cardinalities],
+            "dense_features": int(ds.meta.num_dense)}
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _plain(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset: dict[str, Any],
+                    weight: torch.Tensor, state: torch.Tensor, dense: dict[str, torch.Tensor],
+                    dense_optimizer: dict[str, Any], rng: torch.Tensor,
+                    metrics: list[list[dict[str, Any]]], keep: int = 2) -> Path:
+    """Write `root/ckpt-<iteration>` atomically, then drop all but the newest `keep` ones."""
+    from bagpipe_cli import __version__
+    from bagpipe_cli.io import atomic_dir
+
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    out = root / checkpoint_name(iteration)
+    with atomic_dir(out, overwrite=True) as tmp:
+        torch.save({"weight": weight, "state": state}, tmp / "tables.pt")
+        torch.save({"model": dense, "optimizer": dense_optimizer, "rng": rng}, tmp / "dense.pt")
+        # JSON floats round-trip exactly, so the resumed run's metrics are the straight run's.
+        (tmp / "metrics.json").write_text(json.dumps(metrics, default=_plain))
+        (tmp / "state.json").write_text(json.dumps({
+            "format": FORMAT, "version": VERSION, "iteration": int(iteration),
+            "config": config, "dataset": dataset,
+            "created": datetime.now(UTC).isoformat(timespec="seconds"),
+            "versions": {"bagpipe": __version__, "torch": torch.__version__}},
+            indent=2, default=_plain))
+        sums = {}
+        for name in FILES:
+            _fsync(tmp / name)  # on disk before the rename makes the checkpoint visible
+            sums[name] = _sha256(tmp / name)
+        (tmp / CHECKSUMS).write_text(json.dumps({"sha256": sums}, indent=2))
+        _fsync(tmp / CHECKSUMS)
+    prune(root, keep)
+    return out
+
+
+def list_checkpoints(root: Path) -> list[Path]:
+    """Checkpoint directories under `root`, newest first (temporary ones are not listed)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if NAME.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: p.name, reverse=True)
+
+
+def prune(root: Path, keep: int) -> None:
+    """Keep the newest `keep` checkpoints; remove older ones and leftovers of killed writes."""
+    for p in list_checkpoints(root)[max(1, keep):]:
+        shutil.rmtree(p, ignore_errors=True)
+    clean_partial(root)
+
+
+def clean_partial(root: Path) -> None:
+    """Remove temporary directories of checkpoint writes that were killed midway."""
+    root = Path(root)
+    if root.is_dir():
+        for p in root.glob(".ckpt-*.tmp-*"):
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def verify(path: Path) -> dict[str, Any]:
+    """state.json of a checkpoint directory whose files all match checksums.json, or raise."""
+    path = Path(path)
+    if not (path / CHECKSUMS).is_file():
+        raise CheckpointError(f"{path}: no {CHECKSUMS} (incomplete or not a checkpoint)")
+    try:
+        sums = json.loads((path / CHECKSUMS).read_text())["sha256"]
+    except (ValueError, KeyError, TypeError):
+        raise CheckpointError(f"{path}: {CHECKSUMS} is corrupt") from None
+    for name in FILES:
+        f = path / name
+        if not f.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if sums.get(name) != _sha256(f):
+            raise CheckpointError(f"{path}: checksum mismatch in {name} (corrupt or partial)")
+    state = json.loads((path / "state.json").read_text())
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a bagpipe checkpoint")
+    if state.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not supported "
+                              f"(expects {VERSION})")
+    return state
+
+
+def load_checkpoint(path: Path) -> Checkpoint:
+    """Verify and load one checkpoint directory."""
+    path = Path(path)
+    state = verify(path)
+    try:
+        tables = torch.load(path / "tables.pt", weights_only=True)
+        dense = torch.load(path / "dense.pt", weights_only=True)
+        metrics = json.loads((path / "metrics.json").read_text())
+    except Exception as e:  # noqa: BLE001 - checksums matched, so this is a foreign writer
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    return Checkpoint(path, int(state["iteration"]), state["config"], state["dataset"],
+                      tables["weight"], tables["state"], dense["model"], dense["optimizer"],
+                      dense["rng"], metrics)
+
+
+def find_checkpoint(path: Path, option: str = "--resume") -> Checkpoint:
+    """The checkpoint to resume from: `path` itself, or the newest good one under it.
+
+    A newer checkpoint that fails verification is skipped (named in `Checkpoint.skipped`);
+    if none verifies, the error names every one and why.
+    """
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"{option} {path}: no such directory")
+    if not path.is_dir():
+        raise CheckpointError(f"{option} {path}: not a directory")
+    if (path / "state.json").exists() or (path / CHECKSUMS).exists():
+        try:
+            return load_checkpoint(path)
+        except CheckpointError as e:
+            raise CheckpointError(f"{option}: {e}") from None
+    found = list_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"{option} {path}: no checkpoints (ckpt-NNNNNNNN folders) in it")
+    skipped = []
+    for p in found:
+        try:
+            ck = load_checkpoint(p)
+        except CheckpointError as e:
+            skipped.append(str(e))
+            continue
+        ck.skipped = skipped
+        return ck
+    raise CheckpointError(f"{option} {path}: no checkpoint verifies: " + "; ".join(skipped))
+
+
+def check_compatible(cfg, ck: Checkpoint, dataset: dict[str, Any], option: str = "--resume") -> None:
+    """Refuse to resume `ck` under a config or dataset that would train different parameters."""
+    for f in fields(cfg):
+        if f.name in FREE_FIELDS:
+            continue
+        mine, theirs = getattr(cfg, f.name), ck.config.get(f.name)
+        if mine != theirs:
+            opt = OPTION.get(f.name, "--" + f.name.replace("_", "-"))
+            raise CheckpointError(f"{option} {ck.path}: the checkpoint was made with {opt} {theirs}, "
+                                  f"this run has {opt} {mine}; resume with the same setting")
+    for key in ("rows", "cardinalities", "dense_features"):
+        if dataset.get(key) != ck.dataset.get(key):
+            raise CheckpointError(f"{option} {ck.path}: the checkpoint is of another dataset "
+                                  f"({key} {ck.dataset.get(key)} != {dataset.get(key)})")
+    if ck.iteration >= cfg.iterations:
+        raise CheckpointError(f"{option} {ck.path}: the checkpoint is at iteration {ck.iteration}, "
+                              f"not below --iterations {cfg.iterations}; nothing left to train")
+
+
+def full_tables(servers: list, resident: list[tuple[np.ndarray, torch.Tensor, torch.Tensor]]
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The true tables in global key order: the shards, with resident cache rows laid over them."""
+    k = len(servers)
+    total = sum(s.weight.shape[0] for s in servers)
+    weight = torch.empty(total, servers[0].weight.shape[1])
+    state = torch.empty(total, servers[0].state.shape[1])
+    for s in servers:
+        weight[s.shard::k] = s.weight
+        state[s.shard::k] = s.state
+    for keys, rows, st in resident:
+        if len(keys):
+            idx = torch.from_numpy(np.asarray(keys, dtype=np.int64))
+            weight.index_copy_(0, idx, rows)
+            if state.shape[1]:
+                state.index_copy_(0, idx, st)
+    return weight, state
+
+
+class Checkpointer:
+    """Writes a run's checkpoints every `every` iterations and times them."""
+
+    def __init__(self, cfg, dataset: dict[str, Any], start: int = 0):
+        import tempfile
+
+        self.every, self.keep, self.start = cfg.checkpoint_every, cfg.checkpoint_keep, start
+        self._tmp = None
+        if cfg.checkpoint_dir is None:  # library/bench use: measure, then discard
+            self._tmp = tempfile.mkdtemp(prefix="bagpipe-ckpt-")
+            self.root = Path(self._tmp)
+        else:
+            self.root = Path(cfg.checkpoint_dir)
+        self.config = _config_dict(cfg)
+        self.dataset = dataset
+        self.ms: list[float] = []
+        self.last: Path | None = None
+        clean_partial(self.root)
+
+    def due(self, b: int, iterations: int) -> bool:
+        """A checkpoint is taken at the boundary before iteration b (not at the run's start)."""
+        return self.every > 0 and b > self.start and b % self.every == 0 and b < iterations
+
+    def save(self, b: int, weight, state, dense, dense_optimizer, rng, metrics, t0: float) -> None:
+        self.last = save_checkpoint(self.root, b, self.config, self.dataset, weight, state, dense,
+                                    dense_optimizer, rng, metrics, self.keep)
+        self.ms.append(1e3 * (time.perf_counter() - t0))
+
+    def summary(self, median_iter_ms: float) -> dict[str, Any]:
+        med = float(np.median(self.ms)) if self.ms else float("nan")
+        return {"checkpoints": len(self.ms), "checkpoint_every": self.every,
+                "checkpoint_ms": self.ms, "checkpoint_ms_median": med,
+                # the share of training time spent checkpointing at this frequency
+                "checkpoint_overhead_pct": 100 * med / (self.every * median_iter_ms)
+                if self.ms and median_iter_ms > 0 else float("nan"),
+                "checkpoint_dir": None if self._tmp else str(self.root),
+                "last_checkpoint": None if self._tmp or self.last is None else str(self.last)}
+
+    def close(self) -> None:
+        if self._tmp:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(self._tmp)
+
+
+def _config_dict(cfg) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(cfg)

@@ -1,0 +1,141 @@
+"""Checkpoints: a resumed run is bitwise the run that was never stopped; bad checkpoints are refused."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from bagpipe_cli.cli import cli
+from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
+from bagpipe_cli.errors import ConfigError
+
+KW = dict(batch_size=256, iterations=24, lookahead=5, optimizer="adagrad", trainers=2, servers=2,
+          dense_optimizer="adam", dense_lr=0.01, eval_rows=2000, seed=3)
+
+
+def _assert_same(a, b):
+    assert a.metrics["loss"].tolist() == b.metrics["loss"].tolist()
+    assert a.metrics["iteration"].tolist() == b.metrics["iteration"].tolist()
+    for x, y in zip(a.tables, b.tables, strict=True):
+        assert torch.equal(x, y)
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k])
+
+
+def _keep_up_to(root, iteration):
+    for p in list_checkpoints(root):
+        if int(p.name.split("-")[1]) > iteration:
+            shutil.rmtree(p)
+
+
+@pytest.mark.parametrize("system", ["bagpipe", "sync", "lru", "fae", "local", "het"])
+def test_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
+    kw = dict(data=str(tiny_dataset), system=system, **KW)
+    ck = tmp_path / "ck"
+    a = train(TrainConfig(**kw, checkpoint_every=5, checkpoint_dir=str(ck), checkpoint_keep=10))
+    assert [p.name for p in list_checkpoints(ck)] == [f"ckpt-{b:08d}" for b in (20, 15, 10, 5)]
+    assert a.summary["checkpoints"] == 4 and len(a.summary["checkpoint_ms"]) == 4
+    _keep_up_to(ck, 10)  # as if the run had died between iterations 10 and 15
+    b = train(TrainConfig(**kw, resume=str(ck)))
+    assert b.summary["resumed_from"]["iteration"] == 10
+    _assert_same(a, b)
+    assert b.summary["rows_fetched"] == int(b.metrics["rows_fetched"].sum())
+
+
+def test_checkpointing_does_not_change_the_run(tiny_dataset, tmp_path):
+    kw = dict(data=str(tiny_dataset), system="bagpipe", **KW)
+    plain = train(TrainConfig(**kw))
+    a = train(TrainConfig(**kw, checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck")))
+    _assert_same(plain, a)
+    # Only the newest two are kept; they hold the metrics so far, exactly.
+    assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["ckpt-00000020", "ckpt-00000016"]
+    ck = find_checkpoint(tmp_path / "ck")
+    assert ck.iteration == 20 and len(ck.metrics[0]) == 20
+    assert ck.metrics[0] == a.metrics.iloc[:20].to_dict("records")
+
+
+def test_a_resumed_run_may_train_longer(tiny_dataset, tmp_path):
+    kw = dict(data=str(tiny_dataset), system="bagpipe", **{**KW, "iterations": 30})
+    straight = train(TrainConfig(**kw))
+    short = {**kw, "iterations": 16}
+    train(TrainConfig(**short, checkpoint_every=8, checkpoint_dir=str(tmp_path / "ck")))
+    resumed = train(TrainConfig(**kw, resume=str(tmp_path / "ck" / "ckpt-00000008")))
+    _assert_same(straight, resumed)
+
+
+def _tamper(path, name, how):
+    f = path / name
+    if how == "flip":
+        data = bytearray(f.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        f.write_bytes(bytes(data))
+    elif how == "truncate":
+        f.write_bytes(f.read_bytes()[:100])
+    else:
+        f.unlink()
+
+
+@pytest.mark.parametrize("name,how", [("tables.pt", "flip"), ("dense.pt", "truncate"),
+                                      ("state.json", "delete"), ("checksums.json", "delete"),
+                                      ("metrics.json", "flip")])
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_good_one(tiny_dataset, tmp_path,
+                                                                         name, how):
+    kw = dict(data=str(tiny_dataset), system="bagpipe", **KW, checkpoint_every=6,
+              checkpoint_dir=str(tmp_path / "ck"))
+    train(TrainConfig(**kw))
+    newest, previous = list_checkpoints(tmp_path / "ck")
+    _tamper(newest, name, how)
+    ck = find_checkpoint(tmp_path / "ck")
+    assert ck.path == previous and len(ck.skipped) == 1 and newest.name in ck.skipped[0]
+    with pytest.raises(CheckpointError, match="ckpt-00000018"):
+        find_checkpoint(newest)
+    _tamper(previous, "tables.pt", "flip")
+    with pytest.raises(CheckpointError, match="no checkpoint verifies.*ckpt-00000018.*ckpt-00000012"):
+        find_checkpoint(tmp_path / "ck")
+
+
+def test_resume_refuses_another_config_or_dataset(tiny_dataset, tmp_path):
+    kw = dict(data=str(tiny_dataset), system="bagpipe", **{**KW, "iterations": 8})
+    train(TrainConfig(**kw, checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck")))
+    with pytest.raises(CheckpointError, match="--batch-size 256, this run has --batch-size 128"):
+        train(TrainConfig(**{**kw, "batch_size": 128}, resume=str(tmp_path / "ck")))
+    with pytest.raises(CheckpointError, match="--lr"):
+        train(TrainConfig(**{**kw, "lr": 0.5}, resume=str(tmp_path / "ck")))
+    with pytest.raises(CheckpointError, match="nothing left to train"):
+        train(TrainConfig(**{**kw, "iterations": 4}, resume=str(tmp_path / "ck")))
+    with pytest.raises(ConfigError, match="het with --staleness > 0"):
+        TrainConfig(data=str(tiny_dataset), system="het", staleness=2, checkpoint_every=5)
+    with pytest.raises(ConfigError, match="--checkpoint-every must be >= 0"):
+        TrainConfig(data=str(tiny_dataset), checkpoint_every=-1)
+
+
+def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
+    args = ["train", str(tiny_dataset), "--batch-size", "256", "--iterations", "12",
+            "--eval-rows", "2000", "--lookahead", "4"]
+    r = CliRunner().invoke(cli, [*args, "--checkpoint-every", "5", "--out", str(tmp_path / "a"),
+                                 "--save-model", str(tmp_path / "a.pt")])
+    assert r.exit_code == 0, r.output
+    assert [p.name for p in list_checkpoints(tmp_path / "a.ckpt")] == ["ckpt-00000010", "ckpt-00000005"]
+    s = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert s["checkpoints"] == 2 and s["checkpoint_ms_median"] > 0 and s["checkpoint_overhead_pct"] > 0
+    r = CliRunner().invoke(cli, [*args, "--resume", str(tmp_path / "a.ckpt"), "--out", str(tmp_path / "b"),
+                                 "--save-model", str(tmp_path / "b.pt")])
+    assert r.exit_code == 0, r.output
+    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
+    for k in a["tables"]:
+        assert torch.equal(a["tables"][k], b["tables"][k])
+    s = json.loads((tmp_path / "b" / "summary.json").read_text())
+    assert s["resumed_from"]["iteration"] == 10 and s["iterations"] == 12
+    # Not a checkpoint directory, a missing one, another config: one line, exit 2.
+    (tmp_path / "empty").mkdir()
+    for bad, msg in [([str(tmp_path / "empty")], "no checkpoints"),
+                     ([str(tmp_path / "nope")], "no such directory"),
+                     ([str(tmp_path / "a.ckpt"), "--seed", "9"], "--seed 0, this run has --seed 9")]:
+        r = CliRunner().invoke(cli, [*args, "--out", str(tmp_path / "c"), "--resume", *bad])
+        assert r.exit_code == 2 and msg in r.output and "Traceback" not in r.output, r.output
+        assert r.output.strip().count("\n") == 0
+        assert not (tmp_path / "c").exists()
