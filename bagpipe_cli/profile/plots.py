@@ -30,6 +30,18 @@ def _subtitle(result: ProfileResult) -> str:
             f"{d['embedding_rows']:,} rows; batch {t.batch_size:,} ({t.batches:,} batches)")
 
 
+def cdf_axes(ax, xmin: float) -> None:
+    """Axes of an access CDF: fraction of rows (log x, from `xmin`) vs fraction of accesses."""
+    ax.set_xscale("log")
+    ax.set_xlim(max(xmin, 1e-9), 1.0)
+    ax.set_ylim(0, 1.02)
+    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
+    ax.xaxis.set_major_formatter(FuncFormatter(
+        lambda x, _: np.format_float_positional(x * 100, precision=8, trim="-") + "%"))
+    ax.set_xlabel("most-accessed embedding rows, as a fraction of all rows (log scale)")
+    ax.set_ylabel("fraction of all accesses")
+
+
 def plot_access_cdf(result: ProfileResult, path: Path) -> None:
     """Fraction of accesses taken by the most-accessed fraction of rows (log x)."""
     s = result.skew
@@ -49,14 +61,7 @@ def plot_access_cdf(result: ProfileResult, path: Path) -> None:
         lines.append(f"top {key} of rows ({s.top_rows[key]:,}): {share:.1%} of accesses")
     ax.text(0.98, 0.04, "\n".join(lines), transform=ax.transAxes, ha="right", va="bottom",
             fontsize=9, color="#d62728", bbox={"facecolor": "white", "edgecolor": "#dddddd"})
-    ax.set_xscale("log")
-    ax.set_xlim(max(1.0 / max(s.embedding_rows, 1), 1e-9), 1.0)
-    ax.set_ylim(0, 1.02)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.xaxis.set_major_formatter(FuncFormatter(
-        lambda x, _: np.format_float_positional(x * 100, precision=8, trim="-") + "%"))
-    ax.set_xlabel("most-accessed embedding rows, as a fraction of all rows (log scale)")
-    ax.set_ylabel("fraction of all accesses")
+    cdf_axes(ax, 1.0 / max(s.embedding_rows, 1))
     ax.set_title(f"Access CDF\n{_subtitle(result)}", fontsize=11)
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)

@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, PercentFormatter
+from matplotlib.ticker import FuncFormatter
 
+from bagpipe_cli.profile.plots import cdf_axes
 from bagpipe_cli.report.analysis import BASELINE, TIME_COLUMNS
 
 # The same colours as the profile's policy plots (bagpipe red, lru blue, ...).
@@ -279,14 +280,7 @@ def plot_access_cdf(profiles: list[tuple[str, pd.DataFrame, dict]]) -> Figure | 
     if notes:
         ax.text(0.98, 0.04, "\n".join(notes), transform=ax.transAxes, ha="right", va="bottom",
                 fontsize=9, bbox={"facecolor": "white", "edgecolor": "#dddddd"})
-    ax.set_xscale("log")
-    ax.set_xlim(max(lo, 1e-9), 1.0)
-    ax.set_ylim(0, 1.02)
-    ax.yaxis.set_major_formatter(PercentFormatter(1.0))
-    ax.xaxis.set_major_formatter(FuncFormatter(
-        lambda x, _: np.format_float_positional(x * 100, precision=8, trim="-") + "%"))
-    ax.set_xlabel("most-accessed embedding rows, as a fraction of all rows (log scale)")
-    ax.set_ylabel("fraction of all accesses")
+    cdf_axes(ax, lo)
     ax.legend(fontsize=8, loc="upper left")
     ax.set_title("Access skew of the datasets (CDF of accesses over rows, from bagpipe profile)",
                  fontsize=11, loc="left")

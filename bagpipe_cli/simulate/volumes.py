@@ -50,14 +50,10 @@ class TraceConfig:
 
 
 def _train_rows(ds: Dataset, cfg: TraceConfig) -> int:
-    ev = cfg.eval_rows if cfg.eval_rows is not None else min(ds.rows // 10, 50_000)
-    if ev < 0 or ev >= ds.rows:
-        raise ConfigError(f"eval rows {ev} must be in [0, {ds.rows})")
-    rows = ds.rows - ev
-    if rows < cfg.batch_size:
-        raise ConfigError(f"batch size {cfg.batch_size:,} is larger than the {rows:,} training rows "
-                          f"of {ds.path}; lower the batch size")
-    return rows
+    """Training rows, split off the held-out tail exactly as `bagpipe train` does."""
+    from bagpipe_cli.engine.trainer import split_rows
+
+    return split_rows(ds, cfg)[0]
 
 
 def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int) -> Callable[[], Iterator[np.ndarray]]:
