@@ -113,6 +113,9 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert summary["schema_version"] == 1 and summary["network_emulated"] is False
     assert config["train"]["lookahead"] == 4 and "torch" in config["environment"]
+    r3 = CliRunner().invoke(cli, [*args, "--threads", "1", "--out", str(tmp_path / "c")])
+    assert r3.exit_code == 0, r3.output
+    assert json.loads((tmp_path / "c" / "config.json").read_text())["environment"]["torch_threads"] == 1
     metrics = (tmp_path / "a" / "metrics.csv").read_text().splitlines()
     assert len(metrics) == 13
     for col in ["loss", "data", "prefetch_wait", "forward", "backward", "sync", "optimizer",
@@ -132,6 +135,7 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
         (["--optimizer", "rmsprop"], "--optimizer"),
         (["--net-gbps", "0"], "--net-gbps"),
         (["--batch-size", "100000"], "--batch-size"),
+        (["--threads", "0"], "--threads"),
     ],
 )
 def test_train_bad_options(tiny_dataset, tmp_path, args, option):

@@ -50,6 +50,9 @@ from bagpipe_cli.engine.systems import SYSTEMS
                    "rank (launch with torchrun, or use --procs).")
 @click.option("--procs", type=int, default=None,
               help="Spawn the ranks locally: 1 oracle + --servers + --trainers processes over gloo.")
+@click.option("--threads", type=int, default=None,
+              help="torch compute threads [default: torch's; 1 per rank with --transport torch]. "
+                   "On a busy machine, fewer than the cores gives steadier timings.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="torch transport: seconds a rank waits for a peer before giving up.")
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,

@@ -678,7 +678,7 @@ def run_rank(cfg, progress=None):
     if world != layout.world:
         raise ConfigError(f"world size {world} does not match 1 oracle + --servers {cfg.servers} "
                           f"+ --trainers {cfg.trainers} = {layout.world} ranks")
-    torch.set_num_threads(max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
+    torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
     _fault_injection(rank)
     dist.init_process_group("gloo", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=cfg.timeout_s))

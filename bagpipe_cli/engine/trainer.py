@@ -98,6 +98,7 @@ class TrainConfig:
     warmup: int = 5  # iterations excluded from the speed figures
     transport: str = "inproc"  # inproc (threads in this process) | torch (torch.distributed ranks)
     timeout_s: float = 120.0  # torch transport: how long a rank waits for a peer
+    threads: int | None = None  # torch intra-op threads (None: torch's default; torch ranks: 1)
     checkpoint_every: int = 0  # checkpoint every N iterations (0: never)
     checkpoint_dir: str | None = None  # where checkpoints go (None: a temporary dir, removed)
     checkpoint_keep: int = 2  # newest good checkpoints kept
@@ -129,6 +130,8 @@ class TrainConfig:
             raise ConfigError(f"--transport {self.transport!r}: choose inproc or torch")
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"--threads must be >= 1 (got {self.threads})")
         if self.warmup < 0:
             raise ConfigError(f"--warmup must be >= 0 (got {self.warmup})")
         if self.checkpoint_every < 0:
@@ -230,6 +233,10 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     With `transport="torch"` this process is one rank of a torch.distributed job (see
     `engine/distributed.py`); only rank 0 returns a result, the others return None.
     """
+    if cfg.threads is not None:
+        # On a busy machine fewer compute threads than cores leave room for the oracle and
+        # server threads (OpenMP teams slow down badly when a core is taken from them).
+        torch.set_num_threads(cfg.threads)
     if cfg.system == "torchrec":
         from bagpipe_cli.external import train_torchrec
 

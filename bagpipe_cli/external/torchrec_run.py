@@ -258,7 +258,7 @@ def _worker(rank: int, world: int, port: int, d: dict[str, Any], sharding: str, 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     # The trainers share the machine's cores, as the engine's one process uses them all.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(d.get("threads") or max(1, (os.cpu_count() or 1) // world))
     _quiet()
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
