@@ -41,6 +41,7 @@ import math
 import os
 import queue
 import socket
+import sys
 import tempfile
 import time
 import traceback
@@ -270,6 +271,13 @@ def _worker(rank: int, world: int, port: int, d: dict[str, Any], sharding: str, 
     except BaseException:
         (Path(tmp) / f"error-{rank}.txt").write_text(traceback.format_exc())
         raise SystemExit(1) from None
+    # Leave without interpreter teardown: TorchRec/fbgemm keep native threads that now and
+    # then abort a finished process at exit ("terminate called without an active exception").
+    events.close()
+    events.join_thread()  # progress events still in the queue's feeder thread get out first
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _quiet() -> None:
