@@ -68,3 +68,20 @@ def test_baseline_cli_and_bad_capacity(tiny_dataset, tmp_path):
     r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", "fae", "--batch-size", "256",
                                  "--iterations", "6", "--eval-rows", "1000", "--out", str(tmp_path / "f")])
     assert r.exit_code == 0, r.output
+
+
+def test_fae_hot_set_from_a_sample(tiny_dataset):
+    """--hot-sample: FAE picks its hot rows from the first part of the run; still exact."""
+    from bagpipe_cli.profile.policies import trace_row_counts
+
+    B, n, R = 256, 40, 600
+    kw = dict(data=str(tiny_dataset), batch_size=B, iterations=n, eval_rows=20_000 - n * B)
+    sync = train(TrainConfig(system="sync", **kw))
+    r = train(TrainConfig(system="fae", cache_rows=R, hot_sample=0.25, **kw))
+    assert _same(sync, r)
+    tr = batch_trace(open_dataset(tiny_dataset), B, rows=n * B)
+    sample = batch_trace(open_dataset(tiny_dataset), B, rows=10 * B)  # ceil(0.25 * 40) batches
+    expected = simulate_fae(tr, R, row_counts=trace_row_counts(sample))
+    assert r.metrics["rows_fetched"].tolist() == expected.fetched_per_batch.tolist()
+    full = simulate_fae(tr, R)
+    assert expected.fetched_rows != full.fetched_rows  # the sample's hot set is not the run's

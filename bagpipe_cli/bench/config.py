@@ -55,6 +55,7 @@ _READERS = {
     "round": {"bagpipe", "lru", "lfu", "fae"},
     "cache_rows": {"bagpipe", "lru", "lfu", "fae"},
     "staleness": {"het"},
+    "hot_sample": {"fae"},
 }
 _CAPACITY_FROM_PEAK = {"lru", "lfu", "fae"}
 # Systems whose settings are known; any other system is assumed to read every setting, so

@@ -33,6 +33,8 @@ from bagpipe_cli.engine.systems import SYSTEMS
 @click.option("--cache-rows", type=int, default=None, help="Cache rows of bagpipe/lru/lfu/fae [default: bagpipe's peak at --lookahead].")
 @click.option("--staleness", type=int, default=0, show_default=True,
               help="het: versions a cached row may lag behind the servers.")
+@click.option("--hot-sample", type=float, default=1.0, show_default=True,
+              help="fae: fraction of the run's batches profiled to pick the --cache-rows hot rows.")
 @click.option("--emb-dim", type=int, default=16, show_default=True)
 @click.option("--optimizer", default="sgd", show_default=True, help="Embedding optimizer: sgd | adagrad.")
 @click.option("--lr", type=float, default=0.1, show_default=True, help="Embedding learning rate.")

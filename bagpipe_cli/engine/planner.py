@@ -7,12 +7,14 @@ so fetched-row counts of a training run equal the profile's on the same batches.
 
 - lru/lfu(R): before iteration b the missing rows of U_b are fetched and the victims the
   policy picks (never rows of U_b) are written back first, so at most R rows are resident.
-- fae(R): the R most-accessed rows of the run's trace are loaded before iteration 0 and stay;
+- fae(R): the R most-accessed rows of the run's trace (or of its first `hot_sample` part, as
+  FAE profiles a sample of the input) are loaded before iteration 0 and stay;
   every other row of U_b is fetched for b and written back after it.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -42,17 +44,31 @@ def trace_of(batches: Iterable[np.ndarray], total_rows: int) -> Trace:
     return trace_from_parts(keys, counts, total_rows)
 
 
+def _prefix(trace: Trace, fraction: float) -> Trace:
+    """The trace of the first ceil(fraction * batches) batches (at least one)."""
+    nb = len(trace)
+    k = min(nb, max(1, math.ceil(fraction * nb)))
+    if k == nb:
+        return trace
+    end = int(trace.offsets[k])
+    counts = None if trace.counts is None else trace.counts[:end]
+    return Trace(trace.keys[:end], trace.offsets[: k + 1], counts, trace.num_rows)
+
+
 class PolicyPlanner:
     """Plans an lru, lfu or fae cache of `capacity` rows over a known trace (see module doc)."""
 
-    def __init__(self, policy: str, trace: Trace, capacity: int, total_rows: int):
+    def __init__(self, policy: str, trace: Trace, capacity: int, total_rows: int,
+                 hot_sample: float = 1.0):
         if policy not in PLANNED_POLICIES:
             raise ConfigError(f"--system {policy!r}: not a planned cache policy")
         self.policy, self.trace, self.capacity = policy, trace, int(capacity)
         if policy == "fae":
             if self.capacity < 1:
                 raise ConfigError(f"--cache-rows must be >= 1 (got {capacity})")
-            self.hot = hot_rows(trace_row_counts(trace), self.capacity)
+            # FAE picks its hot rows from a profile of a sample of the input: here the first
+            # `hot_sample` of the run's batches (all of them by default, as `bagpipe profile`).
+            self.hot = hot_rows(trace_row_counts(_prefix(trace, hot_sample)), self.capacity)
             self.hot_keys = np.flatnonzero(self.hot)
             cold_max = max((int((~self.hot[trace.batch(b)]).sum()) for b in range(len(trace))), default=0)
             slots = len(self.hot_keys) + cold_max

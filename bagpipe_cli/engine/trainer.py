@@ -84,6 +84,7 @@ class TrainConfig:
     round: int | None = None  # C: iterations per prefetch/evict round (default L/4)
     cache_rows: int | None = None  # cache rows of bagpipe/lru/lfu/fae (default: bagpipe's peak)
     staleness: int = 0  # het: versions a cached row may lag behind the servers
+    hot_sample: float = 1.0  # fae: fraction of the run's batches profiled to pick the hot rows
     emb_dim: int = 16  # E: embedding dimension
     optimizer: str = "sgd"  # embedding optimizer: sgd | adagrad
     lr: float = 0.1  # embedding learning rate
@@ -124,6 +125,8 @@ class TrainConfig:
             raise ConfigError(f"--cache-rows must be >= 1 (got {self.cache_rows})")
         if self.dense_optimizer not in ("sgd", "adam"):
             raise ConfigError(f"--dense-optimizer {self.dense_optimizer!r}: choose sgd or adam")
+        if not 0 < self.hot_sample <= 1:
+            raise ConfigError(f"--hot-sample must be in (0, 1] (got {self.hot_sample})")
         if self.staleness < 0:
             raise ConfigError(f"--staleness must be >= 0 (got {self.staleness})")
         if self.transport not in ("inproc", "torch"):
@@ -398,7 +401,7 @@ def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.nd
                                               RowCache(capacity, rdim, rowopt.state_dim), True)
         return system, Oracle(total, cfg.lookahead, cfg.round, cfg.trainers, capacity), capacity, peak
     if cfg.system in PLANNED_POLICIES:
-        planner = PolicyPlanner(cfg.system, trace_of(keys(), total), capacity, total)
+        planner = PolicyPlanner(cfg.system, trace_of(keys(), total), capacity, total, cfg.hot_sample)
         cache = RowCache(planner.slots, rdim, rowopt.state_dim)
         return CacheSystem(cfg.system, transport, cache, False), planner, capacity, peak
     if cfg.system == "local":

@@ -125,7 +125,8 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
         for pol in policies:
             say(pol)
             v = empty(pol)
-            for rp in PolicyPlanner(pol, trace, capacity, total).plan(keys()):
+            for rp in PolicyPlanner(pol, trace, capacity, total,
+                                    getattr(cfg, "hot_sample", 1.0)).plan(keys()):
                 if not rp.iters:
                     continue  # the final write-back of every resident row, after training
                 p = rp.iters[0]
