@@ -89,7 +89,7 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
 def write_json(path: Path, obj: Any) -> None:
     """Write `obj` as indented, strict JSON (NaN and infinities become null), atomically."""
     with atomic_file(path) as f:
-        json.dump(_finite(obj), f, indent=2, sort_keys=False, default=_json_default, allow_nan=False)
+        json.dump(_finite(obj), f, indent=2, sort_keys=False, default=json_default, allow_nan=False)
         f.write("\n")
 
 
@@ -105,8 +105,8 @@ def _finite(o: Any) -> Any:
     return o
 
 
-def _json_default(o: Any) -> Any:
-    # numpy scalars and paths show up in configs and summaries.
+def json_default(o: Any) -> Any:
+    """`json.dump`'s `default=`: numpy scalars and paths show up in configs and summaries."""
     if hasattr(o, "item"):
         return o.item()
     if isinstance(o, Path):

@@ -3,6 +3,7 @@ import pytest
 import torch
 from torch import nn
 
+from bagpipe_cli import metrics
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import MODELS, ModelConfig, build_model, row_dim
@@ -25,17 +26,10 @@ def _inputs(cfg, batch=16, seed=0):
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    """ROC AUC by the rank-sum (Mann-Whitney) formula, tied scores getting their mean rank."""
-    order = np.argsort(scores, kind="mergesort")
-    _, first, counts = np.unique(scores[order], return_index=True, return_counts=True)
-    ranks = np.empty(len(scores))
-    ranks[order] = np.repeat(first + (counts + 1) / 2.0, counts)  # 1-based mean rank per tie group
-    pos = labels > 0.5
-    n_pos, n_neg = int(pos.sum()), int((~pos).sum())
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2.0) / (n_pos * n_neg))
+    return metrics.auc(labels, scores)
 
 
-def test_auc_helper_matches_pairwise_definition():
+def test_library_auc_matches_pairwise_definition():
     rng = np.random.default_rng(0)
     s = rng.integers(0, 5, 60).astype(float)  # many ties
     y = (rng.random(60) < 0.4).astype(float)

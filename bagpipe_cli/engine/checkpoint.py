@@ -38,7 +38,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from bagpipe_cli.engine.server import gather_shards
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import json_default
 
 FORMAT = "bagpipe-checkpoint"
 VERSION = 1
@@ -101,14 +103,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _plain(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
-
-
 def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset: dict[str, Any],
                     weight: torch.Tensor, state: torch.Tensor, dense: dict[str, torch.Tensor],
                     dense_optimizer: dict[str, Any], rng: torch.Tensor,
@@ -124,13 +118,13 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
         torch.save({"weight": weight, "state": state}, tmp / "tables.pt")
         torch.save({"model": dense, "optimizer": dense_optimizer, "rng": rng}, tmp / "dense.pt")
         # JSON floats round-trip exactly, so the resumed run's metrics are the straight run's.
-        (tmp / "metrics.json").write_text(json.dumps(metrics, default=_plain))
+        (tmp / "metrics.json").write_text(json.dumps(metrics, default=json_default))
         (tmp / "state.json").write_text(json.dumps({
             "format": FORMAT, "version": VERSION, "iteration": int(iteration),
             "config": config, "dataset": dataset,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "versions": {"bagpipe": __version__, "torch": torch.__version__}},
-            indent=2, default=_plain))
+            indent=2, default=json_default))
         sums = {}
         for name in FILES:
             _fsync(tmp / name)  # on disk before the rename makes the checkpoint visible
@@ -257,13 +251,7 @@ def check_compatible(cfg, ck: Checkpoint, dataset: dict[str, Any], option: str =
 def full_tables(servers: list, resident: list[tuple[np.ndarray, torch.Tensor, torch.Tensor]]
                 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The true tables in global key order: the shards, with resident cache rows laid over them."""
-    k = len(servers)
-    total = sum(s.weight.shape[0] for s in servers)
-    weight = torch.empty(total, servers[0].weight.shape[1])
-    state = torch.empty(total, servers[0].state.shape[1])
-    for s in servers:
-        weight[s.shard::k] = s.weight
-        state[s.shard::k] = s.state
+    weight, state = gather_shards(servers)
     for keys, rows, st in resident:
         if len(keys):
             idx = torch.from_numpy(np.asarray(keys, dtype=np.int64))

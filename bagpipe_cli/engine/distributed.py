@@ -67,6 +67,21 @@ from bagpipe_cli.engine.oracle import (
 )
 from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables, init_servers, split_by_shard
 from bagpipe_cli.engine.systems import CacheSystem, Step
+from bagpipe_cli.engine.trainer import (
+    TIME_KEYS,
+    TrainResult,
+    build_dense,
+    checkpoint_summary,
+    evaluate,
+    iter_train_batches,
+    iteration_record,
+    open_resume,
+    ordered_sum,
+    shift_plan,
+    slice_partials,
+    split_rows,
+    summarize,
+)
 from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
@@ -314,12 +329,6 @@ def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: R
 def _all_gather_sum(x: torch.Tensor, group, layout: Layout) -> torch.Tensor:
     parts = [torch.empty_like(x) for _ in range(layout.trainers)]
     _comm(layout, -1, dist.all_gather, parts, x.contiguous(), group)
-    return _ordered(parts)
-
-
-def _ordered(parts: list[torch.Tensor]) -> torch.Tensor:
-    from bagpipe_cli.engine.trainer import ordered_sum
-
     return ordered_sum(parts)
 
 
@@ -332,18 +341,12 @@ class _Later:
 
 def trainer_main(cfg, layout: Layout, i: int, group) -> None:
     """Trainer i: its slice of every global batch, LRPP sync with the other trainers."""
-    from bagpipe_cli.engine.trainer import TIME_KEYS, slice_partials
-
     ds = open_dataset(cfg.data)
     mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
     rdim = row_dim(mcfg)
     opt = RowOptimizer(cfg.optimizer, cfg.lr)
     network = NetworkModel(cfg.net_gbps, cfg.net_latency_us)
-    torch.manual_seed(cfg.seed)
-    model = build_model(mcfg)
-    dlr = cfg.dense_lr if cfg.dense_lr is not None else cfg.lr
-    dense_opt = (torch.optim.SGD(model.parameters(), lr=dlr) if cfg.dense_optimizer == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=dlr))
+    model, dense_opt = build_dense(cfg, mcfg)
     params = list(model.parameters())
     info = recv_obj(0, layout)
     start = info["start"]
@@ -361,7 +364,7 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
 
     def finish_later(item: _Later) -> None:
         _comm(layout, -1, item.work.wait)
-        total = _ordered(item.parts)
+        total = ordered_sum(item.parts)
         p = item.idx
         rows, state = system.cache.read(p["slots"])
         new_rows, new_state = opt.step(rows, state, total)
@@ -483,11 +486,8 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
                 transport.push_gradients(keys, partial, opt)
                 step.rows_written_back = len(keys)
             step.times["optimizer"] = time.perf_counter() - t
-            rec = {"iteration": plan.b, "loss": loss, "time": time.perf_counter() - t_it
-                   + step.times["data"] + step.times["prefetch_wait"] * (j == 0 and bagpipe),
-                   **step.times, "unique_rows": len(plan.uniq), "rows_fetched": step.rows_fetched,
-                   "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
-                   "sync_now": plan.sync_now, "sync_later": plan.sync_later, "no_sync": plan.no_sync}
+            rec = iteration_record(step, loss, time.perf_counter() - t_it + step.times["data"]
+                                   + step.times["prefetch_wait"] * (j == 0 and bagpipe))
             records.append(rec)
         cur = nxt
     settle()
@@ -503,17 +503,6 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
 
 def oracle_main(cfg, layout: Layout, progress=None):
     """Rank 0: plan, feed the trainers, then gather everything and return a TrainResult."""
-    from bagpipe_cli.engine.trainer import (
-        TrainResult,
-        checkpoint_summary,
-        evaluate,
-        iter_train_batches,
-        open_resume,
-        shift_plan,
-        split_rows,
-        summarize,
-    )
-
     t_start = time.perf_counter()
     ds = open_dataset(cfg.data)
     train_rows, eval_rows = split_rows(ds, cfg)
@@ -654,8 +643,8 @@ def server_main(cfg, layout: Layout, k: int) -> None:
     cards = ds.meta.cardinalities
     init = recv_obj(0, layout)  # a resumed run's shard, from rank 0's checkpoint
     if init is None:
-        # Every server initialises all shards' values deterministically and keeps its own.
-        server = init_servers(cards, row_dim(mcfg), layout.servers, cfg.seed, opt.init_state)[k]
+        # Initial values depend only on (seed, table, id): each server builds just its shard.
+        server = init_servers(cards, row_dim(mcfg), layout.servers, cfg.seed, opt.init_state, only=k)[0]
     else:
         server = EmbeddingServer(k, layout.servers, int(sum(cards)), row_dim(mcfg), init["state"])
         server.weight = init["weight"]

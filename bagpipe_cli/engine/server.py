@@ -72,14 +72,16 @@ def split_by_shard(keys: np.ndarray, num_shards: int) -> list[tuple[np.ndarray, 
 
 
 def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
-                 state_factory) -> list[EmbeddingServer]:
+                 state_factory, only: int | None = None) -> list[EmbeddingServer]:
     """Build K shards holding every table, initialised like DLRM: U(-1/sqrt(n), 1/sqrt(n)).
 
-    `state_factory(rows)` makes the initial optimizer state of a shard.
+    `state_factory(rows)` makes the initial optimizer state of a shard. With `only=k` just
+    shard k is built (a server rank of a distributed run holds only its own).
     """
     total = int(sum(cardinalities))
-    servers = [EmbeddingServer(k, num_shards, total, dim, state_factory(shard_rows(k, num_shards, total)))
-               for k in range(num_shards)]
+    ks = range(num_shards) if only is None else [only]
+    servers = {k: EmbeddingServer(k, num_shards, total, dim, state_factory(shard_rows(k, num_shards, total)))
+               for k in ks}
     offset = 0
     for t, n in enumerate(cardinalities):
         bound = 1.0 / math.sqrt(n)
@@ -89,9 +91,30 @@ def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
             vals = torch.rand(hi - lo, dim, generator=g, dtype=torch.float32) * (2 * bound) - bound
             keys = np.arange(offset + lo, offset + hi, dtype=np.int64)
             for k, (pos, local) in enumerate(split_by_shard(keys, num_shards)):
-                servers[k].weight[torch.from_numpy(local)] = vals[torch.from_numpy(pos)]
+                if k in servers:
+                    servers[k].weight[torch.from_numpy(local)] = vals[torch.from_numpy(pos)]
         offset += n
-    return servers
+    return list(servers.values())
+
+
+def gather_shards(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full tables (weight, optimizer state) in global key order, copied from the shards."""
+    k = len(servers)
+    total = sum(s.weight.shape[0] for s in servers)
+    weight = torch.empty(total, servers[0].weight.shape[1])
+    state = torch.empty(total, servers[0].state.shape[1])
+    for s in servers:
+        weight[s.shard::k] = s.weight
+        state[s.shard::k] = s.state
+    return weight, state
+
+
+def scatter_to_shards(servers: list[EmbeddingServer], weight: torch.Tensor, state: torch.Tensor) -> None:
+    """Store full tables in global key order back into the shards (inverse of gather_shards)."""
+    k = len(servers)
+    for s in servers:
+        s.weight.copy_(weight[s.shard::k])
+        s.state.copy_(state[s.shard::k])
 
 
 def hash_seed(*parts: int) -> int:
@@ -101,12 +124,7 @@ def hash_seed(*parts: int) -> int:
 
 def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) -> list[torch.Tensor]:
     """Full per-table weights [n_t, dim] gathered from the shards (for saving a model)."""
-    k = len(servers)
-    total = int(sum(cardinalities))
-    full = torch.empty(total, servers[0].weight.shape[1])
-    for s in servers:
-        full[s.shard::k] = s.weight
-    return list(torch.split(full, cardinalities))
+    return list(torch.split(gather_shards(servers)[0], cardinalities))
 
 
 def servers_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[EmbeddingServer]:

@@ -28,6 +28,7 @@ import torch
 from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
+from bagpipe_cli.engine.server import gather_shards, scatter_to_shards
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
 
@@ -73,8 +74,11 @@ class EmbeddingSystem(ABC):
         raise NotImplementedError
 
     def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        """Embedding rows all-reduced between trainers: (on the critical path, asynchronously)."""
-        return plan.sync_now, 0
+        """Embedding rows all-reduced between trainers: (on the critical path, asynchronously).
+
+        The plan says: bagpipe's LRPP lists, or the baselines' rows with sync_later = 0.
+        """
+        return plan.sync_now, plan.sync_later
 
     def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
         if len(keys):
@@ -180,11 +184,6 @@ class CacheSystem(EmbeddingSystem):
         step.rows_written_back = len(p.evict_keys) + self._pre_evicted
         self._pre_evicted = 0  # counted with the round's first iteration
 
-    def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        if self.prefetch_ahead:  # bagpipe's LRPP
-            return plan.sync_now, plan.sync_later
-        return plan.sync_now, 0
-
     def forget(self, slots: np.ndarray) -> None:
         """Slots whose rows were evicted (their write-back is queued or done)."""
         self.slot_key[slots] = -1
@@ -205,15 +204,10 @@ class LocalSystem(EmbeddingSystem):
     name = "local"
     planner = "none"
 
-    def __init__(self, transport: Transport, servers: list, total_rows: int):
+    def __init__(self, transport: Transport, servers: list):
         super().__init__(transport)
         self.servers = servers
-        k = len(servers)
-        self.weight = torch.empty(total_rows, servers[0].weight.shape[1])
-        self.state = torch.empty(total_rows, servers[0].state.shape[1])
-        for s in servers:
-            self.weight[s.shard::k] = s.weight
-            self.state[s.shard::k] = s.state
+        self.weight, self.state = gather_shards(servers)
 
     def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.from_numpy(step.plan.uniq)
@@ -230,10 +224,7 @@ class LocalSystem(EmbeddingSystem):
         return len(plan.uniq), 0  # data-parallel replicas: every used row is all-reduced
 
     def flush(self) -> None:
-        k = len(self.servers)
-        for s in self.servers:
-            s.weight.copy_(self.weight[s.shard::k])
-            s.state.copy_(self.state[s.shard::k])
+        scatter_to_shards(self.servers, self.weight, self.state)
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         return np.arange(self.weight.shape[0]), self.weight.clone(), self.state.clone()
@@ -258,7 +249,7 @@ class HetSystem(EmbeddingSystem):
         self.n = trainers
         self.per = batch_size // trainers
         self.version = np.zeros(total_rows, dtype=np.int64)  # servers' version of every row
-        self.slot_of = np.full((trainers, total_rows), -1, dtype=np.int64)
+        self.slot_of = np.full((trainers, total_rows), -1, dtype=np.int32)
         self.cached_version = [np.zeros(0, np.int64) for _ in range(trainers)]
         self.store = [torch.empty(0, dim) for _ in range(trainers)]
         self._count = [0] * trainers  # rows each trainer has cached

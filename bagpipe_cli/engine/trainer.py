@@ -263,11 +263,7 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     ck = open_resume(cfg, ds)
     start = ck.iteration if ck else 0
 
-    torch.manual_seed(cfg.seed)
-    model = build_model(mcfg)
-    dlr = cfg.dense_lr if cfg.dense_lr is not None else cfg.lr
-    dense_opt = (torch.optim.SGD(model.parameters(), lr=dlr) if cfg.dense_optimizer == "sgd"
-                 else torch.optim.Adam(model.parameters(), lr=dlr))
+    model, dense_opt = build_dense(cfg, mcfg)
     if ck is None:
         servers = init_servers(cards, rdim, cfg.servers, cfg.seed, rowopt.init_state)
     else:  # the checkpoint's true parameters; the cache starts empty
@@ -336,12 +332,8 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
                 dense_opt.zero_grad(set_to_none=True)
                 system.update(step, rows, state, step.grad_rows, rowopt)
                 step.times["optimizer"] = time.perf_counter() - t
-                rec = {"iteration": plan.b, "loss": loss,
-                       "time": time.perf_counter() - t_it + step.times["data"] + (waited if i == 0 else 0.0),
-                       **step.times, "unique_rows": len(plan.uniq), "rows_fetched": step.rows_fetched,
-                       "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
-                       "sync_now": plan.sync_now, "sync_later": plan.sync_later, "no_sync": plan.no_sync,
-                       **step.extra}
+                rec = iteration_record(step, loss, time.perf_counter() - t_it + step.times["data"]
+                                       + (waited if i == 0 else 0.0))
                 rows_out.append(rec)
                 if progress:
                     progress(plan.b, rec)
@@ -379,6 +371,25 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
     return TrainResult(config, metrics, summary, model, tables)
 
 
+def build_dense(cfg: TrainConfig, mcfg: ModelConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The dense model (initialised from the seed, identically on every trainer) and its optimizer."""
+    torch.manual_seed(cfg.seed)
+    model = build_model(mcfg)
+    dlr = cfg.dense_lr if cfg.dense_lr is not None else cfg.lr
+    dense_opt = (torch.optim.SGD(model.parameters(), lr=dlr) if cfg.dense_optimizer == "sgd"
+                 else torch.optim.Adam(model.parameters(), lr=dlr))
+    return model, dense_opt
+
+
+def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
+    """One row of metrics.csv: loss, time and its split, traffic and the plan's sync lists."""
+    p = step.plan
+    return {"iteration": p.b, "loss": loss, "time": seconds, **step.times,
+            "unique_rows": len(p.uniq), "rows_fetched": step.rows_fetched,
+            "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
+            "sync_now": p.sync_now, "sync_later": p.sync_later, "no_sync": p.no_sync, **step.extra}
+
+
 def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.ndarray, total: int,
                   rdim: int, rowopt: RowOptimizer, transport, servers, start: int = 0):
     """The system, its planner, the cache capacity and bagpipe's peak for this run
@@ -405,7 +416,7 @@ def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.nd
         cache = RowCache(planner.slots, rdim, rowopt.state_dim)
         return CacheSystem(cfg.system, transport, cache, False), planner, capacity, peak
     if cfg.system == "local":
-        system = LocalSystem(transport, servers, total)
+        system = LocalSystem(transport, servers)
     elif cfg.system == "het":
         system = HetSystem(transport, total, cfg.trainers, cfg.staleness, rdim, cfg.batch_size)
     else:

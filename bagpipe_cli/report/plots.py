@@ -190,16 +190,22 @@ def plot_sweep(runs: pd.DataFrame, column: str, baseline: pd.DataFrame, subtitle
     return fig
 
 
+def _panels(curves: list[tuple[str, str, pd.DataFrame]]) -> tuple[Figure, list]:
+    """One row of axes per panel of `curves`: (figure, [(ax, panel, [(variant, metrics)])])."""
+    names = list(dict.fromkeys(p for p, _, _ in curves))
+    fig = Figure(figsize=(9, 1.0 + 4.2 * len(names)), dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(names), 1, squeeze=False)[:, 0]
+    return fig, [(ax, name, [(v, m) for p, v, m in curves if p == name])
+                 for ax, name in zip(axes, names, strict=True)]
+
+
 def plot_loss(curves: list[tuple[str, str, pd.DataFrame]], warmup: int, subtitle: str,
               title_note: str) -> Figure | None:
     """Training loss over iterations; sync thick, the others thin (bagpipe dashed on top)."""
     if not curves:
         return None
-    panels = list(dict.fromkeys(p for p, _, _ in curves))
-    fig = Figure(figsize=(9, 1.0 + 4.2 * len(panels)), dpi=DPI, layout="constrained")
-    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-    for ax, panel in zip(axes, panels, strict=True):
-        mine = [(v, m) for p, v, m in curves if p == panel]
+    fig, panels = _panels(curves)
+    for ax, panel, mine in panels:
         # sync first (thick, underneath), bagpipe last (thin dashed, on top).
         mine.sort(key=lambda vm: (vm[0].split()[0] != BASELINE, vm[0].split()[0] == "bagpipe"))
         styles = variant_styles([v for v, _ in mine])
@@ -227,12 +233,9 @@ def plot_rows_fetched(curves: list[tuple[str, str, pd.DataFrame]], subtitle: str
     """Rows fetched from the embedding servers per measured iteration, per system."""
     if not curves:
         return None
-    panels = list(dict.fromkeys(p for p, _, _ in curves))
-    fig = Figure(figsize=(9, 1.0 + 4.2 * len(panels)), dpi=DPI, layout="constrained")
-    axes = fig.subplots(len(panels), 1, squeeze=False)[:, 0]
-    for ax, panel in zip(axes, panels, strict=True):
+    fig, panels = _panels(curves)
+    for ax, panel, mine in panels:
         ref = None
-        mine = [(v, m) for p, v, m in curves if p == panel]
         styles = variant_styles([v for v, _ in mine])
         for v, m in mine:
             system = v.split()[0]
