@@ -1,17 +1,29 @@
 """Real multi-process runs over torch.distributed (gloo on loopback)."""
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
 
+import numpy as np
+import pandas as pd
+import pytest
 import torch
 
+from bagpipe_cli.data import open_dataset
+from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.distributed import Layout
+from bagpipe_cli.engine.distributed import Layout, free_port, trainer_devices
+from bagpipe_cli.engine.trainer import build_planner, split_rows
+from bagpipe_cli.errors import ConfigError
 
 ARGS = ["--batch-size", "256", "--iterations", "16", "--lookahead", "4", "--optimizer", "adagrad",
         "--trainers", "2", "--servers", "1", "--eval-rows", "2000", "--seed", "5"]
+KW = dict(batch_size=256, iterations=16, lookahead=4, optimizer="adagrad", trainers=2, servers=1,
+          eval_rows=2000, seed=5)
+NO_CUDA = not torch.cuda.is_available()
 
 
 def _run(tmp_path, data, name, *extra, env=None, timeout=120):
@@ -21,28 +33,87 @@ def _run(tmp_path, data, name, *extra, env=None, timeout=120):
                           env={**os.environ, **(env or {})})
 
 
-def test_distributed_bagpipe_equals_sync_and_inprocess(tiny_dataset, tmp_path):
-    for system in ("bagpipe", "sync"):
-        r = _run(tmp_path, tiny_dataset, system, "--system", system, "--procs", "4")
-        assert r.returncode == 0, r.stderr[-2000:]
-    inproc = train(TrainConfig(data=str(tiny_dataset), system="sync", batch_size=256, iterations=16,
-                               optimizer="adagrad", trainers=2, servers=1, eval_rows=2000, seed=5))
-    a = torch.load(tmp_path / "bagpipe.pt")
-    b = torch.load(tmp_path / "sync.pt")
-    for k in a["tables"]:
-        assert torch.equal(a["tables"][k], b["tables"][k])
-        assert torch.equal(a["tables"][k], inproc.tables[list(a["tables"]).index(k)])
-    for k, v in a["dense"].items():
-        assert torch.equal(v, b["dense"][k]) and torch.equal(v, inproc.model.state_dict()[k])
-    import pandas as pd
+def _slice_rows(data, trainers):
+    """Per iteration: the sum over trainers of the unique rows of their slices."""
+    ds = open_dataset(data)
+    off = table_offsets(ds.meta.cardinalities)
+    out = []
+    for b in range(16):
+        keys = ds.sparse_block(b * 256, (b + 1) * 256) + off
+        out.append(sum(len(np.unique(part)) for part in np.split(keys, trainers)))
+    return out
 
-    m = pd.read_csv(tmp_path / "bagpipe" / "metrics.csv")
+
+def _assert_same_parameters(saved, result):
+    for t, name in enumerate(saved["tables"]):
+        assert torch.equal(saved["tables"][name], result.tables[t]), name
+    for k, v in saved["dense"].items():
+        assert torch.equal(v, result.model.state_dict()[k]), k
+
+
+@pytest.mark.parametrize("system", ["sync", "bagpipe", "lru", "lfu", "fae", "local", "het"])
+def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp_path, system):
+    """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine
+    (het with staleness 2 too: the same stale reads)."""
+    r = _run(tmp_path, tiny_dataset, system, "--system", system, "--staleness", "2", "--procs", "4")
+    assert r.returncode == 0, r.stderr[-2000:]
+    inproc = train(TrainConfig(data=str(tiny_dataset), system=system, staleness=2, **KW))
+    _assert_same_parameters(torch.load(tmp_path / f"{system}.pt"), inproc)
+    m = pd.read_csv(tmp_path / system / "metrics.csv")
     assert m["loss"].tolist() == inproc.metrics["loss"].tolist()
-    import json
+    if system in ("sync", "het"):  # each trainer pushes the gradients of its slice's rows
+        slice_rows = _slice_rows(tiny_dataset, 2)
+        assert m["rows_written_back"].tolist() == slice_rows
+        if system == "sync":
+            assert m["rows_fetched"].tolist() == slice_rows
+    else:  # one writer per evicted row: the same as in-process
+        assert m["rows_written_back"].tolist() == inproc.metrics["rows_written_back"].tolist()
+    if system == "het":
+        assert m["stale_reads"].tolist() == inproc.metrics["stale_reads"].tolist()
+        assert m["stale_reads"].sum() > 0
+    s = json.loads((tmp_path / system / "summary.json").read_text())
+    assert s["transport"] == "torch" and s["backend"] == "gloo"
+    assert s["trainer_devices"] == ["cpu", "cpu"]
+    assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    server = s["roles"]["server0"]
+    # what the trainers received is what the server sent
+    assert server["bytes_sent"] == sum(s["roles"][f"trainer{i}"]["bytes_received"] for i in range(2))
+    if system == "local":  # whole tables once per trainer (before training), nothing after
+        assert m["rows_fetched"].sum() == 0
+    else:
+        assert server["bytes_sent"] == m["rows_fetched"].sum() * (16 + 1) * 4  # row + Adagrad state
 
-    s = json.loads((tmp_path / "bagpipe" / "summary.json").read_text())
-    assert s["transport"] == "torch" and set(s["roles"]) == {"trainer0", "trainer1", "server0"}
-    assert s["roles"]["server0"]["bytes_sent"] > 0
+
+def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path):
+    """4 trainers, 2 servers: equal to in-process sync, and each trainer fetched exactly the
+    rows the plan gives it: every row of a round except the other trainers' private rows."""
+    args = ["--trainers", "4", "--servers", "2", "--optimizer", "sgd", "--lookahead", "6"]
+    r = _run(tmp_path, tiny_dataset, "bag4", "--system", "bagpipe", *args, "--procs", "7")
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": 4, "servers": 2,
+                                                 "optimizer": "sgd", "lookahead": 6})
+    _assert_same_parameters(torch.load(tmp_path / "bag4.pt"), train(TrainConfig(**{
+        **cfg.__dict__, "system": "sync"})))
+
+    ds = open_dataset(tiny_dataset)
+    offsets = table_offsets(ds.meta.cardinalities)
+    train_rows, _ = split_rows(ds, cfg)
+    planner, _, _ = build_planner(cfg, ds, train_rows, offsets, int(sum(ds.meta.cardinalities)))
+    from bagpipe_cli.engine.oracle import batch_keys
+    from bagpipe_cli.engine.trainer import iter_train_batches
+
+    rows = np.zeros(4, np.int64)
+    logical = 0
+    for rp in planner.plan(batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows)):
+        rows += [len(rp.fetch_for(i)[0]) for i in range(4)]
+        logical += len(rp.fetch_keys)
+    s = json.loads((tmp_path / "bag4" / "summary.json").read_text())
+    got = [s["roles"][f"trainer{i}"]["bytes_received"] // (16 * 4) for i in range(4)]
+    assert got == rows.tolist()
+    assert rows.sum() < 4 * logical  # physically partitioned, not replicated
+    assert sum(s["roles"][f"server{k}"]["bytes_sent"] for k in range(2)) == rows.sum() * 16 * 4
+    m = pd.read_csv(tmp_path / "bag4" / "metrics.csv")
+    assert m["rows_fetched"].sum() == rows.sum()
 
 
 def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path):
@@ -64,10 +135,146 @@ def test_layout_and_bad_options(tiny_dataset, tmp_path):
     assert lay.role(3) == ("trainer", 0) and lay.trainer_rank(2) == 5
     r = _run(tmp_path, tiny_dataset, "x", "--procs", "3")
     assert r.returncode == 2 and "--procs 3" in r.stderr
-    r = _run(tmp_path, tiny_dataset, "y", "--transport", "torch", "--system", "lru")
-    assert r.returncode == 2 and "--transport torch supports" in r.stderr
     r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--transport",
                         "torch", "--out", str(tmp_path / "z")], capture_output=True, text=True,
                        env={k: v for k, v in os.environ.items() if k not in ("RANK", "MASTER_ADDR")},
                        timeout=60)
     assert r.returncode == 2 and "torchrun" in r.stderr
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "nccl", "--procs", "4"], "--backend nccl: NCCL connects GPUs"),
+    (["--device", "cuda"], "--device cuda: trainers run on a GPU in torch.distributed runs"),
+    (["--device", "gpu", "--procs", "4"], "--device 'gpu': choose cpu, cuda or cuda:K"),
+    pytest.param(["--device", "cuda", "--procs", "4"], "--device cuda: trainer 0 (rank 2) on "
+                 f"{socket.gethostname()} has no CUDA device",
+                 marks=pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")),
+])
+def test_device_and_backend_errors(tiny_dataset, tmp_path, args, message):
+    r = _run(tmp_path, tiny_dataset, "o", *args)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def _facts(host, cuda, nccl=True):
+    return {"host": host, "cuda": cuda, "nccl": nccl}
+
+
+def test_trainer_devices():
+    cfg = TrainConfig(data="x", transport="torch", device="cuda", trainers=4, servers=2,
+                      backend="nccl", batch_size=1024)
+    lay = Layout(2, 4)
+    # oracle + 2 servers on a CPU machine, two trainers on each of two 2-GPU machines
+    facts = [_facts("cpu0", 0)] * 3 + [_facts("a", 2), _facts("a", 2), _facts("b", 2), _facts("b", 2)]
+    assert trainer_devices(cfg, lay, facts) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    one_gpu = [_facts("h", 1)] * 7
+    with pytest.raises(ConfigError, match="trainer 1 \\(rank 4\\) on h and trainer 0 \\(rank 3\\) on h "
+                                          "would share cuda:0"):
+        trainer_devices(cfg, lay, one_gpu)
+    gloo = TrainConfig(**{**cfg.__dict__, "backend": "gloo"})
+    assert trainer_devices(gloo, lay, one_gpu) == ["cuda:0"] * 4  # gloo collectives go via the CPU
+    with pytest.raises(ConfigError, match="has 1 CUDA device"):
+        trainer_devices(TrainConfig(**{**gloo.__dict__, "device": "cuda:1"}), lay, one_gpu)
+    with pytest.raises(ConfigError, match="trainer 0 \\(rank 3\\) on cpu0 has no CUDA device"):
+        trainer_devices(cfg, lay, [_facts("cpu0", 0)] * 7)
+    with pytest.raises(ConfigError, match="has no NCCL"):
+        trainer_devices(cfg, lay, [_facts(f"h{r}", 1, nccl=False) for r in range(7)])
+    cpu = TrainConfig(data="x", transport="torch", trainers=4, servers=2, batch_size=1024)
+    assert trainer_devices(cpu, lay, one_gpu) == ["cpu"] * 4
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
+def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, tmp_path):
+    """Launched like torchrun (one process per rank, no launcher to check first): every rank
+    learns that a trainer cannot run on CUDA and exits with the same one-line error."""
+    port = free_port()
+    procs = []
+    for rank in range(4):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "4", "LOCAL_RANK": str(rank),
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset),
+                                       *ARGS, "--transport", "torch", "--device", "cuda",
+                                       "--out", str(tmp_path / "o")], env=env, text=True,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    try:
+        errs = [p.communicate(timeout=90)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in procs] == [2, 2, 2, 2]
+    for e in errs:
+        assert "--device cuda: trainer 0 (rank 2)" in e and "has no CUDA device" in e
+        assert "Traceback" not in e
+    assert not (tmp_path / "o").exists()
+
+
+SCHEDULE_PROBE = """
+import os, sys, time
+import numpy as np, torch, torch.distributed as dist
+from bagpipe_cli.engine.distributed import Layout, ScheduleError, TorchTransport, serve
+from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.server import init_servers
+rank = int(os.environ["RANK"])
+dist.init_process_group("gloo", rank=rank, world_size=4)
+lay = Layout(servers=1, trainers=2)
+if rank == 1:
+    server = init_servers([50], 4, 1, 0, RowOptimizer().init_state)[0]
+    try:
+        serve(server, lay, NetworkModel(), RowOptimizer())
+    except ScheduleError as e:
+        print(e)
+        sys.exit(3)
+elif rank >= 2:
+    t = TorchTransport(lay, 4, 0, NetworkModel())
+    if rank == 2:
+        t.fetch(np.array([1, 2]))           # trainer 0: a fetch ...
+    else:
+        t.write_back(np.array([1]), torch.zeros(1, 4), torch.zeros(1, 0))  # trainer 1: a write-back
+time.sleep(3)
+"""
+
+
+def test_a_server_refuses_trainers_out_of_step():
+    """The servers' lockstep is what orders one trainer's write-back before another's fetch:
+    a server that gets different requests at the same step stops instead of serving."""
+    port = free_port()
+    procs = [subprocess.Popen([sys.executable, "-c", SCHEDULE_PROBE], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                              env={**os.environ, "RANK": str(r), "WORLD_SIZE": "4",
+                                   "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
+             for r in range(4)]
+    try:
+        out = procs[1].communicate(timeout=60)[0]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    assert procs[1].returncode == 3
+    assert ("server 0: request 0 of trainer 1 is WRITEBACK #0, trainer 0's is FETCH #0; "
+            "the trainers are out of step") in out
+
+
+@pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
+def test_cuda_trainers_match_the_cpu_engine(tiny_dataset, tmp_path):
+    """On GPUs (gloo collectives, and NCCL where there is a GPU per trainer): bagpipe equals
+    sync on the same devices bitwise; both are within float tolerance of the CPU engine
+    (GEMMs differ between cuBLAS and the CPU)."""
+    backends = ["gloo"] + (["nccl"] if torch.cuda.device_count() >= 2 else [])
+    cpu = train(TrainConfig(data=str(tiny_dataset), system="sync", **KW))
+    for backend in backends:
+        for system in ("bagpipe", "sync"):
+            r = _run(tmp_path, tiny_dataset, f"{system}-{backend}", "--system", system, "--procs", "4",
+                     "--device", "cuda", "--backend", backend)
+            assert r.returncode == 0, r.stderr[-2000:]
+        a = torch.load(tmp_path / f"bagpipe-{backend}.pt")
+        b = torch.load(tmp_path / f"sync-{backend}.pt")
+        for t, name in enumerate(a["tables"]):
+            torch.testing.assert_close(a["tables"][name], cpu.tables[t], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a["tables"][name], b["tables"][name], rtol=1e-5, atol=1e-6)
+        s = json.loads((tmp_path / f"bagpipe-{backend}" / "summary.json").read_text())
+        assert all(d.startswith("cuda:") for d in s["trainer_devices"])

@@ -228,6 +228,86 @@ def test_oracle_never_stale_never_refetches(L, N, seed, n_batches, alpha):
     assert _simulate(trace, L, int(C), N, capacity=max(peak, 1))[1] == peak
 
 
+def _replay_partitioned(trace, L, C, N):
+    """Replay a plan trainer by trainer with the physically partitioned cache of a
+    torch.distributed run: trainer i inserts only `fetch_for(i)`; sync_now/sync_later rows are
+    updated on every trainer, no_sync rows by their user; evicted rows are written back by
+    their user (no_sync) or by trainer key % N. Every trainer must read the true version of
+    every row its own samples use."""
+    from bagpipe_cli.engine.oracle import NO_SYNC
+
+    total = max(max(b) for b in trace) + 1
+    o = Oracle(total, L, C, N, 500)
+    plans = list(o.plan(np.asarray(b, np.int64) for b in trace))
+    true = np.zeros(total, np.int64)
+    server = np.zeros(total, np.int64)
+    held = [dict() for _ in range(N)]  # trainer -> {key: version it holds}
+
+    def fetch(rp):  # what each trainer receives for round rp: the servers' values now
+        return [dict(zip(k.tolist(), server[k].tolist(), strict=True)) for k in (rp.fetch_for(i)[0] for i in range(N))]
+
+    staged = fetch(plans[0])
+    fetched = np.zeros(N, np.int64)
+    for r, rp in enumerate(plans):
+        for i in range(N):
+            assert not set(staged[i]) & set(held[i]), "fetched a row the trainer holds"
+            held[i].update(staged[i])
+            fetched[i] += len(staged[i])
+        if r + 1 < len(plans):  # the next round is fetched now, after every earlier write-back
+            staged = fetch(plans[r + 1])
+        for p in rp.iters:
+            per = len(p.inverse) // N
+            for i in range(N):
+                mine = np.unique(p.uniq[p.inverse[i * per:(i + 1) * per]])
+                assert all(held[i].get(k) == true[k] for k in mine.tolist()), "read a stale row"
+            true[p.uniq] += 1
+            for pos, k in enumerate(p.uniq.tolist()):
+                if p.row_class[pos] == NO_SYNC:
+                    held[p.owner[pos]][k] += 1
+                else:  # synchronised: every trainer holds it and applies the summed gradient
+                    for i in range(N):
+                        held[i][k] += 1
+            for k in p.evict_keys.tolist():
+                pos = int(np.searchsorted(p.uniq, k))
+                writer = p.owner[pos] if p.row_class[pos] == NO_SYNC else k % N
+                server[k] = held[writer][k]
+                for i in range(N):
+                    held[i].pop(k, None)
+        for i in range(N):  # per-iteration counts add up to what the trainer fetched
+            assert sum(p.fetched_by(i) for p in rp.iters) == len(rp.fetch_for(i)[0])
+    assert not any(held)
+    np.testing.assert_array_equal(server, true)
+    return fetched, sum(len(rp.fetch_keys) for rp in plans)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.integers(1, 6), st.integers(1, 4), st.integers(0, 10_000),
+    st.integers(1, 12), st.floats(0.5, 2.0),
+)
+def test_partitioned_cache_never_reads_a_stale_row(L, N, seed, n_batches, alpha):
+    rng = np.random.default_rng(seed)
+    C = int(rng.integers(1, max(1, (L + 1) // 2) + 1))
+    ids = np.minimum((rng.pareto(alpha, (n_batches, 3 * N)) * 3).astype(np.int64), 60)
+    fetched, logical = _replay_partitioned([b.tolist() for b in ids], L, C, N)
+    assert (fetched <= logical).all()
+    if N == 1:  # one trainer fetches every row
+        assert fetched[0] == logical
+
+
+def test_private_rows_go_to_their_user_only():
+    # 2 trainers x 2 samples x 1 table, L = 2. Batch 0: trainer 0 uses {1, 2}, trainer 1 {2, 3};
+    # batch 1: trainer 0 {1, 4}, trainer 1 {5}. 3 is used once by trainer 1 and evicted: private;
+    # 2 is used by both: every trainer fetches it; 1 is used again: every trainer.
+    trace = [np.array([1, 2, 2, 3]), np.array([1, 4, 5, 5])]
+    rp = next(Oracle(10, 2, 1, 2, 16).plan(iter(trace)))
+    assert rp.fetch_keys.tolist() == [1, 2, 3]
+    assert rp.fetch_owner.tolist() == [-1, -1, 1]
+    assert rp.fetch_for(0)[0].tolist() == [1, 2] and rp.fetch_for(1)[0].tolist() == [1, 2, 3]
+    assert rp.iters[0].private_fetched.tolist() == [0, 1]
+    assert [rp.iters[0].fetched_by(i) for i in range(2)] == [2, 3]
+
+
 def test_oracle_rejects_capacity_below_peak():
     trace = [np.arange(i, i + 10) for i in range(20)]
     with pytest.raises(ConfigError, match="--cache-rows"):

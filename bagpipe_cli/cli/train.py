@@ -55,6 +55,12 @@ from bagpipe_cli.engine.systems import SYSTEMS
 @click.option("--threads", type=int, default=None,
               help="torch compute threads [default: torch's; 1 per rank with --transport torch]. "
                    "On a busy machine, fewer than the cores gives steadier timings.")
+@click.option("--device", default="cpu", show_default=True,
+              help="torch transport: where trainers compute: cpu, cuda (the GPUs of a machine in "
+                   "turn) or cuda:K. Embedding servers and the oracle stay on the CPU.")
+@click.option("--backend", type=click.Choice(["gloo", "nccl"]), default="gloo", show_default=True,
+              help="torch transport: collectives between trainers (gloo; nccl needs --device cuda "
+                   "and a GPU per trainer). Servers are always reached over gloo.")
 @click.option("--timeout", "timeout_s", type=float, default=120.0, show_default=True,
               help="torch transport: seconds a rank waits for a peer before giving up.")
 @click.option("--checkpoint-every", type=int, default=0, show_default=True,
@@ -77,7 +83,6 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     The loss is the mean over the global batch; dense and embedding gradients of the
     trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
     """
-    from dataclasses import replace
 
     from bagpipe_cli.engine import TrainConfig
     from bagpipe_cli.engine import save_model as save
@@ -86,14 +91,16 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     from bagpipe_cli.results import write_run
 
     procs = kw.pop("procs")
+    if procs is not None:
+        kw["transport"] = "torch"  # the spawned ranks run with --transport torch
     if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
         kw["checkpoint_dir"] = out.with_name(out.name + ".ckpt")
     for key in ("checkpoint_dir", "resume"):
         kw[key] = str(kw[key]) if kw[key] is not None else None
     cfg = TrainConfig(data=str(data), round=round_, **kw)
     check_output_dir(out, overwrite)  # fail before training, not after
-    if cfg.resume is not None and cfg.transport == "inproc":
-        _check_resume(cfg if procs is None else replace(cfg, transport="torch"))
+    if cfg.resume is not None and (cfg.transport == "inproc" or procs is not None):
+        _check_resume(cfg)
     if procs is not None:
         _spawn(cfg, procs)
         return
@@ -155,13 +162,14 @@ def _spawn(cfg, procs: int) -> None:
     """--procs: re-run this command as one local process per rank (--transport torch)."""
     import sys
 
-    from bagpipe_cli.engine.distributed import Layout, spawn_local
+    from bagpipe_cli.engine.distributed import Layout, rank_facts, spawn_local, trainer_devices
     from bagpipe_cli.errors import ConfigError
 
     layout = Layout(cfg.servers, cfg.trainers)
     if procs != layout.world:
         raise ConfigError(f"--procs {procs}: a run with --servers {cfg.servers} and --trainers "
                           f"{cfg.trainers} needs 1 + {cfg.servers} + {cfg.trainers} = {layout.world} processes")
+    trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
     argv = sys.argv[1:] if sys.argv[1:2] == ["train"] else None
     if argv is None:
         raise ConfigError("--procs must be given on the bagpipe command line")

@@ -50,8 +50,9 @@ NAME = re.compile(r"^ckpt-(\d{8})$")
 
 # TrainConfig fields that do not change parameters or metrics, or are checked otherwise:
 # a resumed run may change them (`iterations` may grow: batch b is the same for any length).
+# `backend` only moves exact copies (all-gathers; the sums are taken alike on every backend).
 FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
-               "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume"}
+               "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend"}
 OPTION = {"round": "--round", "timeout_s": "--timeout"}
 
 
@@ -234,7 +235,8 @@ def check_compatible(cfg, ck: Checkpoint, dataset: dict[str, Any], option: str =
     for f in fields(cfg):
         if f.name in FREE_FIELDS:
             continue
-        mine, theirs = getattr(cfg, f.name), ck.config.get(f.name)
+        # A field newer than the checkpoint had its default's behaviour then.
+        mine, theirs = getattr(cfg, f.name), ck.config.get(f.name, f.default)
         if mine != theirs:
             opt = OPTION.get(f.name, "--" + f.name.replace("_", "-"))
             raise CheckpointError(f"{option} {ck.path}: the checkpoint was made with {opt} {theirs}, "

@@ -1,36 +1,54 @@
 """Runs over torch.distributed: rank 0 is the data loader + oracle, ranks 1..K the embedding
-servers, ranks K+1..K+N the trainers (world size 1 + K + N; gloo).
+servers, ranks K+1..K+N the trainers (world size 1 + K + N). Every system runs here.
+
+Rank 0, the servers and the trainers talk over gloo (CPU tensors). Trainers run on
+`--device` (CPU or a GPU each); their collectives (dense gradients, LRPP's embedding
+gradients) go over `--backend`: gloo, or NCCL on the GPUs.
 
 The plan is deterministic, so everyone follows a known schedule and nothing needs an
 any-source receive:
 
 - oracle -> trainer i: every round's plan and trainer i's slice of its batches, one round
   ahead of use (the trainer prefetches the next round while it trains on this one);
-- trainer <-> server: each trainer sends every server the same sequence of requests
-  (FETCH, WRITEBACK, GRAD, DONE; empty ones included), so a server serves the trainers
-  round-robin, each in its own order. A trainer's write-backs precede its later fetches on
-  the same connection, which keeps fetches after the write-backs they depend on;
+- trainer <-> server: every trainer sends every server the *same sequence* of requests
+  (FETCH, WRITEBACK, GRAD, CHECKPOINT, DONE), empty ones included, and a server serves the
+  trainers in lockstep: request k of trainer 0, of trainer 1, ..., then request k+1 of each.
+  So request k of every trainer is served before request k+1 of any, which orders
+  requests *across* trainers as the schedule does: a write-back of row x by one trainer
+  lands before a later fetch of x by another. Headers carry a sequence number, and a server
+  that sees two trainers out of step stops with an error instead of serving stale rows;
 - checkpoints (every `--checkpoint-every` iterations, at the boundary before iteration b):
-  each trainer settles its pending sync_later updates, after which every resident row of
-  the replicated cache has its true value on every trainer; it sends rank 0 its new metrics
-  records (trainer 0 also the resident rows, the dense model, its optimizer and the RNG
-  state), then every server a CHECKPOINT request after its write-backs. A server that has
-  it from a trainer serves that trainer no further until it has it from all of them, then
-  sends rank 0 its shard. Rank 0 lays the resident rows over the shards and writes the
-  checkpoint. On resume rank 0 reads it and sends each server its shard and each trainer
-  the dense state (only rank 0 needs to see the checkpoint directory);
+  each trainer settles its pending sync_later updates, after which every resident row has
+  its true value on the trainers that hold it; it sends rank 0 its new metrics records
+  (trainer 0 also its resident rows, the dense model, its optimizer and the RNG state),
+  then every server a CHECKPOINT request. A server that has it from every trainer (one
+  lockstep pass) sends rank 0 its shard. Rank 0 lays the resident rows over the shards and
+  writes the checkpoint. On resume rank 0 reads it and sends each server its shard and each
+  trainer the dense state (only rank 0 needs to see the checkpoint directory);
 - trainers among themselves: all-gathers of dense gradients and of the embedding
-  gradients LRPP says to synchronise, summed in trainer order on every trainer (the same
-  order as the in-process engine, so results are bitwise equal to it).
+  gradients to synchronise, summed in trainer order on every trainer (the same order as
+  the in-process engine, so results are bitwise equal to it).
 
-Bagpipe's cache is logically replicated and, here, physically replicated too: every trainer
-fetches a round's rows and holds U_b. `sync_now` rows are all-gathered on the critical
-path, `sync_later` rows asynchronously (applied before the next round is inserted or after
-the next iteration's backward, whichever comes first; they are not read before), and
-`no_sync` rows are updated and written back by their one user only. Other evicted rows are
-written back by trainer `key % N`. `sync` works like a parameter server: trainers fetch
-their slice's rows and push gradients; a server sums them in trainer order and applies
-the optimizer.
+How the systems map onto the ranks:
+
+- bagpipe: the LRPP cache, logically replicated and physically partitioned. A row fetched
+  for iteration b that is no_sync at b (one trainer uses it, then it is evicted) is private:
+  only its user fetches, updates and writes it back (`RoundPlan.fetch_for`); every other
+  fetched row goes to every trainer. `sync_now` rows are all-gathered on the critical path,
+  `sync_later` rows asynchronously (applied before the next round is inserted or after the
+  next iteration's backward, whichever comes first; they are not read before), and the
+  other no_sync rows are updated and written back by their one user only. Other evicted
+  rows are written back by trainer `key % N`.
+- lru, lfu, fae: the same replicated cache, fetched on miss at the iteration's start; every
+  row of U_b is all-gathered on the critical path (no LRPP); victims are written back by
+  trainer `key % N`.
+- local: every trainer fetches the whole tables before training (not timed) and
+  all-gathers the gradients of every row of U_b; trainer 0 writes the tables back at the end.
+- sync: a parameter server. Trainers fetch their slice's rows and push their gradients; a
+  server sums them in trainer order and applies the optimizer.
+- het: as sync, but each trainer reads its cached copy of a row while it is at most
+  `--staleness` versions behind, and fetches it again otherwise (each trainer knows every
+  U_b, so it counts the servers' versions itself).
 """
 
 from __future__ import annotations
@@ -53,24 +71,19 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.data.format import open_dataset, table_offsets
-from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import (
-    NO_SYNC,
-    SYNC_LATER,
-    SYNC_NOW,
-    Oracle,
-    batch_keys,
-    plan_peak,
-)
+from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, batch_keys
 from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables, init_servers, split_by_shard
 from bagpipe_cli.engine.systems import CacheSystem, Step
 from bagpipe_cli.engine.trainer import (
     TIME_KEYS,
     TrainResult,
     build_dense,
+    build_planner,
+    build_system,
+    cache_slots,
     checkpoint_summary,
     evaluate,
     iter_train_batches,
@@ -87,7 +100,13 @@ from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
 
 OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT = 1, 2, 3, 4, 5
-DIST_SYSTEMS = ("bagpipe", "sync")
+OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
+            OP_CHECKPOINT: "CHECKPOINT"}
+# Trainers hold U_b's rows (a cache or the whole tables) and all-gather their gradients...
+REPLICATED = ("bagpipe", "lru", "lfu", "fae", "local")
+# ... or fetch their own rows and push gradients to the servers.
+PUSHED = ("sync", "het")
+ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
 
 
 @dataclass(frozen=True)
@@ -115,14 +134,20 @@ class Layout:
         return "trainer", rank - 1 - self.servers
 
     def name(self, rank: int) -> str:
-        if rank < 0:
+        if rank == TRAINERS:
             return "the other trainers (collective)"
+        if rank == ALL_RANKS:
+            return "the other ranks (collective)"
         role, i = self.role(rank)
         return "oracle/loader (rank 0)" if role == "oracle" else f"{role} {i} (rank {rank})"
 
 
 class RankFailure(BagpipeError):
     """Another rank died or could not be reached."""
+
+
+class ScheduleError(BagpipeError):
+    """Two trainers sent a server different requests at the same step (a bug, not bad input)."""
 
 
 def _comm(layout: Layout, peer: int, fn, *args):
@@ -153,6 +178,60 @@ def recv_obj(src: int, layout: Layout) -> Any:
     return pickle.loads(buf.numpy().tobytes())
 
 
+def to_cpu(obj: Any) -> Any:
+    """Tensors in (nested) dicts, lists and tuples moved to the CPU, for sending to rank 0."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def rank_facts() -> dict[str, Any]:
+    """What a rank can offer a trainer: its host, CUDA devices and whether torch has NCCL."""
+    return {"host": socket.gethostname(),
+            "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            "nccl": dist.is_available() and dist.is_nccl_available()}
+
+
+def trainer_devices(cfg, layout: Layout, facts: list[dict[str, Any]]) -> list[str]:
+    """The device of every trainer, from every rank's `rank_facts()` (the same answer on every
+    rank). `--device cuda` gives the trainers on a host its GPUs in turn; NCCL needs one GPU
+    per trainer. Raises ConfigError naming the trainer that cannot run as asked."""
+    if cfg.device == "cpu":
+        return ["cpu"] * layout.trainers
+    out: list[str] = []
+    taken: dict[tuple[str, int], str] = {}
+    for i in range(layout.trainers):
+        f = facts[layout.trainer_rank(i)]
+        who = f"{layout.name(layout.trainer_rank(i))} on {f['host']}"
+        if f["cuda"] == 0:
+            raise ConfigError(f"--device {cfg.device}: {who} has no CUDA device "
+                              "(torch.cuda.is_available() is False); use --device cpu")
+        if cfg.device == "cuda":
+            before = sum(facts[layout.trainer_rank(j)]["host"] == f["host"] for j in range(i))
+            dev = before % f["cuda"]
+        else:
+            dev = int(cfg.device.split(":", 1)[1])
+            if dev >= f["cuda"]:
+                raise ConfigError(f"--device {cfg.device}: {who} has {f['cuda']} CUDA device(s)")
+        if cfg.backend == "nccl":
+            if not f["nccl"]:
+                raise ConfigError(f"--backend nccl: the torch of {who} has no NCCL; use --backend gloo")
+            if (f["host"], dev) in taken:
+                raise ConfigError(f"--backend nccl: {who} and {taken[(f['host'], dev)]} would share "
+                                  f"cuda:{dev}, and NCCL needs a GPU per trainer; use --backend gloo "
+                                  "or fewer trainers per machine")
+            taken[(f["host"], dev)] = who
+        out.append(f"cuda:{dev}")
+    return out
+
+
 # --------------------------------------------------------------------------- trainer side
 
 
@@ -178,7 +257,11 @@ class _DistRows:
 
 
 class TorchTransport(Transport):
-    """The trainer's side of the servers over torch.distributed point-to-point (gloo)."""
+    """The trainer's side of the servers over torch.distributed point-to-point (gloo, CPU).
+
+    Every call sends one request to every server (an empty one where a server has no rows
+    of it), numbered per server: the servers check that all trainers are in step.
+    """
 
     def __init__(self, layout: Layout, dim: int, state_dim: int, network: NetworkModel):
         self.layout = layout
@@ -186,10 +269,14 @@ class TorchTransport(Transport):
         self.network = network
         self.dim, self.sdim = dim, state_dim
         self._pending: list[tuple[Any, Any, int]] = []  # (work, tensors kept alive, peer)
+        self._seq = [0] * layout.servers
         self.bytes_sent = 0
+        self.bytes_received = 0
 
-    def _send(self, dst: int, op: int, local: np.ndarray, *payload: torch.Tensor) -> None:
-        hdr = torch.tensor([op, len(local)], dtype=torch.int64)
+    def _send(self, k: int, op: int, local: np.ndarray, *payload: torch.Tensor) -> None:
+        dst = self.layout.server_rank(k)
+        hdr = torch.tensor([op, len(local), self._seq[k]], dtype=torch.int64)
+        self._seq[k] += 1
         msgs = [hdr] + ([torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), *payload]
                         if len(local) else [])
         for m in msgs:
@@ -202,28 +289,31 @@ class TorchTransport(Transport):
     def fetch(self, keys: np.ndarray) -> _DistRows:
         parts = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
-            dst = self.layout.server_rank(k)
-            self._send(dst, OP_FETCH, local)
+            src = self.layout.server_rank(k)
+            self._send(k, OP_FETCH, local)
             r = torch.empty(len(local), self.dim)
             s = torch.empty(len(local), self.sdim)
             works = []
             if len(local):
-                works.append(_comm(self.layout, dst, dist.irecv, r, dst))
+                works.append(_comm(self.layout, src, dist.irecv, r, src))
                 if self.sdim:
-                    works.append(_comm(self.layout, dst, dist.irecv, s, dst))
-            parts.append((pos, r, s, works, dst))
+                    works.append(_comm(self.layout, src, dist.irecv, s, src))
+                self.bytes_received += (r.numel() + s.numel()) * 4
+            parts.append((pos, r, s, works, src))
         return _DistRows(len(keys), parts, self.dim, self.sdim, self.layout)
 
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
+        rows, state = rows.cpu(), state.cpu()
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             p = torch.from_numpy(pos)
             payload = [rows[p].contiguous()] + ([state[p].contiguous()] if self.sdim else [])
-            self._send(self.layout.server_rank(k), OP_WRITEBACK, local, *payload)
+            self._send(k, OP_WRITEBACK, local, *payload)
         return []
 
     def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+        grad = grad.cpu()
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
-            self._send(self.layout.server_rank(k), OP_GRAD, local, grad[torch.from_numpy(pos)].contiguous())
+            self._send(k, OP_GRAD, local, grad[torch.from_numpy(pos)].contiguous())
         return []
 
     def collective(self, nbytes: int, participants: int) -> Future:
@@ -234,11 +324,11 @@ class TorchTransport(Transport):
     def checkpoint(self) -> None:
         """Tell every server this trainer reached a checkpoint (after its write-backs)."""
         for k in range(self.num_servers):
-            self._send(self.layout.server_rank(k), OP_CHECKPOINT, np.empty(0, np.int64))
+            self._send(k, OP_CHECKPOINT, np.empty(0, np.int64))
 
     def close(self) -> None:
         for k in range(self.num_servers):
-            self._send(self.layout.server_rank(k), OP_DONE, np.empty(0, np.int64))
+            self._send(k, OP_DONE, np.empty(0, np.int64))
         for work, _, peer in self._pending:
             _comm(self.layout, peer, work.wait)
         self._pending = []
@@ -248,59 +338,68 @@ class TorchTransport(Transport):
 
 
 def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: RowOptimizer) -> dict:
-    """Serve the trainers' requests round-robin until every trainer is done."""
+    """Serve the trainers' requests in lockstep (request k of every trainer, then k+1) until
+    every trainer is done; a pass of GRAD requests is summed in trainer order and applied."""
     dim, sdim = server.weight.shape[1], server.state.shape[1]
-    active = list(range(layout.trainers))
-    paused: set[int] = set()  # trainers that reached a checkpoint the others have not
     busy = wait = 0.0
     bytes_sent = 0
-    while active:
+    seq = 0
+    while True:
         grads = []
-        still = []
-        for i in active:
-            if i in paused:
-                still.append(i)
-                continue
+        first: tuple[int, int] | None = None
+        for i in range(layout.trainers):
             src = layout.trainer_rank(i)
-            hdr = torch.empty(2, dtype=torch.int64)
+            hdr = torch.empty(3, dtype=torch.int64)
             t0 = time.perf_counter()
             _comm(layout, src, dist.recv, hdr, src)
             t1 = time.perf_counter()
             wait += t1 - t0
-            op, n = int(hdr[0]), int(hdr[1])
-            if op == OP_DONE:
-                continue
-            still.append(i)
-            if op == OP_CHECKPOINT:
-                paused.add(i)
+            op, n, their_seq = int(hdr[0]), int(hdr[1]), int(hdr[2])
+            if first is None:
+                first = (op, their_seq)
+            if (op, their_seq) != first or their_seq != seq:
+                raise ScheduleError(
+                    f"server {server.shard}: request {seq} of trainer {i} is "
+                    f"{OP_NAMES.get(op, op)} #{their_seq}, trainer 0's is {OP_NAMES.get(first[0])} "
+                    f"#{first[1]}; the trainers are out of step (a bug in bagpipe)")
+            if op in (OP_DONE, OP_CHECKPOINT):
                 continue
             local = torch.empty(n, dtype=torch.int64)
             if n:
                 _comm(layout, src, dist.recv, local, src)
+            # An empty request only keeps the trainers in step: it costs no emulated transfer.
             if op == OP_FETCH:
                 w, s = server.gather(local)
-                network.wait(network.transfer_seconds(n * (dim + sdim) * 4))
                 if n:
+                    network.wait(network.transfer_seconds(n * (dim + sdim) * 4))
                     _comm(layout, src, dist.send, w, src)
                     if sdim:
                         _comm(layout, src, dist.send, s, src)
                     bytes_sent += (w.numel() + s.numel()) * 4
             elif op == OP_WRITEBACK:
-                rows = torch.empty(n, dim)
-                state = torch.empty(n, sdim)
                 if n:
+                    rows = torch.empty(n, dim)
+                    state = torch.empty(n, sdim)
                     _comm(layout, src, dist.recv, rows, src)
                     if sdim:
                         _comm(layout, src, dist.recv, state, src)
                     server.write_back(local, rows, state)
-                network.wait(network.transfer_seconds(n * (dim + sdim) * 4))
+                    network.wait(network.transfer_seconds(n * (dim + sdim) * 4))
             elif op == OP_GRAD:
                 g = torch.empty(n, dim)
                 if n:
                     _comm(layout, src, dist.recv, g, src)
+                    network.wait(network.transfer_seconds(n * dim * 4))
                 grads.append((local, g))
-                network.wait(network.transfer_seconds(n * dim * 4))
             busy += time.perf_counter() - t1
+        seq += 1
+        if first[0] == OP_DONE:
+            break
+        if first[0] == OP_CHECKPOINT:
+            # Every trainer's requests before the checkpoint are served: this is the shard at
+            # the boundary.
+            send_obj({"weight": server.weight, "state": server.state}, 0, layout)
+            checkpoint_done()
         if grads:
             # Sum the trainers' gradients in trainer order, then one optimizer step per row.
             t1 = time.perf_counter()
@@ -312,41 +411,82 @@ def serve(server: EmbeddingServer, layout: Layout, network: NetworkModel, opt: R
             if len(keys):
                 server.apply_gradients(keys, total, opt)
             busy += time.perf_counter() - t1
-        active = still
-        if active and paused == set(active):
-            # Every trainer's requests before the checkpoint are served: this is the shard at
-            # the boundary.
-            send_obj({"weight": server.weight, "state": server.state}, 0, layout)
-            paused.clear()
-            checkpoint_done()
     return {"busy_s": busy, "waiting_s": wait, "bytes_sent": bytes_sent,
-            "bytes_received": server.bytes_received}
+            "bytes_received": server.bytes_received, "requests": seq}
 
 
 # --------------------------------------------------------------------------- trainer
 
 
-def _all_gather_sum(x: torch.Tensor, group, layout: Layout) -> torch.Tensor:
-    parts = [torch.empty_like(x) for _ in range(layout.trainers)]
-    _comm(layout, -1, dist.all_gather, parts, x.contiguous(), group)
-    return ordered_sum(parts)
+class TrainerGroup:
+    """Collectives among the trainers: all-gathers, summed in trainer order on every trainer.
+
+    Tensors travel on `comm` (the CPU for gloo, the trainer's GPU for NCCL) and the sums
+    come back on `device`. An empty tensor is not sent (every trainer knows it is empty).
+    """
+
+    def __init__(self, group, layout: Layout, device: torch.device, comm: torch.device):
+        self.group, self.layout, self.device, self.comm = group, layout, device, comm
+
+    def _gather(self, x: torch.Tensor, async_op: bool = False):
+        x = x.to(self.comm).contiguous()
+        parts = [torch.empty_like(x) for _ in range(self.layout.trainers)]
+        work = _comm(self.layout, TRAINERS, dist.all_gather, parts, x, self.group, async_op)
+        return x, parts, work
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """x0 + x1 + ... of every trainer's `x` (same shape on every trainer)."""
+        if x.numel() == 0:
+            return x.clone()
+        _, parts, _ = self._gather(x)
+        return ordered_sum(parts).to(self.device)
+
+    def start_sum(self, x: torch.Tensor) -> _PendingSum:
+        """`sum` in the background; `.result()` waits for it."""
+        return _PendingSum(self, *self._gather(x, async_op=True))
+
+    def sum_floats(self, values: list[float]) -> float:
+        """The sum of every trainer's floats, added as Python floats in trainer order."""
+        _, parts, _ = self._gather(torch.tensor(values, dtype=torch.float64))
+        total = 0.0
+        for p in parts:
+            for v in p.tolist():
+                total += v
+        return total
 
 
+class _PendingSum:
+    def __init__(self, group: TrainerGroup, x, parts, work):
+        self.group, self.x, self.parts, self.work = group, x, parts, work  # x: kept until done
+
+    def result(self) -> torch.Tensor:
+        _comm(self.group.layout, TRAINERS, self.work.wait)
+        return ordered_sum(self.parts).to(self.group.device)
+
+
+@dataclass
 class _Later:
-    """An asynchronous all-gather of sync_later gradients, applied when completed."""
+    """The asynchronous all-gather of an iteration's sync_later gradients, applied (and its
+    evicted rows written back) when settled."""
 
-    def __init__(self, b, idx, parts, work, evict_keys):
-        self.b, self.idx, self.parts, self.work, self.evict_keys = b, idx, parts, work, evict_keys
+    plan: IterPlan
+    idx: np.ndarray  # positions in U_b
+    sum: _PendingSum
+    evict_keys: np.ndarray  # this trainer's share of the evicted sync_later rows
+    evict_slots: np.ndarray
 
 
-def trainer_main(cfg, layout: Layout, i: int, group) -> None:
-    """Trainer i: its slice of every global batch, LRPP sync with the other trainers."""
+def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
+    """Trainer i: its slice of every global batch, synchronised with the other trainers."""
+    device = group.device
     ds = open_dataset(cfg.data)
+    total_rows = int(sum(ds.meta.cardinalities))
     mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
     rdim = row_dim(mcfg)
     opt = RowOptimizer(cfg.optimizer, cfg.lr)
     network = NetworkModel(cfg.net_gbps, cfg.net_latency_us)
     model, dense_opt = build_dense(cfg, mcfg)
+    model.to(device)  # in place: the optimizer keeps the same parameters
     params = list(model.parameters())
     info = recv_obj(0, layout)
     start = info["start"]
@@ -355,60 +495,80 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
         dense_opt.load_state_dict(info["optimizer"])
         torch.set_rng_state(info["rng"])
     transport = TorchTransport(layout, rdim, opt.state_dim, network)
-    bagpipe = cfg.system == "bagpipe"
-    system = (CacheSystem("bagpipe", transport, RowCache(info["capacity"], rdim, opt.state_dim), True)
-              if bagpipe else None)
     n, per = layout.trainers, cfg.batch_size // layout.trainers
+    system = build_system(cfg, info["slots"], transport, rdim, opt, total_rows, member=(i, n),
+                          device=device)
+    cache = system if isinstance(system, CacheSystem) else None
+    replicated = cfg.system in REPLICATED
+    lrpp = cfg.system == "bagpipe"
     records: list[dict] = []
     pending: list[_Later] = []
 
-    def finish_later(item: _Later) -> None:
-        _comm(layout, -1, item.work.wait)
-        total = ordered_sum(item.parts)
-        p = item.idx
-        rows, state = system.cache.read(p["slots"])
-        new_rows, new_state = opt.step(rows, state, total)
-        system.cache.write(p["slots"], new_rows, new_state)
-        ek, es = item.evict_keys
-        if len(ek):
-            r, s = system.cache.read(es)
-            transport.write_back(ek, r, s)
+    def idx(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
+
+    def write_back(keys: np.ndarray, slots: np.ndarray) -> None:
+        rows, state = cache.cache.read(slots)
+        transport.write_back(keys, rows, state)  # sent even when empty (lockstep)
 
     def settle() -> None:
+        """Apply the pending sync_later updates; then write back their evicted rows."""
         while pending:
-            finish_later(pending.pop(0))
+            item = pending.pop(0)
+            system.update_rows(item.plan, item.idx, item.sum.result(), opt)
+            write_back(item.evict_keys, item.evict_slots)
+
+    def evict(plan: IterPlan, cls: np.ndarray | None, later: np.ndarray, later_sum) -> int:
+        """Write back this trainer's share of the rows evicted after `plan.b`; returns how many.
+
+        no_sync rows by their user, others by trainer `key % N`: now if their update is
+        applied, once it is settled for sync_later rows.
+        """
+        ek = plan.evict_keys
+        ev_pos = np.searchsorted(plan.uniq, ek)
+        share = ek % n == i
+        if cls is None:  # no LRPP: every row of U_b was synchronised on the critical path
+            now_ev, late_ev = share, np.zeros(len(ek), dtype=bool)
+        else:
+            ev_cls = cls[ev_pos]
+            now_ev = ((ev_cls == NO_SYNC) & (plan.owner[ev_pos] == i)) | ((ev_cls == SYNC_NOW) & share)
+            late_ev = (ev_cls == SYNC_LATER) & share
+        write_back(ek[now_ev], plan.evict_slots[now_ev])
+        cache.forget(plan.evict_slots)  # evicted from the logical cache on every trainer
+        if later_sum is not None:
+            pending.append(_Later(plan, later, later_sum, ek[late_ev], plan.evict_slots[late_ev]))
+        return int(now_ev.sum() + late_ev.sum())
 
     sent = 0  # records already sent to rank 0 with a checkpoint
 
     def checkpoint() -> None:
         nonlocal sent
-        settle()  # now every resident row has its true value, the same on every trainer
+        settle()  # now every resident row has its true value
         msg: dict[str, Any] = {"records": records[sent:]}
         sent = len(records)
         if i == 0:
-            msg["resident"] = system.resident() if bagpipe else None
-            msg["dense"] = model.state_dict()
-            msg["optimizer"] = dense_opt.state_dict()
+            msg["resident"] = system.resident() if system is not None else None
+            msg["dense"] = to_cpu(model.state_dict())
+            msg["optimizer"] = to_cpu(dense_opt.state_dict())
             msg["rng"] = torch.get_rng_state()
         send_obj(msg, 0, layout)
         transport.checkpoint()  # after every write-back of this trainer
         checkpoint_done()
 
     every = cfg.checkpoint_every
-
     cur = recv_obj(0, layout)
     while cur is not None:
         rp, batches = cur
-        nxt = recv_obj(0, layout)
         t_round = time.perf_counter()
+        nxt = recv_obj(0, layout)
         settle()  # before this round's rows move into freed slots
-        waited = system.begin_round(rp, nxt[0] if nxt else None) if bagpipe else 0.0
+        waited = system.begin_round(rp, nxt[0] if nxt else None) if system is not None else 0.0
         t_round = time.perf_counter() - t_round
         for j, (plan, (dense_np, labels_np)) in enumerate(zip(rp.iters, batches, strict=True)):
             if every and plan.b > start and plan.b % every == 0:
                 checkpoint()
             t_it = time.perf_counter()
-            step = Step(plan, torch.from_numpy(dense_np), torch.from_numpy(labels_np))
+            step = Step(plan, torch.from_numpy(dense_np).to(device), torch.from_numpy(labels_np).to(device))
             step.times = dict.fromkeys(TIME_KEYS, 0.0)
             if j == 0:
                 step.times["prefetch_wait"] = waited
@@ -416,92 +576,79 @@ def trainer_main(cfg, layout: Layout, i: int, group) -> None:
             n_tables = len(plan.inverse) // cfg.batch_size
             pos = slice(i * per * n_tables, (i + 1) * per * n_tables)
             inv_i = plan.inverse[pos]
-            if bagpipe:
-                rows, state = system.read(step)
+            if replicated:  # U_b's rows are here (cache or tables); gradients over all of U_b
+                rows, _ = system.read(step)
                 keys, local_inv = plan.uniq, inv_i
-            else:
+                values = rows.index_select(0, idx(inv_i))
+            else:  # only the slice's own rows
                 keys, local_inv = np.unique(plan.uniq[inv_i], return_inverse=True)
-                t0 = time.perf_counter()
-                rows, state = transport.fetch(keys).result()
-                step.times["prefetch_wait"] += time.perf_counter() - t0
-                step.rows_fetched = len(keys)
-            li = torch.from_numpy(np.asarray(local_inv, dtype=np.int64).reshape(-1))
-            values = rows.index_select(0, li)
-            losses, partials = slice_partials(model, step.dense, step.labels, values, li, len(keys),
-                                              [slice(0, per)], n_tables, cfg.batch_size, step.times)
+                if system is not None:  # het: cached copies, refetched when too stale
+                    system.read(step)
+                    values = step.emb[pos].to(device)
+                else:  # sync: fresh from the servers
+                    t0 = time.perf_counter()
+                    rows, _ = transport.fetch(keys).result()
+                    step.times["prefetch_wait"] += time.perf_counter() - t0
+                    step.rows_fetched = len(keys)
+                    values = rows.to(device).index_select(0, idx(local_inv.reshape(-1)))
+            losses, partials = slice_partials(model, step.dense, step.labels, values,
+                                              idx(local_inv.reshape(-1)), len(keys), [slice(0, per)],
+                                              n_tables, cfg.batch_size, step.times)
             partial = partials[0]
             settle()  # the previous iteration's sync_later landed during this backward
             t = time.perf_counter()
-            flat = _all_gather_sum(torch.cat([p.grad.reshape(-1) for p in params]), group, layout)
+            flat = group.sum(torch.cat([p.grad.reshape(-1) for p in params]))
             off = 0
             for p in params:
                 p.grad.copy_(flat[off:off + p.numel()].view_as(p))
                 off += p.numel()
             # Losses are summed as Python floats in trainer order, as in the in-process engine.
-            lparts = [torch.empty(1, dtype=torch.float64) for _ in range(n)]
-            _comm(layout, -1, dist.all_gather, lparts, torch.tensor(losses, dtype=torch.float64), group)
-            loss = 0.0
-            for x in lparts:
-                loss += float(x)
-            if bagpipe:
-                cls = plan.row_class
-                now = np.flatnonzero(cls == SYNC_NOW)
-                later = np.flatnonzero(cls == SYNC_LATER)
-                mine = np.flatnonzero((cls == NO_SYNC) & (plan.owner == i))
-                total_now = _all_gather_sum(partial[torch.from_numpy(now)], group, layout)
-                if len(later):
-                    x = partial[torch.from_numpy(later)].contiguous()
-                    parts = [torch.empty_like(x) for _ in range(n)]
-                    work = _comm(layout, -1, dist.all_gather, parts, x, group, True)
+            loss = group.sum_floats(losses)
+            if replicated:
+                cls = plan.row_class if lrpp else None
+                if cls is None:
+                    now, later, mine = np.arange(len(keys)), np.empty(0, np.int64), np.empty(0, np.int64)
                 else:
-                    work = parts = None
+                    now = np.flatnonzero(cls == SYNC_NOW)
+                    later = np.flatnonzero(cls == SYNC_LATER)
+                    mine = np.flatnonzero((cls == NO_SYNC) & (plan.owner == i))
+                total_now = group.sum(partial[idx(now)])
+                later_sum = group.start_sum(partial[idx(later)]) if len(later) else None
             step.times["sync"] = time.perf_counter() - t
             t = time.perf_counter()
             dense_opt.step()
             dense_opt.zero_grad(set_to_none=True)
-            if bagpipe:
-                idx = np.concatenate([now, mine])
-                grad = torch.cat([total_now, partial[torch.from_numpy(mine)]])
-                sl = plan.slots[idx]
-                r, s = system.cache.read(sl)
-                nr, ns = opt.step(r, s, grad)
-                system.cache.write(sl, nr, ns)
-                # Evictions: no_sync rows by their user now; sync_later rows by key % N once
-                # their update is applied.
-                ev_pos = np.searchsorted(plan.uniq, plan.evict_keys)
-                ev_cls = cls[ev_pos]
-                mine_ev = (ev_cls == NO_SYNC) & (plan.owner[ev_pos] == i)
-                if mine_ev.any():
-                    r, s = system.cache.read(plan.evict_slots[mine_ev])
-                    transport.write_back(plan.evict_keys[mine_ev], r, s)
-                late_ev = (ev_cls == SYNC_LATER) & (plan.evict_keys % n == i)
-                system.forget(plan.evict_slots)  # evicted from the logical cache on every trainer
-                step.rows_written_back = int(mine_ev.sum() + late_ev.sum())
-                step.rows_fetched = plan.fetched
-                step.cache_hits = len(plan.uniq) - plan.fetched
-                if work is not None:
-                    pending.append(_Later(plan.b, {"slots": plan.slots[later]}, parts, work,
-                                          (plan.evict_keys[late_ev], plan.evict_slots[late_ev])))
+            if replicated:
+                system.update_rows(plan, np.concatenate([now, mine]),
+                                   torch.cat([total_now, partial[idx(mine)]]), opt)
+                written = evict(plan, cls, later, later_sum) if cache is not None else 0
+                step.rows_written_back = written + (cache.pre_evicted if cache is not None and j == 0 else 0)
             else:
                 transport.push_gradients(keys, partial, opt)
+                if system is not None:
+                    system.advance(plan)
                 step.rows_written_back = len(keys)
             step.times["optimizer"] = time.perf_counter() - t
             rec = iteration_record(step, loss, time.perf_counter() - t_it + step.times["data"]
-                                   + step.times["prefetch_wait"] * (j == 0 and bagpipe))
+                                   + (waited if j == 0 else 0.0))
             records.append(rec)
         cur = nxt
     settle()
+    if system is not None:
+        system.flush()
     transport.close()
-    out = {"records": records, "bytes_sent": transport.bytes_sent}
+    out = {"records": records, "bytes_sent": transport.bytes_sent,
+           "bytes_received": transport.bytes_received, "device": str(device),
+           "written_back_at_end": getattr(system, "written_back_at_end", 0)}
     if i == 0:
-        out["dense"] = {k: v.clone() for k, v in model.state_dict().items()}
+        out["dense"] = to_cpu(model.state_dict())
     send_obj(out, 0, layout)
 
 
 # --------------------------------------------------------------------------- oracle / rank 0
 
 
-def oracle_main(cfg, layout: Layout, progress=None):
+def oracle_main(cfg, layout: Layout, devices: list[str], progress=None):
     """Rank 0: plan, feed the trainers, then gather everything and return a TrainResult."""
     t_start = time.perf_counter()
     ds = open_dataset(cfg.data)
@@ -516,27 +663,14 @@ def oracle_main(cfg, layout: Layout, progress=None):
         raise ConfigError(f"--resume {ck.path}: the checkpoint has metrics of {len(ck.metrics)} "
                           f"trainer(s), this run has {n}")
     prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(n)]
-
-    def keys():
-        return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows, start))
-
-    peak = capacity = None
-    if cfg.system == "bagpipe":
-        peak, _ = plan_peak(keys(), total, cfg.lookahead, cfg.round)
-        if cfg.cache_rows is not None and cfg.cache_rows < peak:
-            raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
-                              f"of {peak} rows; raise --cache-rows or lower --lookahead")
-        capacity = cfg.cache_rows or max(peak, 1)
-        oracle = Oracle(total, cfg.lookahead, cfg.round, n, capacity)
-    else:
-        oracle = Oracle(total, 1, 1, n, None)
+    planner, capacity, peak = build_planner(cfg, ds, train_rows, offsets, total, start)
     trainers = [layout.trainer_rank(i) for i in range(n)]
     for k in range(layout.servers):  # initial shards: the checkpoint's, or None (seeded init)
         send_obj(None if ck is None else {"weight": ck.weight[k::layout.servers].clone(),
                                           "state": ck.state[k::layout.servers].clone()},
                  layout.server_rank(k), layout)
     for r in trainers:
-        send_obj({"capacity": capacity, "start": start,
+        send_obj({"slots": cache_slots(planner), "start": start,
                   **({"dense": ck.dense, "optimizer": ck.dense_optimizer, "rng": ck.rng} if ck else {})},
                  r, layout)
     if ck is not None:
@@ -571,7 +705,7 @@ def oracle_main(cfg, layout: Layout, progress=None):
     done = start
     prev = None
     try:
-        for rp in oracle.plan(stream()):
+        for rp in planner.plan(stream()):
             shift_plan(rp, start)
             batches = held[: len(rp.iters)]
             del held[: len(rp.iters)]
@@ -584,7 +718,7 @@ def oracle_main(cfg, layout: Layout, progress=None):
                 take_checkpoints(prev)
             prev = rp
             done += len(rp.iters)
-            if progress:
+            if progress and rp.iters:
                 progress(done - 1, {"loss": float("nan"), "time": float("nan")})
         for r in trainers:
             send_obj(None, r, layout)
@@ -611,19 +745,23 @@ def oracle_main(cfg, layout: Layout, progress=None):
     frames = [pd.DataFrame(o["records"]) for o in outs]
     metrics = frames[0].copy()
     # The run is as slow as its slowest trainer; traffic counts are summed over trainers.
-    for col in ["time", "data", "prefetch_wait", "forward", "backward", "sync", "optimizer"]:
+    for col in ["time", *TIME_KEYS]:
         metrics[col] = np.max([f[col].to_numpy() for f in frames], axis=0)
-    for col in ["rows_fetched", "rows_written_back"]:
-        metrics[col] = np.sum([f[col].to_numpy() for f in frames], axis=0)
+    for col in ["rows_fetched", "rows_written_back", "stale_reads"]:
+        if col in metrics:
+            metrics[col] = np.sum([f[col].to_numpy() for f in frames], axis=0)
     summary = summarize(metrics, cfg, wall)
     summary.update(evaluate(model, servers, ds, offsets, train_rows, eval_rows))
     summary.update({
-        "oracle_ms_per_batch": oracle.ms_per_batch, "peak_resident_rows": peak, "cache_rows": capacity,
+        "oracle_ms_per_batch": planner.ms_per_batch, "peak_resident_rows": peak, "cache_rows": capacity,
         "network_emulated": NetworkModel(cfg.net_gbps, cfg.net_latency_us).emulated,
         "train_rows": train_rows, "eval_rows": eval_rows, "transport": "torch",
-        "world_size": layout.world,
+        "world_size": layout.world, "backend": cfg.backend, "trainer_devices": devices,
+        "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs)),
         **checkpoint_summary(ckpt, ck, summary),
-        "roles": {**{f"trainer{i}": {"bytes_sent": o["bytes_sent"],
+        "roles": {"oracle": {"busy_s": planner.seconds, "iterations_planned": planner.iterations_planned},
+                  **{f"trainer{i}": {"device": o["device"], "bytes_sent": o["bytes_sent"],
+                                     "bytes_received": o["bytes_received"],
                                      "waiting_s": float(frames[i]["prefetch_wait"].sum() + frames[i]["sync"].sum()),
                                      "busy_s": float(frames[i][["forward", "backward", "optimizer"]].sum().sum())}
                      for i, o in enumerate(outs)},
@@ -632,7 +770,8 @@ def oracle_main(cfg, layout: Layout, progress=None):
     config = {"train": asdict(cfg), "model": asdict(mcfg), "row_dim": rdim,
               "dataset": {"path": str(cfg.data), "name": ds.meta.name, "rows": ds.rows,
                           "cardinalities": cards, "dense_features": ds.meta.num_dense},
-              "layout": {"world": layout.world, "servers": layout.servers, "trainers": layout.trainers}}
+              "layout": {"world": layout.world, "servers": layout.servers, "trainers": layout.trainers,
+                         "trainer_devices": devices, "backend": cfg.backend}}
     return TrainResult(config, metrics, summary, model, assemble_tables(servers, cards))
 
 
@@ -655,9 +794,6 @@ def server_main(cfg, layout: Layout, k: int) -> None:
 def run_rank(cfg, progress=None):
     """Entry point of one rank (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT from the environment,
     as torchrun sets them). Returns the TrainResult on rank 0, None elsewhere."""
-    if cfg.system not in DIST_SYSTEMS:
-        raise ConfigError(f"--transport torch supports --system {' or '.join(DIST_SYSTEMS)} "
-                          f"(got {cfg.system})")
     layout = Layout(cfg.servers, cfg.trainers)
     for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         if var not in os.environ:
@@ -669,25 +805,33 @@ def run_rank(cfg, progress=None):
                           f"+ --trainers {cfg.trainers} = {layout.world} ranks")
     torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
     _fault_injection(rank)
-    dist.init_process_group("gloo", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     try:
-        group = dist.new_group([layout.trainer_rank(i) for i in range(layout.trainers)])
+        # Every rank learns every trainer's device (and every rank fails alike if one cannot
+        # run as asked) before the trainers' group is made.
+        facts: list[Any] = [None] * world
+        _comm(layout, ALL_RANKS, dist.all_gather_object, facts, rank_facts())
+        devices = trainer_devices(cfg, layout, facts)
+        group = dist.new_group([layout.trainer_rank(i) for i in range(layout.trainers)],
+                               timeout=timeout, backend=cfg.backend)
         role, idx = layout.role(rank)
         if role == "oracle":
-            return oracle_main(cfg, layout, progress)
+            return oracle_main(cfg, layout, devices, progress)
         if role == "server":
             server_main(cfg, layout, idx)
         else:
-            trainer_main(cfg, layout, idx, group)
+            device = torch.device(devices[idx])
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            comm = device if cfg.backend == "nccl" else torch.device("cpu")
+            trainer_main(cfg, layout, idx, TrainerGroup(group, layout, device, comm))
         return None
     finally:
         try:
             dist.destroy_process_group()
         except Exception:  # noqa: BLE001 - best effort on the way out
             pass
-
-
 
 
 def free_port() -> int:

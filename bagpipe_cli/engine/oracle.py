@@ -9,6 +9,10 @@ For every iteration b, with U_b the unique global row keys of the global batch:
   eviction, long after its write-back has landed.
 - sync lists (LRPP, see DESIGN.md): sync_now = U_b ∩ U_{b+1}; no_sync = rows used by one
   trainer only and evicted after b; sync_later = the rest.
+- private rows (the physical partition of LRPP): rows fetched for b that are no_sync at b.
+  Their whole stay in the cache is iteration b on one trainer, so only that trainer
+  fetches, updates and writes them back (`RoundPlan.fetch_owner`); every other fetched row
+  goes to every trainer, which keeps the logically replicated cache exact.
 
 Fetches and evictions are grouped in rounds of C iterations (C <= L): a round's rows are
 inserted into the cache before its first iteration, into slots freed by the previous
@@ -51,6 +55,13 @@ class IterPlan:
     no_sync_owner_rows: np.ndarray  # [N] how many no_sync rows each trainer owns
     row_class: np.ndarray | None = None  # [|U_b|] SYNC_NOW / SYNC_LATER / NO_SYNC per row of uniq
     owner: np.ndarray | None = None  # [|U_b|] the one trainer using a row (meaningful for NO_SYNC)
+    private_fetched: np.ndarray | None = None  # [N] rows fetched for b that only trainer i holds
+
+    def fetched_by(self, i: int) -> int:
+        """Rows trainer i fetches for this iteration (the others' private rows excluded)."""
+        if self.private_fetched is None:
+            return self.fetched
+        return self.fetched - int(self.private_fetched.sum()) + int(self.private_fetched[i])
 
 
 @dataclass
@@ -66,6 +77,16 @@ class RoundPlan:
     # (lru/lfu victims); the oracle evicts after iterations instead and leaves these empty.
     pre_evict_keys: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))
     pre_evict_slots: np.ndarray = field(default_factory=lambda: np.empty(0, np.int32))
+    # [len(fetch_keys)] the one trainer a fetched row is private to, -1: every trainer's
+    # (None: every row goes to every trainer).
+    fetch_owner: np.ndarray | None = None
+
+    def fetch_for(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, slots) trainer i fetches: every row except the other trainers' private ones."""
+        if self.fetch_owner is None:
+            return self.fetch_keys, self.fetch_slots
+        m = (self.fetch_owner < 0) | (self.fetch_owner == i)
+        return self.fetch_keys[m], self.fetch_slots[m]
 
 
 def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -168,6 +189,7 @@ class Oracle:
         else:
             fetch_slots = np.empty(0, np.int32)
         rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident)
+        owners = []
         for b, keys, uniq, inverse, fetch_mask, evict_mask, nxt in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
             ev_keys = uniq[evict_mask]
@@ -176,8 +198,14 @@ class Oracle:
                 self.slot_of[ev_keys] = -1
                 evicted_slots.append(ev_slots)
             self.resident -= len(ev_keys)
-            rp.iters.append(self._iter_plan(b, keys, uniq, inverse, slots, int(fetch_mask.sum()),
-                                            ev_keys, ev_slots, evict_mask, nxt))
+            it = self._iter_plan(b, keys, uniq, inverse, slots, int(fetch_mask.sum()),
+                                 ev_keys, ev_slots, evict_mask, nxt)
+            # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
+            owner = np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
+            it.private_fetched = np.bincount(owner[owner >= 0], minlength=self.N)
+            owners.append(owner)
+            rp.iters.append(it)
+        rp.fetch_owner = np.concatenate(owners)
         return rp
 
     def _iter_plan(self, b, keys, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, nxt):

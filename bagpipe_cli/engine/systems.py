@@ -13,6 +13,13 @@ Every system implements the same three stages, called by the trainer loop:
 
 Everything else (model, gradients, optimizers, synchronisation, metrics) is shared, so a
 difference between systems is the policy's alone.
+
+In-process, one system object stands for every trainer. In a torch.distributed run each
+trainer rank has its own, built with `member=(i, N)`: it fetches what trainer i needs,
+writes back its share of evicted rows (`key % N == i`), and updates rows by position
+(`update_rows`), since LRPP gives each trainer its own rows to update. Such a system sends
+the same sequence of requests as every other trainer's, empty ones included (the servers
+serve the trainers in lockstep, see `engine/distributed.py`).
 """
 
 from __future__ import annotations
@@ -73,6 +80,11 @@ class EmbeddingSystem(ABC):
     def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
         raise NotImplementedError
 
+    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        """Apply the row optimizer to the rows at positions `idx` of U_b only (a trainer of a
+        torch.distributed run); `grad` holds their summed gradients, in `idx` order."""
+        raise NotImplementedError(f"{self.name} does not update rows by position")
+
     def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
         """Embedding rows all-reduced between trainers: (on the critical path, asynchronously).
 
@@ -81,8 +93,9 @@ class EmbeddingSystem(ABC):
         return plan.sync_now, plan.sync_later
 
     def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
-        if len(keys):
-            self._pending_writes.extend(self.transport.write_back(keys, rows, state))
+        # Sent even when empty: the torch transport keeps every trainer's requests in
+        # lockstep (the in-process one sends nothing for no rows).
+        self._pending_writes.extend(self.transport.write_back(keys, rows, state))
         # Completed writes need not be kept; this bounds the list.
         if len(self._pending_writes) > 64:
             self._pending_writes = [f for f in self._pending_writes if not f.done()]
@@ -133,44 +146,62 @@ class CacheSystem(EmbeddingSystem):
     plan's slots, and, with prefetch, start fetching round r+1 (the transport's server
     workers do the transfer while the model computes). Per iteration, rows are read and
     updated in the cache by slot; rows the plan evicts are written back asynchronously.
+
+    As trainer i of N (`member`), it fetches every row of a round except the rows private to
+    another trainer (`RoundPlan.fetch_for`) and writes back the victims with `key % N == i`.
     """
 
-    def __init__(self, name: str, transport: Transport, cache: RowCache, prefetch_ahead: bool):
+    def __init__(self, name: str, transport: Transport, cache: RowCache, prefetch_ahead: bool,
+                 member: tuple[int, int] | None = None):
         super().__init__(transport)
         self.name = name
         self.planner = "oracle" if prefetch_ahead else "policy"
         self.cache = cache
         self.prefetch_ahead = prefetch_ahead
+        self.member = member
         self._inflight: dict[int, RowsFuture] = {}
-        self._pre_evicted = 0
+        self.pre_evicted = 0  # rows this system wrote back at the current round's start
         self.written_back_at_end = 0  # rows still resident when training ended
         # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
         self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
 
+    def _fetch_of(self, rp: RoundPlan) -> tuple[np.ndarray, np.ndarray]:
+        return rp.fetch_for(self.member[0]) if self.member else (rp.fetch_keys, rp.fetch_slots)
+
+    def writes_back(self, keys: np.ndarray) -> np.ndarray:
+        """Which of the evicted `keys` this system writes back (all of them in-process)."""
+        if self.member is None:
+            return np.ones(len(keys), dtype=bool)
+        i, n = self.member
+        return keys % n == i
+
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
         t0 = time.perf_counter()
-        self._pre_evicted = len(rp.pre_evict_keys)
-        if not rp.iters:  # the planner's final round: everything resident goes back
-            self.written_back_at_end += self._pre_evicted
+        self.pre_evicted = 0
         if len(rp.pre_evict_keys):
-            rows_out, state_out = self.cache.read(rp.pre_evict_slots)
-            self._write_back(rp.pre_evict_keys, rows_out.cpu(), state_out.cpu())
+            mine = self.writes_back(rp.pre_evict_keys)
+            rows_out, state_out = self.cache.read(rp.pre_evict_slots[mine])
+            self._write_back(rp.pre_evict_keys[mine], rows_out.cpu(), state_out.cpu())
             self.forget(rp.pre_evict_slots)
+            self.pre_evicted = int(mine.sum())
+        if not rp.iters:  # the planner's final round: everything resident goes back
+            self.written_back_at_end += self.pre_evicted
         fut = self._inflight.pop(rp.r, None)
         if len(rp.fetch_keys):
-            rows, state = (fut or self.transport.fetch(rp.fetch_keys)).result()
-            self.cache.insert(rp.fetch_slots, rows, state)
-            self.slot_key[rp.fetch_slots] = rp.fetch_keys
+            keys, slots = self._fetch_of(rp)
+            rows, state = (fut or self.transport.fetch(keys)).result()
+            self.cache.insert(slots, rows, state)
+            self.slot_key[slots] = keys
         waited = time.perf_counter() - t0
         # Every write-back of earlier iterations is already queued, so the servers serve this
         # fetch after them (see the oracle on why that is early enough).
         if self.prefetch_ahead and next_rp is not None and len(next_rp.fetch_keys):
-            self._inflight[next_rp.r] = self.transport.fetch(next_rp.fetch_keys)
+            self._inflight[next_rp.r] = self.transport.fetch(self._fetch_of(next_rp)[0])
         return waited
 
     def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
         p = step.plan
-        step.rows_fetched = p.fetched
+        step.rows_fetched = p.fetched_by(self.member[0]) if self.member else p.fetched
         step.cache_hits = len(p.uniq) - p.fetched
         return self.cache.read(p.slots)
 
@@ -181,8 +212,13 @@ class CacheSystem(EmbeddingSystem):
             rows_out, state_out = self.cache.read(p.evict_slots)
             self._write_back(p.evict_keys, rows_out.cpu(), state_out.cpu())
             self.forget(p.evict_slots)
-        step.rows_written_back = len(p.evict_keys) + self._pre_evicted
-        self._pre_evicted = 0  # counted with the round's first iteration
+        step.rows_written_back = len(p.evict_keys) + self.pre_evicted
+        self.pre_evicted = 0  # counted with the round's first iteration
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        slots = plan.slots[idx]
+        rows, state = self.cache.read(slots)
+        self.cache.write(slots, *opt.step(rows, state, grad))
 
     def forget(self, slots: np.ndarray) -> None:
         """Slots whose rows were evicted (their write-back is queued or done)."""
@@ -198,36 +234,62 @@ class LocalSystem(EmbeddingSystem):
     """Every table resident on the trainer: the upper bound, no remote traffic.
 
     The tables are copied from the servers before training (not timed) and written back
-    after it, so evaluation and saved models see the final values.
+    after it, so evaluation and saved models see the final values. In-process they are
+    copied from the server objects (`servers`); a trainer of a torch.distributed run fetches
+    them whole, and trainer 0 writes them back at the end.
     """
 
     name = "local"
     planner = "none"
 
-    def __init__(self, transport: Transport, servers: list):
+    def __init__(self, transport: Transport, servers: list | None = None, total_rows: int = 0,
+                 member: tuple[int, int] | None = None, device: str | torch.device = "cpu"):
         super().__init__(transport)
         self.servers = servers
-        self.weight, self.state = gather_shards(servers)
+        self.member = member
+        if servers is not None:
+            self.weight, self.state = gather_shards(servers)
+        else:
+            self.weight, self.state = transport.fetch(np.arange(total_rows)).result()
+        self.weight, self.state = self.weight.to(device), self.state.to(device)
+
+    def _idx(self, keys: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(keys).to(self.weight.device)
 
     def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.from_numpy(step.plan.uniq)
+        idx = self._idx(step.plan.uniq)
         step.cache_hits = len(idx)
         return self.weight.index_select(0, idx), self.state.index_select(0, idx)
 
     def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
-        idx = torch.from_numpy(step.plan.uniq)
+        self._store(step.plan.uniq, rows, state)
+
+    def _store(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
+        idx = self._idx(keys)
         self.weight.index_copy_(0, idx, rows)
         if self.state.shape[1]:
             self.state.index_copy_(0, idx, state)
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        keys = plan.uniq[idx]
+        t = self._idx(keys)
+        self._store(keys, *opt.step(self.weight.index_select(0, t), self.state.index_select(0, t), grad))
 
     def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
         return len(plan.uniq), 0  # data-parallel replicas: every used row is all-reduced
 
     def flush(self) -> None:
-        scatter_to_shards(self.servers, self.weight, self.state)
+        if self.servers is not None:
+            scatter_to_shards(self.servers, self.weight, self.state)
+            return
+        # Every trainer holds the same tables: trainer 0 sends them, the others an empty
+        # write-back (lockstep).
+        n = self.weight.shape[0] if self.member[0] == 0 else 0
+        self._write_back(np.arange(n), self.weight[:n].cpu(), self.state[:n].cpu())
+        super().flush()
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
-        return np.arange(self.weight.shape[0]), self.weight.clone(), self.state.clone()
+        return np.arange(self.weight.shape[0]), self.weight.cpu().clone(), self.state.cpu().clone()
 
 
 class HetSystem(EmbeddingSystem):
@@ -237,65 +299,73 @@ class HetSystem(EmbeddingSystem):
     the row optimizer (one version per update). With staleness 0 every read sees the
     latest version, so it equals `sync`; with s > 0 it fetches less and trains on stale rows.
     A trainer's cache keeps every row it fetched (no capacity limit).
+
+    `mine` are the trainers this object runs (in-process: all of them; a trainer rank of a
+    torch.distributed run: itself, and then it sends a fetch every iteration, empty or not).
+    Every trainer knows U_b of every iteration, so each keeps the servers' versions itself.
     """
 
     name = "het"
     planner = "none"
 
     def __init__(self, transport: Transport, total_rows: int, trainers: int, staleness: int,
-                 dim: int, batch_size: int):
+                 dim: int, batch_size: int, mine: list[int] | None = None):
         super().__init__(transport)
         self.s = staleness
         self.n = trainers
         self.per = batch_size // trainers
+        self.mine = list(range(trainers)) if mine is None else list(mine)
+        self.lockstep = mine is not None
+        m = len(self.mine)
         self.version = np.zeros(total_rows, dtype=np.int64)  # servers' version of every row
-        self.slot_of = np.full((trainers, total_rows), -1, dtype=np.int32)
-        self.cached_version = [np.zeros(0, np.int64) for _ in range(trainers)]
-        self.store = [torch.empty(0, dim) for _ in range(trainers)]
-        self._count = [0] * trainers  # rows each trainer has cached
+        self.slot_of = np.full((m, total_rows), -1, dtype=np.int32)
+        self.cached_version = [np.zeros(0, np.int64) for _ in range(m)]
+        self.store = [torch.empty(0, dim) for _ in range(m)]
+        self._count = [0] * m  # rows each trainer has cached
         self._pending_updates: list[Future] = []
 
-    def _ensure(self, i: int, need: int) -> None:
-        cap = self.store[i].shape[0]
+    def _ensure(self, c: int, need: int) -> None:
+        cap = self.store[c].shape[0]
         if need > cap:
             new = max(need, 2 * cap, 1024)
-            grown = torch.empty(new, self.store[i].shape[1])
-            grown[:cap] = self.store[i]
-            self.store[i] = grown
+            grown = torch.empty(new, self.store[c].shape[1])
+            grown[:cap] = self.store[c]
+            self.store[c] = grown
             cv = np.zeros(new, np.int64)
-            cv[:cap] = self.cached_version[i]
-            self.cached_version[i] = cv
+            cv[:cap] = self.cached_version[c]
+            self.cached_version[c] = cv
 
     def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fills `step.emb` at the accesses of this object's trainers (the rows they read)."""
         p = step.plan
         t_wait = 0.0
         n_tables = len(p.inverse) // (self.per * self.n)
         emb = torch.empty(len(p.inverse), self.store[0].shape[1])
         fetched = stale = 0
-        for i in range(self.n):
+        for c, i in enumerate(self.mine):
             pos = slice(i * self.per * n_tables, (i + 1) * self.per * n_tables)
             keys = np.unique(p.uniq[p.inverse[pos]])
-            slots = self.slot_of[i, keys]
+            slots = self.slot_of[c, keys]
             have = slots >= 0
             lag = np.zeros(len(keys), np.int64)
-            lag[have] = self.version[keys[have]] - self.cached_version[i][slots[have]]
+            lag[have] = self.version[keys[have]] - self.cached_version[c][slots[have]]
             need = ~have | (lag > self.s)
             stale += int(((lag > 0) & ~need).sum())
-            if need.any():
+            if need.any() or self.lockstep:
                 nk = keys[need]
                 new_keys = keys[~have]
-                used = self._count[i]
-                self._ensure(i, used + len(new_keys))
-                self.slot_of[i, new_keys] = np.arange(used, used + len(new_keys))
-                self._count[i] = used + len(new_keys)
+                used = self._count[c]
+                self._ensure(c, used + len(new_keys))
+                self.slot_of[c, new_keys] = np.arange(used, used + len(new_keys))
+                self._count[c] = used + len(new_keys)
                 t0 = time.perf_counter()
                 rows, _ = self.transport.fetch(nk).result()
                 t_wait += time.perf_counter() - t0
-                s_idx = self.slot_of[i, nk]
-                self.store[i][torch.from_numpy(s_idx)] = rows
-                self.cached_version[i][s_idx] = self.version[nk]
+                s_idx = self.slot_of[c, nk]
+                self.store[c][torch.from_numpy(s_idx)] = rows
+                self.cached_version[c][s_idx] = self.version[nk]
                 fetched += len(nk)
-            emb[pos] = self.store[i][torch.from_numpy(self.slot_of[i, p.uniq[p.inverse[pos]]])]
+            emb[pos] = self.store[c][torch.from_numpy(self.slot_of[c, p.uniq[p.inverse[pos]]])]
         step.emb = emb
         step.rows_fetched = fetched
         step.cache_hits = len(p.uniq) - fetched if self.n == 1 else 0
@@ -307,8 +377,12 @@ class HetSystem(EmbeddingSystem):
                opt: RowOptimizer) -> None:
         p = step.plan
         self._pending_updates.extend(self.transport.push_gradients(p.uniq, grad, opt))
-        self.version[p.uniq] += 1
+        self.advance(p)
         step.rows_written_back = len(p.uniq)
+
+    def advance(self, plan: IterPlan) -> None:
+        """The servers applied iteration b's gradients: every row of U_b is one version newer."""
+        self.version[plan.uniq] += 1
 
     def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
         return 0, 0  # gradients go to the servers (parameter-server style)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import queue
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -99,6 +100,8 @@ class TrainConfig:
     warmup: int = 5  # iterations excluded from the speed figures
     transport: str = "inproc"  # inproc (threads in this process) | torch (torch.distributed ranks)
     timeout_s: float = 120.0  # torch transport: how long a rank waits for a peer
+    device: str = "cpu"  # torch transport: where trainers compute: cpu | cuda (a GPU each) | cuda:K
+    backend: str = "gloo"  # torch transport: the trainers' collectives: gloo | nccl (GPUs)
     threads: int | None = None  # torch intra-op threads (None: torch's default; torch ranks: 1)
     checkpoint_every: int = 0  # checkpoint every N iterations (0: never)
     checkpoint_dir: str | None = None  # where checkpoints go (None: a temporary dir, removed)
@@ -133,6 +136,16 @@ class TrainConfig:
             raise ConfigError(f"--transport {self.transport!r}: choose inproc or torch")
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
+            raise ConfigError(f"--device {self.device!r}: choose cpu, cuda or cuda:K")
+        if self.backend not in ("gloo", "nccl"):
+            raise ConfigError(f"--backend {self.backend!r}: choose gloo or nccl")
+        if self.device != "cpu" and (self.transport != "torch" or self.system in EXTERNAL_SYSTEMS):
+            raise ConfigError(f"--device {self.device}: trainers run on a GPU in torch.distributed "
+                              "runs of the engine's systems; use --procs or --transport torch")
+        if self.backend == "nccl" and self.device == "cpu":
+            raise ConfigError("--backend nccl: NCCL connects GPUs; add --device cuda, or use "
+                              "--backend gloo")
         if self.threads is not None and self.threads < 1:
             raise ConfigError(f"--threads must be >= 1 (got {self.threads})")
         if self.warmup < 0:
@@ -271,8 +284,8 @@ def train(cfg: TrainConfig, progress: Callable[[int, dict], None] | None = None)
         restore_dense(ck, model, dense_opt)
     transport = InProcessTransport(servers, network)
 
-    system, planner, capacity, peak = _build_system(cfg, ds, train_rows, offsets, total, rdim,
-                                                    rowopt, transport, servers, start)
+    planner, capacity, peak = build_planner(cfg, ds, train_rows, offsets, total, start)
+    system = build_system(cfg, cache_slots(planner), transport, rdim, rowopt, total, servers)
     ckpt = Checkpointer(cfg, dataset_identity(ds), start) if cfg.checkpoint_every else None
 
     q: queue.Queue = queue.Queue(maxsize=4)
@@ -390,10 +403,10 @@ def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
             "sync_now": p.sync_now, "sync_later": p.sync_later, "no_sync": p.no_sync, **step.extra}
 
 
-def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.ndarray, total: int,
-                  rdim: int, rowopt: RowOptimizer, transport, servers, start: int = 0):
-    """The system, its planner, the cache capacity and bagpipe's peak for this run
-    (for batches start.. of it: a resumed run plans only what is left)."""
+def build_planner(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.ndarray, total: int,
+                  start: int = 0) -> tuple[Oracle | PolicyPlanner, int | None, int | None]:
+    """The planner of this run (for batches start..: a resumed run plans only what is left),
+    the cache capacity and bagpipe's peak (None for systems without a cache)."""
 
     def keys() -> Iterator[np.ndarray]:
         return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows, start))
@@ -408,21 +421,34 @@ def _build_system(cfg: TrainConfig, ds: Dataset, train_rows: int, offsets: np.nd
         if cfg.cache_rows is not None and cfg.cache_rows < peak:
             raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
                               f"of {peak} rows; raise --cache-rows or lower --lookahead")
-        system: EmbeddingSystem = CacheSystem("bagpipe", transport,
-                                              RowCache(capacity, rdim, rowopt.state_dim), True)
-        return system, Oracle(total, cfg.lookahead, cfg.round, cfg.trainers, capacity), capacity, peak
+        return Oracle(total, cfg.lookahead, cfg.round, cfg.trainers, capacity), capacity, peak
     if cfg.system in PLANNED_POLICIES:
-        planner = PolicyPlanner(cfg.system, trace_of(keys(), total), capacity, total, cfg.hot_sample)
-        cache = RowCache(planner.slots, rdim, rowopt.state_dim)
-        return CacheSystem(cfg.system, transport, cache, False), planner, capacity, peak
-    if cfg.system == "local":
-        system = LocalSystem(transport, servers)
-    elif cfg.system == "het":
-        system = HetSystem(transport, total, cfg.trainers, cfg.staleness, rdim, cfg.batch_size)
-    else:
-        system = SyncSystem(transport)
+        return PolicyPlanner(cfg.system, trace_of(keys(), total), capacity, total, cfg.hot_sample), capacity, peak
     # Only U_b and its inverse are needed: an oracle with lookahead 1 and no cache plans them.
-    return system, Oracle(total, 1, 1, cfg.trainers, None), None, None
+    return Oracle(total, 1, 1, cfg.trainers, None), None, None
+
+
+def cache_slots(planner: Oracle | PolicyPlanner) -> int | None:
+    """Physical rows of the trainer cache the plan needs (None: the system has no cache)."""
+    return planner.slots if isinstance(planner, PolicyPlanner) else planner.capacity
+
+
+def build_system(cfg: TrainConfig, slots: int | None, transport, rdim: int, rowopt: RowOptimizer,
+                 total: int, servers=None, member: tuple[int, int] | None = None,
+                 device: str | torch.device = "cpu") -> EmbeddingSystem | None:
+    """The embedding system of this run, with a cache of `slots` rows (`cache_slots`): for
+    every trainer (in-process, with the `servers`), or for trainer i of N (`member`, a
+    torch.distributed trainer rank; `sync` is None there: its trainers fetch and push
+    gradients themselves)."""
+    if cfg.system in ("bagpipe", *PLANNED_POLICIES):
+        cache = RowCache(slots, rdim, rowopt.state_dim, device)
+        return CacheSystem(cfg.system, transport, cache, cfg.system == "bagpipe", member)
+    if cfg.system == "local":
+        return LocalSystem(transport, servers, total, member, device)
+    if cfg.system == "het":
+        return HetSystem(transport, total, cfg.trainers, cfg.staleness, rdim, cfg.batch_size,
+                         None if member is None else [member[0]])
+    return SyncSystem(transport) if member is None else None
 
 
 def open_resume(cfg: TrainConfig, ds: Dataset) -> Checkpoint | None:
@@ -471,7 +497,7 @@ def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: tor
         t1 = time.perf_counter()
         times["forward"] += t1 - t
         loss.backward()
-        partials.append(torch.zeros(n_uniq, values.shape[1]).index_add_(
+        partials.append(torch.zeros(n_uniq, values.shape[1], device=values.device).index_add_(
             0, inverse[pos], emb.grad.view(-1, values.shape[1])))
         times["backward"] += time.perf_counter() - t1
         losses.append(float(loss.detach()))
