@@ -1,11 +1,14 @@
-"""sync vs bagpipe over torch.distributed (gloo, loopback), side by side in one run.
+"""sync vs bagpipe (and any other system) over torch.distributed (gloo, loopback), side by side.
 
 Each run is a real job of 4 processes (1 oracle/loader, 1 embedding server, 2 trainers)
 launched with `bagpipe train --procs 4`, with and without an emulated network (default
-10 Gbit/s, 50 us). Prints samples/s (median over repeats), the bagpipe/sync ratio, and
-per-role utilisation from each run's summary.json.
+10 Gbit/s, 50 us). Repeats are interleaved. Prints samples/s (median over repeats) and the
+ratio to sync, how many rows bagpipe's trainers fetched against a physically replicated
+cache (every trainer fetching every row), and per-role utilisation from each run's
+summary.json.
 
-    python benchmarks/bench_distributed.py [--rows 200000] [--iterations 60] [--repeat 2]
+    python benchmarks/bench_distributed.py [--rows 200000] [--iterations 60] [--repeat 3]
+        [--systems sync,bagpipe,lru,local]
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import pandas as pd
+
 from bagpipe_cli.data.synth import SynthConfig, generate
 
 
@@ -27,41 +32,55 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=2048)
     ap.add_argument("--iterations", type=int, default=60)
     ap.add_argument("--lookahead", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--net-gbps", type=float, default=10.0)
     ap.add_argument("--net-latency-us", type=float, default=50.0)
+    ap.add_argument("--systems", default="sync,bagpipe", help="comma-separated; sync is always run")
     a = ap.parse_args()
+    systems = ["sync"] + [s for s in a.systems.split(",") if s and s != "sync"]
+    trainers = 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-dist-"))
     data = tmp / "data"
     generate(SynthConfig(preset="criteo-kaggle", scale=0.01, rows=a.rows, seed=0), data)
     settings = {"no network": [], "emulated": ["--net-gbps", str(a.net_gbps), "--net-latency-us",
                                                str(a.net_latency_us)]}
     sps: dict[tuple[str, str], list[float]] = {}
-    roles: dict[tuple[str, str], dict] = {}
+    last: dict[tuple[str, str], tuple[dict, pd.DataFrame]] = {}
     for rep in range(a.repeat):
         for setting, net in settings.items():
-            for system in ("sync", "bagpipe"):
+            for system in systems:
                 out = tmp / f"{system}-{setting.replace(' ', '')}-{rep}"
                 cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), "--system", system,
                        "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
-                       "--lookahead", str(a.lookahead), "--trainers", "2", "--servers", "1",
-                       "--procs", "4", "--eval-rows", "0", "--warmup", "5", *net, "--out", str(out)]
+                       "--lookahead", str(a.lookahead), "--trainers", str(trainers), "--servers", "1",
+                       "--procs", str(2 + trainers), "--eval-rows", "0", "--warmup", "5", *net,
+                       "--out", str(out)]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 s = json.loads((out / "summary.json").read_text())
                 sps.setdefault((setting, system), []).append(s["samples_per_s"])
-                roles[(setting, system)] = s["roles"]
+                last[(setting, system)] = (s, pd.read_csv(out / "metrics.csv"))
                 print(f"  repeat {rep + 1} {setting:10s} {system:8s} {s['samples_per_s']:>9,.0f} samples/s",
                       file=sys.stderr)
-    print(f"\ndistributed benchmark: 1 oracle + 1 server + 2 trainers over gloo (loopback), "
-          f"batch {a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat}")
-    print(f"{'setting':12s}{'sync':>12s}{'bagpipe':>12s}{'bagpipe/sync':>14s}")
+    print(f"\ndistributed benchmark: 1 oracle + 1 server + {trainers} trainers over gloo (loopback), "
+          f"batch {a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat}; "
+          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us")
+    print(f"{'setting':12s}" + "".join(f"{s:>12s}" for s in systems)
+          + "".join(f"{s + '/sync':>15s}" for s in systems[1:]))
     for setting in settings:
-        m = {s: statistics.median(sps[(setting, s)]) for s in ("sync", "bagpipe")}
-        print(f"{setting:12s}{m['sync']:>12,.0f}{m['bagpipe']:>12,.0f}{m['bagpipe'] / m['sync']:>13.2f}x")
+        m = {s: statistics.median(sps[(setting, s)]) for s in systems}
+        print(f"{setting:12s}" + "".join(f"{m[s]:>12,.0f}" for s in systems)
+              + "".join(f"{m[s] / m['sync']:>14.2f}x" for s in systems[1:]))
+    if ("emulated", "bagpipe") in last:
+        s, met = last[("emulated", "bagpipe")]
+        logical = int((met["unique_rows"] - met["cache_hits"]).sum())  # rows the oracle fetches
+        got = int(met["rows_fetched"].sum())
+        print(f"\nbagpipe's trainers fetched {got:,} rows; a physically replicated cache fetches "
+              f"{trainers} x {logical:,} = {trainers * logical:,} ({got / (trainers * logical):.2f}x: the "
+              "private rows went to their user only)")
     print("\nper-role utilisation (last repeat): busy s / waiting s / MB sent")
-    for (setting, system), r in roles.items():
-        parts = [f"{name} {v['busy_s']:.1f}/{v['waiting_s']:.1f}/{v['bytes_sent'] / 1e6:.1f}"
-                 for name, v in r.items()]
+    for (setting, system), (s, _) in last.items():
+        parts = [f"{name} {v['busy_s']:.1f}/{v.get('waiting_s', 0.0):.1f}/{v.get('bytes_sent', 0) / 1e6:.1f}"
+                 for name, v in s["roles"].items()]
         print(f"  {setting:10s} {system:8s} " + ", ".join(parts))
 
 

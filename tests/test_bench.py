@@ -71,6 +71,31 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
     assert runs[0]["run_id"] in r.output and "bagpipe report" in r.output
 
 
+def test_bench_runs_over_torch_distributed(tmp_path, tiny_dataset):
+    """`transport: torch` in a bench: each run is spawned as real ranks (1 + K + N processes)."""
+    p = tmp_path / "dist.yaml"
+    p.write_text(f"""
+name: dist
+datasets:
+  - {{name: tiny, path: {tiny_dataset}}}
+models: [dlrm]
+systems: [sync, bagpipe]
+base: {{batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000, trainers: 2, transport: torch}}
+profile: false
+""")
+    out = tmp_path / "bench"
+    r = CliRunner().invoke(cli, ["bench", str(p), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    df = load_results(out)
+    assert sorted(df["system"]) == ["bagpipe", "sync"] and (df["transport"] == "torch").all()
+    for run in _index(out)["runs"]:
+        s = json.loads((out / run["path"] / "summary.json").read_text())
+        assert s["world_size"] == 4 and set(s["roles"]) == {"oracle", "server0", "trainer0", "trainer1"}
+    # the same parameters: bagpipe's loss curve is sync's
+    losses = [load_metrics(out / "runs" / r)["loss"].tolist() for r in sorted(df["run_path"])]
+    assert losses[0] == losses[1]
+
+
 def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
     cfg = _config(tmp_path, tiny_dataset)
     out = tmp_path / "bench"

@@ -27,6 +27,7 @@ from typing import Any
 import pandas as pd
 
 from bagpipe_cli.bench.config import BenchConfig, PlannedRun, plan_runs
+from bagpipe_cli.engine.distributed import spawn_train
 from bagpipe_cli.engine.trainer import train
 from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import ConfigError, DataError
@@ -121,7 +122,9 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
                 emit(BenchEvent("iteration", run=p, repeat=r, done=done, total=total,
                                 iteration=b, record=rec))
 
-            res = train(p.config, progress=on_iter)
+            # A run over torch.distributed is spawned as local processes, one per rank.
+            run = spawn_train if p.config.transport == "torch" else train
+            res = run(p.config, progress=on_iter)
             config = {**res.config, "bench": {"name": cfg.name, "run_id": rid, "repeat": r,
                                               "dataset": p.dataset, "setting": p.setting,
                                               "variant": p.variant, "key": p.key}}

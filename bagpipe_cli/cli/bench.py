@@ -122,8 +122,10 @@ class _Display:
                             completed=0, info="", visible=True)
         elif e.kind == "iteration":
             rec = e.record
-            self.bar.update(self.iter_task, advance=1,
-                            info=f"{e.run.config.batch_size / max(rec['time'], 1e-9):,.0f} samples/s")
+            planned = rec["time"] != rec["time"]  # NaN: rank 0 of a distributed run planned it
+            self.bar.update(self.iter_task, completed=e.iteration + 1,
+                            info="" if planned else
+                            f"{e.run.config.batch_size / max(rec['time'], 1e-9):,.0f} samples/s")
         elif e.kind in ("done", "skipped"):
             self.finished += 1
             self.rows.append(e.row)

@@ -51,7 +51,8 @@ from bagpipe_cli.engine.systems import SYSTEMS
               help="inproc: threads in one process; torch: this process is one torch.distributed "
                    "rank (launch with torchrun, or use --procs).")
 @click.option("--procs", type=int, default=None,
-              help="Spawn the ranks locally: 1 oracle + --servers + --trainers processes over gloo.")
+              help="Spawn the ranks locally: 1 oracle + --servers + --trainers processes "
+                   "(torch.distributed over loopback).")
 @click.option("--threads", type=int, default=None,
               help="torch compute threads [default: torch's; 1 per rank with --transport torch]. "
                    "On a busy machine, fewer than the cores gives steadier timings.")
@@ -102,8 +103,7 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     if cfg.resume is not None and (cfg.transport == "inproc" or procs is not None):
         _check_resume(cfg)
     if procs is not None:
-        _spawn(cfg, procs)
-        return
+        run = _spawner(cfg, procs)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn(f"[bold]train {cfg.system}"), BarColumn(), MofNCompleteColumn(),
@@ -158,32 +158,13 @@ def _check_resume(cfg) -> None:
     err_console.print(f"resuming from {ck.path} at iteration {ck.iteration}", highlight=False, soft_wrap=True)
 
 
-def _spawn(cfg, procs: int) -> None:
-    """--procs: re-run this command as one local process per rank (--transport torch)."""
-    import sys
-
-    from bagpipe_cli.engine.distributed import Layout, rank_facts, spawn_local, trainer_devices
+def _spawner(cfg, procs: int):
+    """--procs: a `train` that runs the ranks as local processes and returns rank 0's result."""
+    from bagpipe_cli.engine.distributed import Layout, spawn_train
     from bagpipe_cli.errors import ConfigError
 
     layout = Layout(cfg.servers, cfg.trainers)
     if procs != layout.world:
         raise ConfigError(f"--procs {procs}: a run with --servers {cfg.servers} and --trainers "
                           f"{cfg.trainers} needs 1 + {cfg.servers} + {cfg.trainers} = {layout.world} processes")
-    trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
-    argv = sys.argv[1:] if sys.argv[1:2] == ["train"] else None
-    if argv is None:
-        raise ConfigError("--procs must be given on the bagpipe command line")
-    argv = _drop_option(argv, "--procs") + ["--transport", "torch"]
-    spawn_local(argv, layout, cfg.timeout_s)
-
-
-def _drop_option(argv: list[str], name: str) -> list[str]:
-    out, skip = [], False
-    for a in argv:
-        if skip:
-            skip = False
-        elif a == name:
-            skip = True
-        elif not a.startswith(name + "="):
-            out.append(a)
-    return out
+    return spawn_train

@@ -54,14 +54,19 @@ How the systems map onto the ranks:
 from __future__ import annotations
 
 import datetime
+import json
+import math
 import os
 import pickle
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -840,20 +845,48 @@ def free_port() -> int:
         return sk.getsockname()[1]
 
 
-def spawn_local(argv: list[str], layout: Layout, timeout_s: float) -> None:
-    """Run `bagpipe <argv>` as layout.world local processes (one per rank) over loopback.
+class RankError(BagpipeError):
+    """A rank of a local job failed: its own error (exit code 2 for bad options or input)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code if exit_code in (1, 2, 130) else 1
+
+
+def spawn_local(command: list[str], layout: Layout, timeout_s: float,
+                on_line: Callable[[str], None] | None = None) -> None:
+    """Run `command` as layout.world local processes (one per rank) over loopback. Rank 0's
+    stdout lines go to `on_line` (the others' stdout is dropped); the ranks' stderr is passed
+    through, except their one-line errors ("Error: ..."), which are collected.
 
     If a rank fails, the others get `timeout_s` plus a grace period to notice (they exit
-    with an error naming the lost role) before they are killed; raises naming the failed role.
+    with an error naming the lost role) before they are killed. Then one error is raised:
+    the first a rank gave of its own (not "lost contact with ..."), or else which rank died
+    and what another rank saw.
     """
     port = free_port()
     procs = []
+    errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
+
+    def relay(rank: int, stream) -> None:
+        for line in stream:
+            if line.startswith("Error: "):
+                errors.append((rank, line[len("Error: "):].rstrip("\n")))
+            else:
+                sys.stderr.write(line)
+
+    readers = []
     for rank in range(layout.world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(layout.world),
                "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-        quiet = rank != 0
-        procs.append(subprocess.Popen([sys.executable, "-m", "bagpipe_cli", *argv], env=env,
-                                      stdout=subprocess.DEVNULL if quiet else None))
+        out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
+        p = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+        procs.append(p)
+        readers.append(threading.Thread(target=relay, args=(rank, p.stderr), daemon=True))
+    if on_line is not None:
+        readers.append(threading.Thread(target=lambda: [on_line(x) for x in procs[0].stdout], daemon=True))
+    for t in readers:
+        t.start()
     failed: tuple[int, int] | None = None
     deadline = None
     try:
@@ -870,10 +903,62 @@ def spawn_local(argv: list[str], layout: Layout, timeout_s: float) -> None:
             if p.poll() is None:
                 p.kill()
             p.wait()
+        for t in readers:
+            t.join(timeout=5)
     if failed is None:
         failed = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode), None)
-    if failed is not None:
-        raise RankFailure(f"{layout.name(failed[0])} exited with code {failed[1]}")
+    if failed is None:
+        return
+    own = [(r, m) for r, m in errors if not m.startswith("lost contact with")]
+    if own:
+        rank, message = own[0]
+        raise RankError(message, procs[rank].returncode)
+    rank, code = failed
+    died = f"{layout.name(rank)} exited with code {code}"
+    seen = next(((r, m) for r, m in errors if r != rank), None)
+    raise RankFailure(died + (f"; {layout.name(seen[0])}: {seen[1]}" if seen else ""))
+
+
+def spawn_train(cfg, progress: Callable[[int, dict], None] | None = None) -> TrainResult:
+    """Run `cfg` over torch.distributed as local processes, one per rank (`--procs`, or a bench
+    run with `transport: torch`), and return rank 0's TrainResult."""
+    import tempfile
+
+    from bagpipe_cli.io import json_default
+
+    cfg = replace(cfg, transport="torch")
+    layout = Layout(cfg.servers, cfg.trainers)
+    trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
+    with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
+        conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
+        conf.write_text(json.dumps(asdict(cfg), default=json_default))
+
+        def on_line(line: str) -> None:  # rank 0 reports each planned round
+            if progress and line.startswith("{"):
+                progress(json.loads(line)["iteration"], {"loss": math.nan, "time": math.nan})
+
+        entry = "import sys; from bagpipe_cli.engine.distributed import rank_main; sys.exit(rank_main(*sys.argv[1:]))"
+        spawn_local([sys.executable, "-c", entry, str(conf), str(out)], layout, cfg.timeout_s, on_line)
+        return torch.load(out, weights_only=False)
+
+
+def rank_main(conf: str, out: str) -> int:
+    """One rank of `spawn_train`: rank 0 saves the TrainResult to `out`. Returns the exit code."""
+    from bagpipe_cli.engine.trainer import TrainConfig
+    from bagpipe_cli.io import atomic_file
+
+    try:
+        cfg = TrainConfig(**json.loads(Path(conf).read_text()))
+        result = run_rank(cfg, lambda b, rec: print(json.dumps({"iteration": b}), flush=True))
+        if result is not None:
+            with atomic_file(Path(out), "wb") as f:
+                torch.save(result, f)
+        return 0
+    except BagpipeError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130
 
 
 _after_checkpoints: list = []  # [checkpoints left before the kill, delay_s] when armed
@@ -898,7 +983,6 @@ def _fault_injection(rank: int) -> None:
 
 def _kill_later(seconds: float) -> None:
     import signal
-    import threading
 
     t = threading.Timer(seconds, lambda: os.kill(os.getpid(), signal.SIGKILL))
     t.daemon = True
