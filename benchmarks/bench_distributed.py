@@ -8,7 +8,7 @@ cache (every trainer fetching every row), and per-role utilisation from each run
 summary.json.
 
     python benchmarks/bench_distributed.py [--rows 200000] [--iterations 60] [--repeat 3]
-        [--systems sync,bagpipe,lru,local]
+        [--systems sync,bagpipe,lru,local] [--device cuda [--backend nccl]]
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ def main() -> None:
     ap.add_argument("--net-gbps", type=float, default=10.0)
     ap.add_argument("--net-latency-us", type=float, default=50.0)
     ap.add_argument("--systems", default="sync,bagpipe", help="comma-separated; sync is always run")
+    ap.add_argument("--device", default="cpu", help="where the trainers compute (cpu, cuda, cuda:K)")
+    ap.add_argument("--backend", default="gloo", help="the trainers' collectives (gloo, nccl)")
     a = ap.parse_args()
     systems = ["sync"] + [s for s in a.systems.split(",") if s and s != "sync"]
     trainers = 2
@@ -54,7 +56,7 @@ def main() -> None:
                        "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
                        "--lookahead", str(a.lookahead), "--trainers", str(trainers), "--servers", "1",
                        "--procs", str(2 + trainers), "--eval-rows", "0", "--warmup", "5", *net,
-                       "--out", str(out)]
+                       "--device", a.device, "--backend", a.backend, "--out", str(out)]
                 subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
                 s = json.loads((out / "summary.json").read_text())
                 sps.setdefault((setting, system), []).append(s["samples_per_s"])
@@ -63,7 +65,7 @@ def main() -> None:
                       file=sys.stderr)
     print(f"\ndistributed benchmark: 1 oracle + 1 server + {trainers} trainers over gloo (loopback), "
           f"batch {a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat}; "
-          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us")
+          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us; trainers on {a.device}, {a.backend}")
     print(f"{'setting':12s}" + "".join(f"{s:>12s}" for s in systems)
           + "".join(f"{s + '/sync':>15s}" for s in systems[1:]))
     for setting in settings:

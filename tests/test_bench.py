@@ -16,7 +16,8 @@ from bagpipe_cli.results import load_metrics, load_results
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-def _config(tmp_path: Path, data: Path, extra: str = "", systems: str = "[sync, bagpipe]") -> Path:
+def _config(tmp_path: Path, data: Path, extra: str = "", systems: str = "[sync, bagpipe]",
+            base: str = "", matrix: str = "  lookahead: [4, 8]") -> Path:
     p = tmp_path / "tiny.yaml"
     p.write_text(f"""
 name: tiny
@@ -25,9 +26,9 @@ datasets:
 models: [dlrm]
 systems: {systems}
 repeat: 1
-base: {{batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000}}
+base: {{batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000{base}}}
 matrix:
-  lookahead: [4, 8]
+{matrix}
 {extra}""")
     return p
 
@@ -73,16 +74,8 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
 
 def test_bench_runs_over_torch_distributed(tmp_path, tiny_dataset):
     """`transport: torch` in a bench: each run is spawned as real ranks (1 + K + N processes)."""
-    p = tmp_path / "dist.yaml"
-    p.write_text(f"""
-name: dist
-datasets:
-  - {{name: tiny, path: {tiny_dataset}}}
-models: [dlrm]
-systems: [sync, bagpipe]
-base: {{batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000, trainers: 2, transport: torch}}
-profile: false
-""")
+    p = _config(tmp_path, tiny_dataset, "profile: false", base=", trainers: 2, transport: torch",
+                matrix="  lookahead: [4]")
     out = tmp_path / "bench"
     r = CliRunner().invoke(cli, ["bench", str(p), "--out", str(out)])
     assert r.exit_code == 0, r.output
@@ -191,11 +184,14 @@ def test_toml_config(tmp_path, tiny_dataset):
     assert len(plan_runs(cfg)) == 4
 
 
-@pytest.mark.parametrize("name", ["quick", "paper", "criteo-kaggle"])
+@pytest.mark.parametrize("name", ["quick", "paper", "criteo-kaggle", "distributed"])
 def test_shipped_configs_are_valid(name):
     cfg = load_bench_config(BENCHMARKS / f"{name}.yaml")
     plan = plan_runs(cfg)
     assert plan and cfg.repeat >= 1
+    if name == "distributed":
+        assert {p.config.system for p in plan} == set(SYSTEMS)
+        assert all(p.config.transport == "torch" and p.config.trainers == 2 for p in plan)
     if name == "quick":
         assert {"sync", "bagpipe"} <= {p.config.system for p in plan}
         assert any(p.config.net_gbps for p in plan) and any(p.config.net_gbps is None for p in plan)

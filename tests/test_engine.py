@@ -208,24 +208,30 @@ def _simulate(trace, L, C, N, capacity):
     return fetched, o.peak_resident
 
 
-@settings(max_examples=60, deadline=None)
-@given(
-    st.integers(1, 6), st.integers(1, 3), st.integers(0, 10_000),
-    st.integers(1, 12), st.floats(0.5, 2.0),
-)
-def test_oracle_never_stale_never_refetches(L, N, seed, n_batches, alpha):
+# Lookahead, trainers, seed, batches and Zipf-like skew of a random trace.
+TRACES = dict(L=st.integers(1, 6), N=st.integers(1, 4), seed=st.integers(0, 10_000),
+              n_batches=st.integers(1, 12), alpha=st.floats(0.5, 2.0))
+
+
+def _random_trace(L, N, seed, n_batches, alpha, max_id):
+    """Batches of 3 skewed ids per trainer, and a round length valid for L."""
     rng = np.random.default_rng(seed)
-    C = rng.integers(1, max(1, (L + 1) // 2) + 1)
-    per = 3 * N
-    ids = np.minimum((rng.pareto(alpha, (n_batches, per)) * 3).astype(np.int64), 40)
-    trace = [b.tolist() for b in ids]
-    fetched, peak = _simulate(trace, L, int(C), N, capacity=200)
+    C = int(rng.integers(1, max(1, (L + 1) // 2) + 1))
+    ids = np.minimum((rng.pareto(alpha, (n_batches, 3 * N)) * 3).astype(np.int64), max_id)
+    return [b.tolist() for b in ids], C
+
+
+@settings(max_examples=60, deadline=None)
+@given(**TRACES)
+def test_oracle_never_stale_never_refetches(L, N, seed, n_batches, alpha):
+    trace, C = _random_trace(L, N, seed, n_batches, alpha, max_id=40)
+    fetched, peak = _simulate(trace, L, C, N, capacity=200)
     # fetch count by the definition: not used in the previous L batches
     expect = sum(len({k for k in set(b) if not any(k in set(trace[j]) for j in range(max(0, i - L), i))})
                  for i, b in enumerate(trace))
     assert fetched == expect
     # the oracle's peak is enough: the plan replays with exactly that capacity
-    assert _simulate(trace, L, int(C), N, capacity=max(peak, 1))[1] == peak
+    assert _simulate(trace, L, C, N, capacity=max(peak, 1))[1] == peak
 
 
 def _replay_partitioned(trace, L, C, N):
@@ -281,15 +287,10 @@ def _replay_partitioned(trace, L, C, N):
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    st.integers(1, 6), st.integers(1, 4), st.integers(0, 10_000),
-    st.integers(1, 12), st.floats(0.5, 2.0),
-)
+@given(**TRACES)
 def test_partitioned_cache_never_reads_a_stale_row(L, N, seed, n_batches, alpha):
-    rng = np.random.default_rng(seed)
-    C = int(rng.integers(1, max(1, (L + 1) // 2) + 1))
-    ids = np.minimum((rng.pareto(alpha, (n_batches, 3 * N)) * 3).astype(np.int64), 60)
-    fetched, logical = _replay_partitioned([b.tolist() for b in ids], L, C, N)
+    trace, C = _random_trace(L, N, seed, n_batches, alpha, max_id=60)
+    fetched, logical = _replay_partitioned(trace, L, C, N)
     assert (fetched <= logical).all()
     if N == 1:  # one trainer fetches every row
         assert fetched[0] == logical

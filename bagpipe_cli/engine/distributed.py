@@ -633,6 +633,8 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
                 if system is not None:
                     system.advance(plan)
                 step.rows_written_back = len(keys)
+            if device.type == "cuda":  # the GPU's queued work belongs to this iteration's time
+                torch.cuda.synchronize(device)
             step.times["optimizer"] = time.perf_counter() - t
             rec = iteration_record(step, loss, time.perf_counter() - t_it + step.times["data"]
                                    + (waited if j == 0 else 0.0))
@@ -818,17 +820,17 @@ def run_rank(cfg, progress=None):
         facts: list[Any] = [None] * world
         _comm(layout, ALL_RANKS, dist.all_gather_object, facts, rank_facts())
         devices = trainer_devices(cfg, layout, facts)
+        role, idx = layout.role(rank)
+        device = torch.device(devices[idx] if role == "trainer" else "cpu")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # before the trainers' group: NCCL binds to it
         group = dist.new_group([layout.trainer_rank(i) for i in range(layout.trainers)],
                                timeout=timeout, backend=cfg.backend)
-        role, idx = layout.role(rank)
         if role == "oracle":
             return oracle_main(cfg, layout, devices, progress)
         if role == "server":
             server_main(cfg, layout, idx)
         else:
-            device = torch.device(devices[idx])
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
             comm = device if cfg.backend == "nccl" else torch.device("cpu")
             trainer_main(cfg, layout, idx, TrainerGroup(group, layout, device, comm))
         return None
