@@ -76,6 +76,8 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     assert s["transport"] == "torch" and s["backend"] == "gloo"
     assert s["trainer_devices"] == ["cpu", "cpu"]
     assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    for role in s["roles"].values():  # per role: busy, waiting, bytes sent
+        assert role["busy_s"] > 0 and role["waiting_s"] >= 0 and role["bytes_sent"] > 0
     server = s["roles"]["server0"]
     # what the trainers received is what the server sent
     assert server["bytes_sent"] == sum(s["roles"][f"trainer{i}"]["bytes_received"] for i in range(2))
@@ -85,13 +87,15 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
         assert server["bytes_sent"] == m["rows_fetched"].sum() * (16 + 1) * 4  # row + Adagrad state
 
 
-def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path):
-    """4 trainers, 2 servers: equal to in-process sync, and each trainer fetched exactly the
-    rows the plan gives it: every row of a round except the other trainers' private rows."""
-    args = ["--trainers", "4", "--servers", "2", "--optimizer", "sgd", "--lookahead", "6"]
-    r = _run(tmp_path, tiny_dataset, "bag4", "--system", "bagpipe", *args, "--procs", "7")
+@pytest.mark.parametrize("trainers,servers", [(4, 2), (4, 1), (2, 2)])
+def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path, trainers, servers):
+    """Bitwise equal to in-process sync, and each trainer fetched exactly the rows the plan
+    gives it: every row of a round except the other trainers' private rows."""
+    n = trainers
+    args = ["--trainers", str(n), "--servers", str(servers), "--optimizer", "sgd", "--lookahead", "6"]
+    r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(1 + servers + n))
     assert r.returncode == 0, r.stderr[-2000:]
-    cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": 4, "servers": 2,
+    cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": n, "servers": servers,
                                                  "optimizer": "sgd", "lookahead": 6})
     _assert_same_parameters(torch.load(tmp_path / "bag4.pt"), train(TrainConfig(**{
         **cfg.__dict__, "system": "sync"})))
@@ -103,17 +107,17 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path)
     from bagpipe_cli.engine.oracle import batch_keys
     from bagpipe_cli.engine.trainer import iter_train_batches
 
-    rows = np.zeros(4, np.int64)
+    rows = np.zeros(n, np.int64)
     logical = 0
     for rp in planner.plan(batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows)):
-        rows += [len(rp.fetch_for(i)[0]) for i in range(4)]
+        rows += [len(rp.fetch_for(i)[0]) for i in range(n)]
         logical += len(rp.fetch_keys)
-    s = json.loads((tmp_path / "bag4" / "summary.json").read_text())
-    got = [s["roles"][f"trainer{i}"]["bytes_received"] // (16 * 4) for i in range(4)]
+    s = json.loads((tmp_path / "bag" / "summary.json").read_text())
+    got = [s["roles"][f"trainer{i}"]["bytes_received"] // (16 * 4) for i in range(n)]
     assert got == rows.tolist()
-    assert rows.sum() < 4 * logical  # physically partitioned, not replicated
-    assert sum(s["roles"][f"server{k}"]["bytes_sent"] for k in range(2)) == rows.sum() * 16 * 4
-    m = pd.read_csv(tmp_path / "bag4" / "metrics.csv")
+    assert rows.sum() < n * logical  # physically partitioned, not replicated
+    assert sum(s["roles"][f"server{k}"]["bytes_sent"] for k in range(servers)) == rows.sum() * 16 * 4
+    m = pd.read_csv(tmp_path / "bag" / "metrics.csv")
     assert m["rows_fetched"].sum() == rows.sum()
 
 
@@ -128,6 +132,19 @@ def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path
     assert len(r.stderr.strip().splitlines()) == 1
     assert time.monotonic() - t0 < 90
     assert not (tmp_path / "dead").exists()
+
+
+def test_a_rank_that_never_joins_stops_the_others_within_the_timeout(tiny_dataset, tmp_path):
+    """Trainer 1 dies before it connects: the others give up after --timeout, in one line."""
+    t0 = time.monotonic()
+    r = _run(tmp_path, tiny_dataset, "nojoin", "--procs", "4", "--timeout", "5",
+             env={"BAGPIPE_FAULT": "rank=3,after_s=0"})
+    assert r.returncode == 1
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: trainer 1 (rank 3) exited with code -9; ")
+    assert "the job did not start: " in lines[0] and "within --timeout 5 s" in lines[0]
+    assert time.monotonic() - t0 < 60
+    assert not (tmp_path / "nojoin").exists()
 
 
 def test_an_error_on_one_rank_is_the_one_line_reported(tiny_dataset, tmp_path):

@@ -58,6 +58,7 @@ import json
 import math
 import os
 import pickle
+import re
 import socket
 import subprocess
 import sys
@@ -168,11 +169,13 @@ def _comm(layout: Layout, peer: int, fn, *args):
         raise RankFailure(f"lost contact with {layout.name(peer)}: {why}") from e
 
 
-def send_obj(obj: Any, dst: int, layout: Layout) -> None:
+def send_obj(obj: Any, dst: int, layout: Layout) -> int:
+    """Send a picklable object to rank `dst`; returns the bytes sent."""
     data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
     _comm(layout, dst, dist.send, torch.tensor([len(data)], dtype=torch.int64), dst)
     _comm(layout, dst, dist.send, buf, dst)
+    return len(data) + 8
 
 
 def recv_obj(src: int, layout: Layout) -> Any:
@@ -672,14 +675,18 @@ def oracle_main(cfg, layout: Layout, devices: list[str], progress=None):
     prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(n)]
     planner, capacity, peak = build_planner(cfg, ds, train_rows, offsets, total, start)
     trainers = [layout.trainer_rank(i) for i in range(n)]
+    sent = {"bytes_sent": 0, "waiting_s": 0.0}  # rank 0's sends (blocked while a trainer is behind)
+
+    def send(obj: Any, dst: int) -> None:
+        t = time.perf_counter()
+        sent["bytes_sent"] += send_obj(obj, dst, layout)
+        sent["waiting_s"] += time.perf_counter() - t
     for k in range(layout.servers):  # initial shards: the checkpoint's, or None (seeded init)
-        send_obj(None if ck is None else {"weight": ck.weight[k::layout.servers].clone(),
-                                          "state": ck.state[k::layout.servers].clone()},
-                 layout.server_rank(k), layout)
+        send(None if ck is None else {"weight": ck.weight[k::layout.servers].clone(),
+                                      "state": ck.state[k::layout.servers].clone()}, layout.server_rank(k))
     for r in trainers:
-        send_obj({"slots": cache_slots(planner), "start": start,
-                  **({"dense": ck.dense, "optimizer": ck.dense_optimizer, "rng": ck.rng} if ck else {})},
-                 r, layout)
+        send({"slots": cache_slots(planner), "start": start,
+              **({"dense": ck.dense, "optimizer": ck.dense_optimizer, "rng": ck.rng} if ck else {})}, r)
     if ck is not None:
         del ck.weight, ck.state
     ckpt = Checkpointer(cfg, dataset_identity(ds), start) if cfg.checkpoint_every else None
@@ -718,7 +725,7 @@ def oracle_main(cfg, layout: Layout, devices: list[str], progress=None):
             del held[: len(rp.iters)]
             for i, r in enumerate(trainers):
                 sl = slice(i * per, (i + 1) * per)
-                send_obj((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r, layout)
+                send((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r)
             # The trainers got this round while they train the previous one, which is when
             # they reach its checkpoint boundaries.
             if prev is not None:
@@ -728,7 +735,7 @@ def oracle_main(cfg, layout: Layout, devices: list[str], progress=None):
             if progress and rp.iters:
                 progress(done - 1, {"loss": float("nan"), "time": float("nan")})
         for r in trainers:
-            send_obj(None, r, layout)
+            send(None, r)
         if prev is not None:
             take_checkpoints(prev)
     finally:
@@ -766,7 +773,7 @@ def oracle_main(cfg, layout: Layout, devices: list[str], progress=None):
         "world_size": layout.world, "backend": cfg.backend, "trainer_devices": devices,
         "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs)),
         **checkpoint_summary(ckpt, ck, summary),
-        "roles": {"oracle": {"busy_s": planner.seconds, "iterations_planned": planner.iterations_planned},
+        "roles": {"oracle": {"busy_s": planner.seconds, **sent},
                   **{f"trainer{i}": {"device": o["device"], "bytes_sent": o["bytes_sent"],
                                      "bytes_received": o["bytes_received"],
                                      "waiting_s": float(frames[i]["prefetch_wait"].sum() + frames[i]["sync"].sum()),
@@ -813,7 +820,15 @@ def run_rank(cfg, progress=None):
     torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
     _fault_injection(rank)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
+    except RuntimeError as e:  # the rendezvous timed out, or MASTER_ADDR cannot be reached
+        m = re.search(r"(\d+)/(\d+) clients joined", str(e))
+        joined = f"only {m[1]} of {m[2]} ranks joined" if m else "not every rank joined"
+        raise RankFailure(
+            f"the job did not start: {joined} within --timeout "
+            f"{cfg.timeout_s:g} s at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}; start "
+            f"all {world} ranks (1 oracle + --servers + --trainers) with the same options") from None
     try:
         # Every rank learns every trainer's device (and every rank fails alike if one cannot
         # run as asked) before the trainers' group is made.
@@ -863,8 +878,8 @@ def spawn_local(command: list[str], layout: Layout, timeout_s: float,
 
     If a rank fails, the others get `timeout_s` plus a grace period to notice (they exit
     with an error naming the lost role) before they are killed. Then one error is raised:
-    the first a rank gave of its own (not "lost contact with ..."), or else which rank died
-    and what another rank saw.
+    which rank died without an error (killed, crashed) and what another rank saw, or else
+    the first error a rank gave of its own (not "lost contact with ...").
     """
     port = free_port()
     procs = []
@@ -880,7 +895,9 @@ def spawn_local(command: list[str], layout: Layout, timeout_s: float,
     readers = []
     for rank in range(layout.world):
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(layout.world),
-               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+               "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+               # c10d's own socket warnings; our errors say what failed
+               "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
         out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
         p = subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
         procs.append(p)
@@ -911,14 +928,17 @@ def spawn_local(command: list[str], layout: Layout, timeout_s: float,
         failed = next(((r, p.returncode) for r, p in enumerate(procs) if p.returncode), None)
     if failed is None:
         return
-    own = [(r, m) for r, m in errors if not m.startswith("lost contact with")]
-    if own:
-        rank, message = own[0]
-        raise RankError(message, procs[rank].returncode)
-    rank, code = failed
-    died = f"{layout.name(rank)} exited with code {code}"
-    seen = next(((r, m) for r, m in errors if r != rank), None)
-    raise RankFailure(died + (f"; {layout.name(seen[0])}: {seen[1]}" if seen else ""))
+    # A rank that failed without an error of its own (killed, crashed) is the cause ...
+    said = {r for r, _ in errors}
+    silent = [r for r, p in enumerate(procs) if p.returncode and r not in said]
+    if silent:
+        rank = failed[0] if failed[0] in silent else silent[0]
+        seen = next(((r, m) for r, m in errors if r != rank), None)
+        raise RankFailure(f"{layout.name(rank)} exited with code {procs[rank].returncode}"
+                          + (f"; {layout.name(seen[0])}: {seen[1]}" if seen else ""))
+    # ... else the first error a rank gave of its own, not one that it lost contact with another.
+    rank, message = next(((r, m) for r, m in errors if not m.startswith("lost contact with")), errors[0])
+    raise RankError(message, procs[rank].returncode)
 
 
 def spawn_train(cfg, progress: Callable[[int, dict], None] | None = None) -> TrainResult:
