@@ -97,7 +97,7 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     assert r.returncode == 0, r.stderr[-2000:]
     cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": n, "servers": servers,
                                                  "optimizer": "sgd", "lookahead": 6})
-    _assert_same_parameters(torch.load(tmp_path / "bag4.pt"), train(TrainConfig(**{
+    _assert_same_parameters(torch.load(tmp_path / "bag.pt"), train(TrainConfig(**{
         **cfg.__dict__, "system": "sync"})))
 
     ds = open_dataset(tiny_dataset)

@@ -178,9 +178,20 @@ def send_obj(obj: Any, dst: int, layout: Layout) -> int:
     return len(data) + 8
 
 
-def recv_obj(src: int, layout: Layout) -> Any:
+# Rank 0 plans the whole run (bagpipe's peak, the baselines' trace) before its first message,
+# which on a large dataset takes longer than --timeout: that one wait is this long. A rank 0
+# that dies meanwhile is noticed at once (its connections close).
+PLANNING_WAIT_S = 24 * 3600.0
+
+
+def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
+    """Receive an object `send_obj` sent; `wait_s` overrides the job's --timeout."""
     n = torch.empty(1, dtype=torch.int64)
-    _comm(layout, src, dist.recv, n, src)
+    if wait_s is None:
+        _comm(layout, src, dist.recv, n, src)
+    else:
+        work = _comm(layout, src, dist.irecv, n, src)
+        _comm(layout, src, work.wait, datetime.timedelta(seconds=wait_s))
     buf = torch.empty(int(n.item()), dtype=torch.uint8)
     _comm(layout, src, dist.recv, buf, src)
     return pickle.loads(buf.numpy().tobytes())
@@ -496,7 +507,7 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
     model, dense_opt = build_dense(cfg, mcfg)
     model.to(device)  # in place: the optimizer keeps the same parameters
     params = list(model.parameters())
-    info = recv_obj(0, layout)
+    info = recv_obj(0, layout, PLANNING_WAIT_S)
     start = info["start"]
     if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
         model.load_state_dict(info["dense"])
@@ -534,7 +545,7 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
         """
         ek = plan.evict_keys
         ev_pos = np.searchsorted(plan.uniq, ek)
-        share = ek % n == i
+        share = cache.writes_back(ek)  # key % N == i
         if cls is None:  # no LRPP: every row of U_b was synchronised on the critical path
             now_ev, late_ev = share, np.zeros(len(ek), dtype=bool)
         else:
@@ -794,7 +805,7 @@ def server_main(cfg, layout: Layout, k: int) -> None:
     mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
     opt = RowOptimizer(cfg.optimizer, cfg.lr)
     cards = ds.meta.cardinalities
-    init = recv_obj(0, layout)  # a resumed run's shard, from rank 0's checkpoint
+    init = recv_obj(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
     if init is None:
         # Initial values depend only on (seed, table, id): each server builds just its shard.
         server = init_servers(cards, row_dim(mcfg), layout.servers, cfg.seed, opt.init_state, only=k)[0]
