@@ -288,3 +288,20 @@ def test_shipped_paper_scenario_is_valid():
 def test_simulate_help_has_example():
     r = CliRunner().invoke(cli, ["simulate", "--help"])
     assert r.exit_code == 0 and "Examples:" in r.output and "--validate" in r.output
+
+
+def test_validate_refuses_distributed_runs_only(tmp_path):
+    """The model is of the in-process engine: torch.distributed runs are not predicted."""
+    import shutil
+    from pathlib import Path
+
+    src = Path(__file__).parent / "data" / "bench-example" / "runs"
+    run = next(p for p in sorted(src.iterdir()) if p.is_dir())
+    dst = tmp_path / "runs" / run.name
+    shutil.copytree(run, dst)
+    cfg = json.loads((dst / "config.json").read_text())
+    cfg["train"]["transport"] = "torch"
+    (dst / "config.json").write_text(json.dumps(cfg))
+    r = CliRunner().invoke(cli, ["simulate", "--validate", str(tmp_path / "runs")])
+    assert r.exit_code == 2
+    assert "ran over torch.distributed; the model predicts and calibrates from in-process runs only" in r.output

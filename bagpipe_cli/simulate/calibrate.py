@@ -136,6 +136,11 @@ def read_measured(folder: Path) -> MeasuredRun:
     )
 
 
+def _distributed(folder: Path) -> bool:
+    config, _ = read_run(folder)
+    return (config.get("train") or {}).get("transport") == "torch"
+
+
 def _setting(train: dict[str, Any]) -> str:
     parts = []
     if train.get("system") == "bagpipe":
@@ -151,14 +156,20 @@ def _setting(train: dict[str, Any]) -> str:
 
 
 def measured_runs(*paths: Path) -> list[MeasuredRun]:
-    """Every run under `paths` (run folders, bench folders or parents).
+    """Every in-process run under `paths` (run folders, bench folders or parents).
 
     An emulated-network run's `fetch_cpu_ms` (the CPU share of its waits for rows, which
     its timers cannot separate from the emulated transfer) comes from its no-network twins
     (same settings but the network): their median, scaled by the ratio of the two runs'
     forward+backward times (the machine's load when each ran).
     """
-    runs = [read_measured(f) for f in find_runs(*paths)]
+    folders = find_runs(*paths)
+    # The model is of the in-process engine; a torch.distributed run moves other volumes
+    # (docs/performance-model.md), so it is neither predicted nor used to calibrate.
+    runs = [read_measured(f) for f in folders if not _distributed(f)]
+    if folders and not runs:
+        raise DataError(f"the {len(folders)} run(s) under {', '.join(map(str, paths))} ran over "
+                        "torch.distributed; the model predicts and calibrates from in-process runs only")
     twins: dict[tuple, list[MeasuredRun]] = {}
     for r in runs:
         if not r.network_emulated:
