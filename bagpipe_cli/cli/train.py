@@ -84,7 +84,6 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     The loss is the mean over the global batch; dense and embedding gradients of the
     trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
     """
-
     from bagpipe_cli.engine import TrainConfig
     from bagpipe_cli.engine import save_model as save
     from bagpipe_cli.engine import train as run
@@ -102,8 +101,11 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, round
     check_output_dir(out, overwrite)  # fail before training, not after
     if cfg.resume is not None and (cfg.transport == "inproc" or procs is not None):
         _check_resume(cfg)
-    if procs is not None:
-        run = _spawner(cfg, procs)
+    if procs is not None:  # the ranks as local processes; rank 0's result comes back here
+        from bagpipe_cli.engine.distributed import spawn_train
+
+        _check_procs(cfg, procs)
+        run = spawn_train
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(TextColumn(f"[bold]train {cfg.system}"), BarColumn(), MofNCompleteColumn(),
@@ -158,13 +160,11 @@ def _check_resume(cfg) -> None:
     err_console.print(f"resuming from {ck.path} at iteration {ck.iteration}", highlight=False, soft_wrap=True)
 
 
-def _spawner(cfg, procs: int):
-    """--procs: a `train` that runs the ranks as local processes and returns rank 0's result."""
-    from bagpipe_cli.engine.distributed import Layout, spawn_train
+def _check_procs(cfg, procs: int) -> None:
+    from bagpipe_cli.engine.distributed import Layout
     from bagpipe_cli.errors import ConfigError
 
     layout = Layout(cfg.servers, cfg.trainers)
     if procs != layout.world:
         raise ConfigError(f"--procs {procs}: a run with --servers {cfg.servers} and --trainers "
                           f"{cfg.trainers} needs 1 + {cfg.servers} + {cfg.trainers} = {layout.world} processes")
-    return spawn_train
