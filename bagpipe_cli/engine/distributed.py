@@ -441,7 +441,7 @@ class TrainerGroup:
     """Collectives among the trainers: all-gathers, summed in trainer order on every trainer.
 
     Tensors travel on `comm` (the CPU for gloo, the trainer's GPU for NCCL) and the sums
-    come back on `device`. An empty tensor is not sent (every trainer knows it is empty).
+    come back on `device`.
     """
 
     def __init__(self, group, layout: Layout, device: torch.device, comm: torch.device):
@@ -453,25 +453,22 @@ class TrainerGroup:
         work = _comm(self.layout, TRAINERS, dist.all_gather, parts, x, self.group, async_op)
         return x, parts, work
 
-    def sum(self, x: torch.Tensor) -> torch.Tensor:
-        """x0 + x1 + ... of every trainer's `x` (same shape on every trainer)."""
-        if x.numel() == 0:
-            return x.clone()
-        _, parts, _ = self._gather(x)
-        return ordered_sum(parts).to(self.device)
-
     def start_sum(self, x: torch.Tensor) -> _PendingSum:
-        """`sum` in the background; `.result()` waits for it."""
+        """x0 + x1 + ... of every trainer's `x` (same shape on every trainer), in the
+        background; `.result()` waits for it."""
         return _PendingSum(self, *self._gather(x, async_op=True))
 
-    def sum_floats(self, values: list[float]) -> float:
-        """The sum of every trainer's floats, added as Python floats in trainer order."""
-        _, parts, _ = self._gather(torch.tensor(values, dtype=torch.float64))
+    def sum_with_floats(self, x: torch.Tensor, values: list[float]) -> tuple[torch.Tensor, float]:
+        """`sum(x)` and the sum of every trainer's `values` (added as Python floats, in trainer
+        order) in one all-gather. The values travel in x's dtype, so they must be exact in it
+        (a float32 loss is)."""
+        k = len(values)
+        _, parts, _ = self._gather(torch.cat([x.reshape(-1), x.new_tensor(values)]))
         total = 0.0
         for p in parts:
-            for v in p.tolist():
+            for v in p[len(p) - k:].tolist():
                 total += v
-        return total
+        return ordered_sum([p[:len(p) - k] for p in parts]).to(self.device), total
 
 
 class _PendingSum:
@@ -616,23 +613,25 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
             partial = partials[0]
             settle()  # the previous iteration's sync_later landed during this backward
             t = time.perf_counter()
-            flat = group.sum(torch.cat([p.grad.reshape(-1) for p in params]))
+            now = later = mine = np.empty(0, np.int64)
+            cls = plan.row_class if lrpp else None
+            if replicated and cls is None:  # no LRPP: every row of U_b on the critical path
+                now = np.arange(len(keys))
+            elif replicated:
+                now = np.flatnonzero(cls == SYNC_NOW)
+                later = np.flatnonzero(cls == SYNC_LATER)
+                mine = np.flatnonzero((cls == NO_SYNC) & (plan.owner == i))
+            # One all-gather on the critical path: dense gradients, sync_now rows and the loss
+            # (summed as Python floats in trainer order, as in the in-process engine) ...
+            dense = [p.grad.reshape(-1) for p in params]
+            flat, loss = group.sum_with_floats(torch.cat([*dense, partial[idx(now)].reshape(-1)]), losses)
             off = 0
             for p in params:
                 p.grad.copy_(flat[off:off + p.numel()].view_as(p))
                 off += p.numel()
-            # Losses are summed as Python floats in trainer order, as in the in-process engine.
-            loss = group.sum_floats(losses)
-            if replicated:
-                cls = plan.row_class if lrpp else None
-                if cls is None:
-                    now, later, mine = np.arange(len(keys)), np.empty(0, np.int64), np.empty(0, np.int64)
-                else:
-                    now = np.flatnonzero(cls == SYNC_NOW)
-                    later = np.flatnonzero(cls == SYNC_LATER)
-                    mine = np.flatnonzero((cls == NO_SYNC) & (plan.owner == i))
-                total_now = group.sum(partial[idx(now)])
-                later_sum = group.start_sum(partial[idx(later)]) if len(later) else None
+            total_now = flat[off:].view(len(now), rdim)
+            # ... then sync_later's in the background.
+            later_sum = group.start_sum(partial[idx(later)]) if len(later) else None
             step.times["sync"] = time.perf_counter() - t
             t = time.perf_counter()
             dense_opt.step()
