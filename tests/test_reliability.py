@@ -300,3 +300,14 @@ def test_fuzz_the_parsers_never_crash(tmp_path_factory, data, kind):
     assert isinstance(r.exception, SystemExit) or r.exception is None, repr(r.exception)
     assert r.exit_code in (0, 1, 2), r.output
     assert "Traceback" not in r.output
+
+
+def test_a_csv_header_the_csv_module_refuses_is_one_line(tmp_path):
+    """Found by the fuzz test: a bare carriage return inside the header line."""
+    src = tmp_path / "in.csv"
+    src.write_bytes(b"\r\x00")
+    r = _invoke(["preprocess", "csv", str(src), "--label", "y", "--categorical", "a",
+                 "--out", str(tmp_path / "out")])
+    assert r.exit_code == 2 and (r.exception is None or isinstance(r.exception, SystemExit))
+    assert f"{src}:1: the header is not a CSV line" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "out").exists()

@@ -27,7 +27,8 @@ any-source receive:
   trainer the dense state (only rank 0 needs to see the checkpoint directory);
 - trainers among themselves: all-gathers of dense gradients and of the embedding
   gradients to synchronise, summed in trainer order on every trainer (the same order as
-  the in-process engine, so results are bitwise equal to it).
+  the in-process engine, so results are bitwise equal to it). One all-gather per
+  iteration is on the critical path (dense gradients, sync_now rows and the loss together).
 
 How the systems map onto the ranks:
 

@@ -180,7 +180,10 @@ def read_header(path: Path, fmt: TextFormat) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"{path}:1: header is not UTF-8 text") from e
     if fmt.quoting:
-        names = next(csv.reader([text], delimiter=fmt.delimiter))
+        try:
+            names = next(csv.reader([text], delimiter=fmt.delimiter))
+        except (csv.Error, StopIteration) as e:  # e.g. a carriage return inside the line
+            raise DataError(f"{path}:1: the header is not a CSV line ({e})") from None
     else:
         names = text.split(fmt.delimiter)
     names = [n.strip() for n in names]
