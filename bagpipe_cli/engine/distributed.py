@@ -63,6 +63,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -86,6 +87,7 @@ from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables, init_ser
 from bagpipe_cli.engine.systems import CacheSystem, Step
 from bagpipe_cli.engine.trainer import (
     TIME_KEYS,
+    TrainConfig,
     TrainResult,
     build_dense,
     build_planner,
@@ -104,15 +106,15 @@ from bagpipe_cli.engine.trainer import (
 )
 from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import BagpipeError, ConfigError
+from bagpipe_cli.io import atomic_file, json_default
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
 
 OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT = 1, 2, 3, 4, 5
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
             OP_CHECKPOINT: "CHECKPOINT"}
-# Trainers hold U_b's rows (a cache or the whole tables) and all-gather their gradients...
+# Trainers hold U_b's rows (a cache or the whole tables) and all-gather their gradients;
+# the others (sync, het) fetch their own rows and push gradients to the servers.
 REPLICATED = ("bagpipe", "lru", "lfu", "fae", "local")
-# ... or fetch their own rows and push gradients to the servers.
-PUSHED = ("sync", "het")
 ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
 
 
@@ -524,16 +526,12 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
     def idx(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(device)
 
-    def write_back(keys: np.ndarray, slots: np.ndarray) -> None:
-        rows, state = cache.cache.read(slots)
-        transport.write_back(keys, rows, state)  # sent even when empty (lockstep)
-
     def settle() -> None:
         """Apply the pending sync_later updates; then write back their evicted rows."""
         while pending:
             item = pending.pop(0)
             system.update_rows(item.plan, item.idx, item.sum.result(), opt)
-            write_back(item.evict_keys, item.evict_slots)
+            cache.write_back_slots(item.evict_keys, item.evict_slots)  # sent even when empty (lockstep)
 
     def evict(plan: IterPlan, cls: np.ndarray | None, later: np.ndarray, later_sum) -> int:
         """Write back this trainer's share of the rows evicted after `plan.b`; returns how many.
@@ -542,15 +540,15 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
         applied, once it is settled for sync_later rows.
         """
         ek = plan.evict_keys
-        ev_pos = np.searchsorted(plan.uniq, ek)
         share = cache.writes_back(ek)  # key % N == i
         if cls is None:  # no LRPP: every row of U_b was synchronised on the critical path
             now_ev, late_ev = share, np.zeros(len(ek), dtype=bool)
         else:
+            ev_pos = np.searchsorted(plan.uniq, ek)
             ev_cls = cls[ev_pos]
             now_ev = ((ev_cls == NO_SYNC) & (plan.owner[ev_pos] == i)) | ((ev_cls == SYNC_NOW) & share)
             late_ev = (ev_cls == SYNC_LATER) & share
-        write_back(ek[now_ev], plan.evict_slots[now_ev])
+        cache.write_back_slots(ek[now_ev], plan.evict_slots[now_ev])  # sent even when empty
         cache.forget(plan.evict_slots)  # evicted from the logical cache on every trainer
         if later_sum is not None:
             pending.append(_Later(plan, later, later_sum, ek[late_ev], plan.evict_slots[late_ev]))
@@ -594,11 +592,12 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
             pos = slice(i * per * n_tables, (i + 1) * per * n_tables)
             inv_i = plan.inverse[pos]
             if replicated:  # U_b's rows are here (cache or tables); gradients over all of U_b
+                keys, li = plan.uniq, idx(inv_i)
                 rows, _ = system.read(step)
-                keys, local_inv = plan.uniq, inv_i
-                values = rows.index_select(0, idx(inv_i))
+                values = rows.index_select(0, li)
             else:  # only the slice's own rows
                 keys, local_inv = np.unique(plan.uniq[inv_i], return_inverse=True)
+                li = idx(local_inv.reshape(-1))
                 if system is not None:  # het: cached copies, refetched when too stale
                     system.read(step)
                     values = step.emb[pos].to(device)
@@ -607,10 +606,9 @@ def trainer_main(cfg, layout: Layout, i: int, group: TrainerGroup) -> None:
                     rows, _ = transport.fetch(keys).result()
                     step.times["prefetch_wait"] += time.perf_counter() - t0
                     step.rows_fetched = len(keys)
-                    values = rows.to(device).index_select(0, idx(local_inv.reshape(-1)))
-            losses, partials = slice_partials(model, step.dense, step.labels, values,
-                                              idx(local_inv.reshape(-1)), len(keys), [slice(0, per)],
-                                              n_tables, cfg.batch_size, step.times)
+                    values = rows.to(device).index_select(0, li)
+            losses, partials = slice_partials(model, step.dense, step.labels, values, li, len(keys),
+                                              [slice(0, per)], n_tables, cfg.batch_size, step.times)
             partial = partials[0]
             settle()  # the previous iteration's sync_later landed during this backward
             t = time.perf_counter()
@@ -955,10 +953,6 @@ def spawn_local(command: list[str], layout: Layout, timeout_s: float,
 def spawn_train(cfg, progress: Callable[[int, dict], None] | None = None) -> TrainResult:
     """Run `cfg` over torch.distributed as local processes, one per rank (`--procs`, or a bench
     run with `transport: torch`), and return rank 0's TrainResult."""
-    import tempfile
-
-    from bagpipe_cli.io import json_default
-
     cfg = replace(cfg, transport="torch")
     layout = Layout(cfg.servers, cfg.trainers)
     trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
@@ -977,9 +971,6 @@ def spawn_train(cfg, progress: Callable[[int, dict], None] | None = None) -> Tra
 
 def rank_main(conf: str, out: str) -> int:
     """One rank of `spawn_train`: rank 0 saves the TrainResult to `out`. Returns the exit code."""
-    from bagpipe_cli.engine.trainer import TrainConfig
-    from bagpipe_cli.io import atomic_file
-
     try:
         cfg = TrainConfig(**json.loads(Path(conf).read_text()))
         result = run_rank(cfg, lambda b, rec: print(json.dumps({"iteration": b}), flush=True))

@@ -180,8 +180,7 @@ class CacheSystem(EmbeddingSystem):
         self.pre_evicted = 0
         if len(rp.pre_evict_keys):
             mine = self.writes_back(rp.pre_evict_keys)
-            rows_out, state_out = self.cache.read(rp.pre_evict_slots[mine])
-            self._write_back(rp.pre_evict_keys[mine], rows_out.cpu(), state_out.cpu())
+            self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
             self.forget(rp.pre_evict_slots)
             self.pre_evicted = int(mine.sum())
         if not rp.iters:  # the planner's final round: everything resident goes back
@@ -209,8 +208,7 @@ class CacheSystem(EmbeddingSystem):
         p = step.plan
         self.cache.write(p.slots, rows, state)
         if len(p.evict_keys):
-            rows_out, state_out = self.cache.read(p.evict_slots)
-            self._write_back(p.evict_keys, rows_out.cpu(), state_out.cpu())
+            self.write_back_slots(p.evict_keys, p.evict_slots)
             self.forget(p.evict_slots)
         step.rows_written_back = len(p.evict_keys) + self.pre_evicted
         self.pre_evicted = 0  # counted with the round's first iteration
@@ -219,6 +217,11 @@ class CacheSystem(EmbeddingSystem):
         slots = plan.slots[idx]
         rows, state = self.cache.read(slots)
         self.cache.write(slots, *opt.step(rows, state, grad))
+
+    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Send the rows at `slots` (holding `keys`) back to their servers."""
+        rows, state = self.cache.read(slots)
+        self._write_back(keys, rows.cpu(), state.cpu())
 
     def forget(self, slots: np.ndarray) -> None:
         """Slots whose rows were evicted (their write-back is queued or done)."""
