@@ -214,6 +214,31 @@ def test_trainer_devices():
     assert trainer_devices(cpu, lay, one_gpu) == ["cpu"] * 4
 
 
+def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path):
+    """The README's two-node launch, both nodes on loopback: two torchrun agents rendezvous,
+    and bagpipe over them gives sync's parameters bitwise."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+           "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    train_args = ["-m", "bagpipe_cli", "train", str(tiny_dataset), *ARGS, "--system", "bagpipe",
+                  "--transport", "torch", "--out", str(tmp_path / "dist"),
+                  "--save-model", str(tmp_path / "dist.pt")]
+    nodes = [subprocess.Popen([*cmd, "--node-rank", str(n), *train_args], text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in range(2)]
+    try:
+        logs = [p.communicate(timeout=120)[0] for p in nodes]
+    finally:
+        for p in nodes:
+            if p.poll() is None:
+                p.kill()
+    assert [p.returncode for p in nodes] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
+    sync = train(TrainConfig(data=str(tiny_dataset), system="sync", **KW))
+    _assert_same_parameters(torch.load(tmp_path / "dist.pt"), sync)
+    s = json.loads((tmp_path / "dist" / "summary.json").read_text())
+    assert s["transport"] == "torch" and s["world_size"] == 4
+    assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+
+
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
 def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, tmp_path):
     """Launched like torchrun (one process per rank, no launcher to check first): every rank

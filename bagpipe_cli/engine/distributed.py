@@ -829,6 +829,8 @@ def run_rank(cfg, progress=None):
     torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
     _fault_injection(rank)
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    if cfg.backend == "nccl":  # a timed-out NCCL wait raises (a one-line error), not an abort
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timeout)
     except RuntimeError as e:  # the rendezvous timed out, or MASTER_ADDR cannot be reached
