@@ -45,6 +45,17 @@ def _slice_rows(data, trainers):
     return out
 
 
+def _communicate_all(procs, timeout):
+    """Each process's (stdout, stderr); any left running (a failed test) is killed."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 def _assert_same_parameters(saved, result):
     for t, name in enumerate(saved["tables"]):
         assert torch.equal(saved["tables"][name], result.tables[t]), name
@@ -225,12 +236,7 @@ def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path)
                   "--save-model", str(tmp_path / "dist.pt")]
     nodes = [subprocess.Popen([*cmd, "--node-rank", str(n), *train_args], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in range(2)]
-    try:
-        logs = [p.communicate(timeout=120)[0] for p in nodes]
-    finally:
-        for p in nodes:
-            if p.poll() is None:
-                p.kill()
+    logs = [out for out, _ in _communicate_all(nodes, 120)]
     assert [p.returncode for p in nodes] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     sync = train(TrainConfig(data=str(tiny_dataset), system="sync", **KW))
     _assert_same_parameters(torch.load(tmp_path / "dist.pt"), sync)
@@ -252,12 +258,7 @@ def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, t
                                        *ARGS, "--transport", "torch", "--device", "cuda",
                                        "--out", str(tmp_path / "o")], env=env, text=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    try:
-        errs = [p.communicate(timeout=90)[1] for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    errs = [err for _, err in _communicate_all(procs, 90)]
     assert [p.returncode for p in procs] == [2, 2, 2, 2]
     for e in errs:
         assert "--device cuda: trainer 0 (rank 2)" in e and "has no CUDA device" in e
@@ -301,13 +302,7 @@ def test_a_server_refuses_trainers_out_of_step():
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "4",
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
              for r in range(4)]
-    try:
-        out = procs[1].communicate(timeout=60)[0]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
+    out = _communicate_all(procs, 60)[1][0]
     assert procs[1].returncode == 3
     assert ("server 0: request 0 of trainer 1 is WRITEBACK #0, trainer 0's is FETCH #0; "
             "the trainers are out of step") in out
