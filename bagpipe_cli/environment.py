@@ -9,6 +9,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy
+import torch
+
 from bagpipe_cli import __version__
 
 
@@ -23,9 +26,6 @@ def _git(*args: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     """torch/python versions, CPU/GPU, threads, git revision and dirty flag, host."""
-    import numpy
-    import torch
-
     status = _git("status", "--porcelain", "--untracked-files=no")
     cpu = platform.processor() or platform.machine()
     try:

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.systems import SYSTEMS
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS as SYSTEMS
 from bagpipe_cli.models import ModelConfig, build_model
 
 

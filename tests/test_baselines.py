@@ -3,19 +3,12 @@
 import pytest
 import torch
 from click.testing import CliRunner
+from helpers import assert_same_parameters
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.profile import batch_trace, simulate_fae, simulate_lfu, simulate_lru
-
-
-def _same(a, b):
-    if a.metrics["loss"].tolist() != b.metrics["loss"].tolist():
-        return False
-    pa = [*a.tables, *a.model.state_dict().values()]
-    pb = [*b.tables, *b.model.state_dict().values()]
-    return all(torch.equal(x, y) for x, y in zip(pa, pb, strict=True))
 
 
 @pytest.mark.parametrize("optimizer,trainers,servers", [("sgd", 1, 1), ("adagrad", 2, 3)])
@@ -26,7 +19,7 @@ def test_every_exact_baseline_equals_sync(tiny_dataset, optimizer, trainers, ser
     for system, extra in [("lru", {"cache_rows": 2500}), ("lfu", {"cache_rows": 2500}),
                           ("fae", {"cache_rows": 800}), ("local", {}), ("het", {"staleness": 0})]:
         r = train(TrainConfig(system=system, **kw, **extra))
-        assert _same(sync, r), system
+        assert_same_parameters(sync, r)
         if system in ("lru", "lfu", "fae"):
             # every fetched row goes back to the servers, during training or at its end
             s = r.summary
@@ -78,7 +71,7 @@ def test_fae_hot_set_from_a_sample(tiny_dataset):
     kw = dict(data=str(tiny_dataset), batch_size=B, iterations=n, eval_rows=20_000 - n * B)
     sync = train(TrainConfig(system="sync", **kw))
     r = train(TrainConfig(system="fae", cache_rows=R, hot_sample=0.25, **kw))
-    assert _same(sync, r)
+    assert_same_parameters(sync, r)
     tr = batch_trace(open_dataset(tiny_dataset), B, rows=n * B)
     sample = batch_trace(open_dataset(tiny_dataset), B, rows=10 * B)  # ceil(0.25 * 40) batches
     expected = simulate_fae(tr, R, row_counts=trace_row_counts(sample))

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from bagpipe_cli.bench import load_bench_config, parse_bench_config, plan_runs
 from bagpipe_cli.bench import runner as bench_runner
 from bagpipe_cli.cli import cli
-from bagpipe_cli.engine.systems import SYSTEMS
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS as SYSTEMS
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.results import load_metrics, load_results
 
@@ -72,6 +72,7 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
     assert runs[0]["run_id"] in r.output and "bagpipe report" in r.output
 
 
+@pytest.mark.slow
 def test_bench_runs_over_torch_distributed(tmp_path, tiny_dataset):
     """`transport: torch` in a bench: each run is spawned as real ranks (1 + K + N processes)."""
     p = _config(tmp_path, tiny_dataset, "profile: false", base=", trainers: 2, transport: torch",
@@ -100,7 +101,7 @@ def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("a complete run was run again")
 
-    monkeypatch.setattr(bench_runner, "train", boom)
+    monkeypatch.setattr(bench_runner, "run", boom)
     r = CliRunner().invoke(cli, ["bench", "--resume", "--out", str(out)])  # config from bench.json
     assert r.exit_code == 0, r.output
     idx = _index(out)
@@ -110,7 +111,7 @@ def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
 def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypatch):
     cfg = _config(tmp_path, tiny_dataset)
     out = tmp_path / "bench"
-    real = bench_runner.train
+    real = bench_runner.run
     calls = []
 
     def flaky(*a, **k):
@@ -119,7 +120,7 @@ def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypat
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(bench_runner, "train", flaky)
+    monkeypatch.setattr(bench_runner, "run", flaky)
     r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out)])
     assert r.exit_code == 130
     assert "1 finished run kept" in r.output and "--resume" in r.output
@@ -128,7 +129,7 @@ def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypat
     first = idx["runs"][0]["run_id"]
     assert [p.name for p in (out / "runs").iterdir()] == [first]  # no half-written run
     assert not [p for p in (out / "runs").iterdir() if p.name.startswith(".")]
-    monkeypatch.setattr(bench_runner, "train", real)
+    monkeypatch.setattr(bench_runner, "run", real)
     r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out), "--resume"])
     assert r.exit_code == 0, r.output
     idx = _index(out)

@@ -2,10 +2,13 @@
 
 import json
 import shutil
+import subprocess
+import sys
 
+import pandas as pd
 import pytest
-import torch
 from click.testing import CliRunner
+from helpers import assert_same_parameters
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
@@ -14,16 +17,6 @@ from bagpipe_cli.errors import ConfigError
 
 KW = dict(batch_size=256, iterations=24, lookahead=5, optimizer="adagrad", trainers=2, servers=2,
           dense_optimizer="adam", dense_lr=0.01, eval_rows=2000, seed=3)
-
-
-def _assert_same(a, b):
-    assert a.metrics["loss"].tolist() == b.metrics["loss"].tolist()
-    assert a.metrics["iteration"].tolist() == b.metrics["iteration"].tolist()
-    for x, y in zip(a.tables, b.tables, strict=True):
-        assert torch.equal(x, y)
-    sa, sb = a.model.state_dict(), b.model.state_dict()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k])
 
 
 def _keep_up_to(root, iteration):
@@ -42,7 +35,7 @@ def test_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     _keep_up_to(ck, 10)  # as if the run had died between iterations 10 and 15
     b = train(TrainConfig(**kw, resume=str(ck)))
     assert b.summary["resumed_from"]["iteration"] == 10
-    _assert_same(a, b)
+    assert_same_parameters(a, b)
     assert b.summary["rows_fetched"] == int(b.metrics["rows_fetched"].sum())
 
 
@@ -50,7 +43,7 @@ def test_checkpointing_does_not_change_the_run(tiny_dataset, tmp_path):
     kw = dict(data=str(tiny_dataset), system="bagpipe", **KW)
     plain = train(TrainConfig(**kw))
     a = train(TrainConfig(**kw, checkpoint_every=4, checkpoint_dir=str(tmp_path / "ck")))
-    _assert_same(plain, a)
+    assert_same_parameters(plain, a)
     # Only the newest two are kept; they hold the metrics so far, exactly.
     assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["ckpt-00000020", "ckpt-00000016"]
     ck = find_checkpoint(tmp_path / "ck")
@@ -64,7 +57,7 @@ def test_a_resumed_run_may_train_longer(tiny_dataset, tmp_path):
     short = {**kw, "iterations": 16}
     train(TrainConfig(**short, checkpoint_every=8, checkpoint_dir=str(tmp_path / "ck")))
     resumed = train(TrainConfig(**kw, resume=str(tmp_path / "ck" / "ckpt-00000008")))
-    _assert_same(straight, resumed)
+    assert_same_parameters(straight, resumed)
 
 
 def _tamper(path, name, how):
@@ -125,9 +118,7 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
     r = CliRunner().invoke(cli, [*args, "--resume", str(tmp_path / "a.ckpt"), "--out", str(tmp_path / "b"),
                                  "--save-model", str(tmp_path / "b.pt")])
     assert r.exit_code == 0, r.output
-    a, b = torch.load(tmp_path / "a.pt"), torch.load(tmp_path / "b.pt")
-    for k in a["tables"]:
-        assert torch.equal(a["tables"][k], b["tables"][k])
+    assert_same_parameters(tmp_path / "a.pt", tmp_path / "b.pt")
     s = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert s["resumed_from"]["iteration"] == 10 and s["iterations"] == 12
     # Not a checkpoint directory, a missing one, another config: one line, exit 2.
@@ -141,13 +132,11 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
         assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("system", ["lru", "local"])
 def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     """Over torch.distributed (2 trainers, 2 servers): lru's replicated cache (victims written
     back by key % N) and local's whole tables checkpoint and resume exactly."""
-    import subprocess
-    import sys
-
     kw = {**KW, "iterations": 16}
     argv = [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--system", system,
             *[x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))],
@@ -161,13 +150,7 @@ def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, syst
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     ref = train(TrainConfig(data=str(tiny_dataset), system=system, **kw))
-    m = torch.load(tmp_path / "m.pt")
-    for t, name in enumerate(m["tables"]):
-        assert torch.equal(m["tables"][name], ref.tables[t])
-    for k, v in ref.model.state_dict().items():
-        assert torch.equal(v, m["dense"][k])
+    assert_same_parameters(tmp_path / "m.pt", ref)
     s = json.loads((tmp_path / "b" / "summary.json").read_text())
     assert s["resumed_from"]["iteration"] == 6
-    import pandas as pd
-
     assert pd.read_csv(tmp_path / "b" / "metrics.csv")["loss"].tolist() == ref.metrics["loss"].tolist()

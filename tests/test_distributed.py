@@ -12,13 +12,18 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from helpers import assert_same_parameters, communicate_all
 
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.distributed import Layout, free_port, trainer_devices
-from bagpipe_cli.engine.trainer import build_planner, split_rows
+from bagpipe_cli.engine.distributed import Layout, trainer_devices
+from bagpipe_cli.engine.distributed.launcher import free_port
+from bagpipe_cli.engine.feed import key_batches
+from bagpipe_cli.engine.setup import build_planner, prepare
 from bagpipe_cli.errors import ConfigError
+
+pytestmark = pytest.mark.slow  # every test here starts real processes
 
 ARGS = ["--batch-size", "256", "--iterations", "16", "--lookahead", "4", "--optimizer", "adagrad",
         "--trainers", "2", "--servers", "1", "--eval-rows", "2000", "--seed", "5"]
@@ -45,24 +50,6 @@ def _slice_rows(data, trainers):
     return out
 
 
-def _communicate_all(procs, timeout):
-    """Each process's (stdout, stderr); any left running (a failed test) is killed."""
-    try:
-        return [p.communicate(timeout=timeout) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-
-
-def _assert_same_parameters(saved, result):
-    for t, name in enumerate(saved["tables"]):
-        assert torch.equal(saved["tables"][name], result.tables[t]), name
-    for k, v in saved["dense"].items():
-        assert torch.equal(v, result.model.state_dict()[k]), k
-
-
 @pytest.mark.parametrize("system", ["sync", "bagpipe", "lru", "lfu", "fae", "local", "het"])
 def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp_path, system):
     """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine
@@ -70,7 +57,7 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     r = _run(tmp_path, tiny_dataset, system, "--system", system, "--staleness", "2", "--procs", "4")
     assert r.returncode == 0, r.stderr[-2000:]
     inproc = train(TrainConfig(data=str(tiny_dataset), system=system, staleness=2, **KW))
-    _assert_same_parameters(torch.load(tmp_path / f"{system}.pt"), inproc)
+    assert_same_parameters(tmp_path / f"{system}.pt", inproc)
     m = pd.read_csv(tmp_path / system / "metrics.csv")
     assert m["loss"].tolist() == inproc.metrics["loss"].tolist()
     if system in ("sync", "het"):  # each trainer pushes the gradients of its slice's rows
@@ -108,19 +95,12 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     assert r.returncode == 0, r.stderr[-2000:]
     cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": n, "servers": servers,
                                                  "optimizer": "sgd", "lookahead": 6})
-    _assert_same_parameters(torch.load(tmp_path / "bag.pt"), train(TrainConfig(**{
-        **cfg.__dict__, "system": "sync"})))
+    assert_same_parameters(tmp_path / "bag.pt", train(TrainConfig(**{**cfg.__dict__, "system": "sync"})))
 
-    ds = open_dataset(tiny_dataset)
-    offsets = table_offsets(ds.meta.cardinalities)
-    train_rows, _ = split_rows(ds, cfg)
-    planner, _, _ = build_planner(cfg, ds, train_rows, offsets, int(sum(ds.meta.cardinalities)))
-    from bagpipe_cli.engine.oracle import batch_keys
-    from bagpipe_cli.engine.trainer import iter_train_batches
-
+    s = prepare(cfg)
     rows = np.zeros(n, np.int64)
     logical = 0
-    for rp in planner.plan(batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows)):
+    for rp in build_planner(s).planner.plan(key_batches(s.ds, cfg, s.train_rows, s.offsets)):
         rows += [len(rp.fetch_for(i)[0]) for i in range(n)]
         logical += len(rp.fetch_keys)
     s = json.loads((tmp_path / "bag" / "summary.json").read_text())
@@ -236,10 +216,10 @@ def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path)
                   "--save-model", str(tmp_path / "dist.pt")]
     nodes = [subprocess.Popen([*cmd, "--node-rank", str(n), *train_args], text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for n in range(2)]
-    logs = [out for out, _ in _communicate_all(nodes, 120)]
+    logs = [out for out, _ in communicate_all(nodes, 120)]
     assert [p.returncode for p in nodes] == [0, 0], logs[0][-2000:] + logs[1][-2000:]
     sync = train(TrainConfig(data=str(tiny_dataset), system="sync", **KW))
-    _assert_same_parameters(torch.load(tmp_path / "dist.pt"), sync)
+    assert_same_parameters(tmp_path / "dist.pt", sync)
     s = json.loads((tmp_path / "dist" / "summary.json").read_text())
     assert s["transport"] == "torch" and s["world_size"] == 4
     assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
@@ -258,7 +238,7 @@ def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, t
                                        *ARGS, "--transport", "torch", "--device", "cuda",
                                        "--out", str(tmp_path / "o")], env=env, text=True,
                                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
-    errs = [err for _, err in _communicate_all(procs, 90)]
+    errs = [err for _, err in communicate_all(procs, 90)]
     assert [p.returncode for p in procs] == [2, 2, 2, 2]
     for e in errs:
         assert "--device cuda: trainer 0 (rank 2)" in e and "has no CUDA device" in e
@@ -269,7 +249,11 @@ def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, t
 SCHEDULE_PROBE = """
 import os, sys, time
 import numpy as np, torch, torch.distributed as dist
-from bagpipe_cli.engine.distributed import Layout, ScheduleError, TorchTransport, serve
+from bagpipe_cli.engine.distributed import Layout
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.server import Server
+from bagpipe_cli.engine.distributed.transport import TorchTransport
+from bagpipe_cli.engine.distributed.wire import ScheduleError
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.server import init_servers
@@ -279,7 +263,7 @@ lay = Layout(servers=1, trainers=2)
 if rank == 1:
     server = init_servers([50], 4, 1, 0, RowOptimizer().init_state)[0]
     try:
-        serve(server, lay, NetworkModel(), RowOptimizer())
+        Server(server, lay, NetworkModel(), RowOptimizer(), Faults()).serve()
     except ScheduleError as e:
         print(e)
         sys.exit(3)
@@ -302,7 +286,7 @@ def test_a_server_refuses_trainers_out_of_step():
                               env={**os.environ, "RANK": str(r), "WORLD_SIZE": "4",
                                    "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
              for r in range(4)]
-    out = _communicate_all(procs, 60)[1][0]
+    out = communicate_all(procs, 60)[1][0]
     assert procs[1].returncode == 3
     assert ("server 0: request 0 of trainer 1 is WRITEBACK #0, trainer 0's is FETCH #0; "
             "the trainers are out of step") in out
@@ -327,3 +311,21 @@ def test_cuda_trainers_match_the_cpu_engine(tiny_dataset, tmp_path):
             torch.testing.assert_close(a["tables"][name], b["tables"][name], rtol=1e-5, atol=1e-6)
         s = json.loads((tmp_path / f"bagpipe-{backend}" / "summary.json").read_text())
         assert all(d.startswith("cuda:") for d in s["trainer_devices"])
+
+
+@pytest.mark.parametrize("system", ["bagpipe", "het"])
+def test_a_run_records_the_same_columns_and_keys_in_process_and_over_procs(tiny_dataset, tmp_path, system):
+    """One schema for every runner: metrics.csv columns, summary.json and config.json keys."""
+    inproc = _run(tmp_path, tiny_dataset, "in", "--system", system)
+    procs = _run(tmp_path, tiny_dataset, "procs", "--system", system, "--procs", "4")
+    assert inproc.returncode == 0 and procs.returncode == 0, inproc.stderr[-1000:] + procs.stderr[-1000:]
+    a, b = (pd.read_csv(tmp_path / n / "metrics.csv") for n in ("in", "procs"))
+    assert list(a.columns) == list(b.columns)
+    assert a["loss"].tolist() == b["loss"].tolist()
+    for name in ("summary.json", "config.json"):
+        ja, jb = (json.loads((tmp_path / n / name).read_text()) for n in ("in", "procs"))
+        assert list(ja) == list(jb), name
+    sa = json.loads((tmp_path / "in" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "procs" / "summary.json").read_text())
+    assert (sa["runner"], sa["world_size"], sa["transport"]) == ("inproc", 1, "inproc")
+    assert (sb["runner"], sb["world_size"], sb["transport"]) == ("distributed", 4, "torch")

@@ -314,6 +314,22 @@ def test_bad_line_is_an_error_naming_file_and_line(tmp_path, bad, line, problem)
     assert problem in meta["extra"]["bad_lines"]["first"][0]["problem"]
 
 
+@pytest.mark.parametrize("hour", ["14109999", "14102124", "14023100", "-1"])
+def test_a_bad_avazu_hour_is_a_line_error(tmp_path, hour):
+    """An hour that is not YYMMDDHH (hour 99 or 24, February 31st, negative) names its line."""
+    header = "id,click,hour,C1,site_id\n"
+    rows = [f"{i},{i % 2},14102100,100{i % 3},s{i % 5}\n" for i in range(6)]
+    rows.insert(3, f"9,1,{hour},1005,s1\n")
+    src = write(tmp_path / "bad.csv", [header, *rows])
+    r = run("avazu", src, "--out", tmp_path / "o")
+    assert r.exit_code == 2, r.output
+    assert f"{src}:5: hour = {hour} is not YYMMDDHH" in r.output.replace("\n", " ")
+    assert "Traceback" not in r.output and not (tmp_path / "o").exists()
+    r = run("avazu", src, "--out", tmp_path / "o", "--on-bad-line", "skip")
+    assert r.exit_code == 0, r.output
+    assert open_dataset(tmp_path / "o").rows == 6
+
+
 def test_empty_truncated_and_missing_column(tmp_path):
     empty = write(tmp_path / "empty.tsv", [])
     r = run("criteo", empty, "--out", tmp_path / "o")

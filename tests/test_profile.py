@@ -20,8 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bagpipe_cli.cli import cli
-from bagpipe_cli.data.format import DatasetWriter, TableSpec, open_dataset
+from bagpipe_cli.data.format import TableSpec, open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
+from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile.policies import (

@@ -12,9 +12,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
-import torch
 from click.testing import CliRunner
+from helpers import assert_same_parameters
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,14 +45,7 @@ def _train_cmd(data, kw, out, *extra):
             "--save-model", f"{out}.pt", *extra]
 
 
-def _assert_model_equals(path, ref):
-    m = torch.load(path)
-    for t, k in zip(ref.tables, m["tables"], strict=True):
-        assert torch.equal(t, m["tables"][k])
-    for k, v in ref.model.state_dict().items():
-        assert torch.equal(v, m["dense"][k])
-
-
+@pytest.mark.slow
 def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_dataset, tmp_path):
     kw = dict(DIST, system="bagpipe", iterations=150, batch_size=128, trainers=1)
     ck = tmp_path / "ck"
@@ -73,16 +67,15 @@ def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_datas
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))
-    _assert_model_equals(f"{tmp_path / 'run'}.pt", ref)
+    assert_same_parameters(f"{tmp_path / 'run'}.pt", ref)
     m = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert m["resumed_from"]["checkpoint"].endswith(stopped_at) and m["iterations"] == 150
 
 
+@pytest.mark.slow
 def test_sigkill_of_a_server_then_a_trainer_rank_then_resume_gives_the_same_parameters(
         tiny_dataset, tmp_path):
     """Real processes on loopback: 0 oracle, 1 server 0, 2..3 trainers 0..1."""
-    import pandas as pd
-
     kw = dict(DIST, system="bagpipe")
     ck = tmp_path / "ck"
     cmd = _train_cmd(tiny_dataset, kw, tmp_path / "run", "--procs", "4", "--timeout", "15",
@@ -102,7 +95,7 @@ def test_sigkill_of_a_server_then_a_trainer_rank_then_resume_gives_the_same_para
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr and "ckpt-00000018" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))
-    _assert_model_equals(f"{tmp_path / 'run'}.pt", ref)
+    assert_same_parameters(f"{tmp_path / 'run'}.pt", ref)
     assert pd.read_csv(tmp_path / "run" / "metrics.csv")["loss"].tolist() == ref.metrics["loss"].tolist()
 
 

@@ -177,7 +177,7 @@ def test_calibration_from_a_stored_bench_run(tmp_path):
 def runs(tmp_path_factory, tiny_dataset):
     """Tiny real runs: sync/bagpipe/het with an emulated network (N = 2, K = 2), and a
     no-network twin of sync."""
-    from bagpipe_cli.engine.trainer import TrainConfig, train
+    from bagpipe_cli.engine import TrainConfig, train
     from bagpipe_cli.results import write_run
 
     root = tmp_path_factory.mktemp("simruns")

@@ -1,21 +1,24 @@
 """TorchRec baseline: the same model, data and initial weights compute the same losses.
 
-Skipped without TorchRec (`make torchrec` installs it).
+Skipped without TorchRec (`make torchrec` installs it), except the error a user gets then.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from click.testing import CliRunner
 
+from bagpipe_cli.cli import cli
 from bagpipe_cli.external import torchrec_available
 
-pytestmark = pytest.mark.skipif(not torchrec_available(),
-                                reason="torchrec not installed (optional: `make torchrec`)")
+needs_torchrec = pytest.mark.skipif(not torchrec_available(),
+                                    reason="torchrec not installed (optional: `make torchrec`)")
 
 BATCH = 512
 
@@ -27,6 +30,7 @@ def _our_loss(model, tables, bt) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(logits, torch.from_numpy(bt.labels), reduction="sum") / len(bt.labels)
 
 
+@needs_torchrec
 @pytest.mark.parametrize("name", ["dlrm", "deepfm"])
 def test_same_loss_and_gradients_on_one_batch(tiny_dataset, name):
     from bagpipe_cli.data.format import open_dataset
@@ -66,6 +70,7 @@ def test_same_loss_and_gradients_on_one_batch(tiny_dataset, name):
         assert torch.allclose(p.grad, q.grad, atol=1e-6), n
 
 
+@needs_torchrec
 def test_key_order_restores_table_order():
     from bagpipe_cli.external.torchrec_run import TorchRecModel
 
@@ -78,6 +83,8 @@ def test_key_order_restores_table_order():
         m.set_key_order(["f0", "f1"])
 
 
+@needs_torchrec
+@pytest.mark.slow
 def test_two_trainers_table_wise_equal_sync_training(tiny_dataset):
     """Two gloo processes, table-wise sharded, TorchRec's pipeline: losses equal the engine's
     synchronous run, and the summary has the engine's keys."""
@@ -95,7 +102,7 @@ def test_two_trainers_table_wise_equal_sync_training(tiny_dataset):
     for k in ("iteration", "loss", "time", "data", "forward", "backward", "optimizer"):
         assert k in res.metrics.columns
     assert set(ours.summary) <= set(res.summary)
-    assert res.summary["system"] == "torchrec" and res.summary["procs"] == 2
+    assert res.summary["system"] == "torchrec" and res.summary["world_size"] == 2
     assert res.summary["samples_per_s"] > 0
     assert abs(res.summary["eval_auc"] - ours.summary["eval_auc"]) < 1e-3
     assert res.config["train"]["system"] == "torchrec"
@@ -103,6 +110,7 @@ def test_two_trainers_table_wise_equal_sync_training(tiny_dataset):
         assert torch.allclose(a, b, atol=1e-5)
 
 
+@needs_torchrec
 def test_bad_options_are_config_errors(tiny_dataset):
     from bagpipe_cli.engine import TrainConfig
     from bagpipe_cli.errors import ConfigError
@@ -113,3 +121,34 @@ def test_bad_options_are_config_errors(tiny_dataset):
         train_torchrec(cfg, sharding="row_wise")
     with pytest.raises(ConfigError, match="divisible"):
         train_torchrec(cfg, procs=3)
+
+
+def test_train_torchrec_without_torchrec_is_one_line_naming_make_torchrec(tiny_dataset, tmp_path,
+                                                                          monkeypatch):
+    import bagpipe_cli.external.torchrec_parts as parts
+
+    monkeypatch.setattr(parts, "torchrec_available", lambda: False)
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", "torchrec",
+                                 "--out", str(tmp_path / "o")])
+    assert r.exit_code == 2 and "make torchrec" in r.output and "Traceback" not in r.output
+    assert len(r.output.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+@needs_torchrec
+@pytest.mark.slow
+def test_train_cli_runs_torchrec(tiny_dataset, tmp_path):
+    """`bagpipe train --system torchrec` writes a run with the engine's columns and keys."""
+    args = ["train", str(tiny_dataset), "--batch-size", str(BATCH), "--iterations", "4",
+            "--warmup", "1", "--trainers", "2", "--eval-rows", "2000"]
+    r = CliRunner().invoke(cli, [*args, "--system", "torchrec", "--out", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    r = CliRunner().invoke(cli, [*args, "--system", "sync", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 0, r.output
+    for name in ("summary.json", "config.json"):
+        t, s = (json.loads((tmp_path / d / name).read_text()) for d in ("t", "s"))
+        assert list(t) == list(s), name
+    assert (tmp_path / "t" / "metrics.csv").read_text().splitlines()[0] == \
+        (tmp_path / "s" / "metrics.csv").read_text().splitlines()[0]
+    s = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert s["runner"] == "torchrec" and s["world_size"] == 2 and s["samples_per_s"] > 0

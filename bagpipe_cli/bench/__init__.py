@@ -1,25 +1,15 @@
 """`bagpipe bench`: a matrix of training runs (systems x models x datasets x settings).
 
-Entry points: `load_bench_config(path) -> BenchConfig` (YAML/TOML, validated),
-`plan_runs(cfg) -> [PlannedRun]` (deduplicated by effective config), and
-`run_bench(cfg, out, resume, progress) -> BenchResult` (writes the bench folder; see
-`bagpipe_cli.bench.runner` for its layout). Results are read back with
-`bagpipe_cli.results.load_results`.
+Entry points: `load_bench_config(path) -> BenchConfig` (YAML/TOML, validated; types in
+`bagpipe_cli.bench.matrix`), `plan_runs(cfg) -> [PlannedRun]` (`bagpipe_cli.bench.plan`,
+deduplicated by effective config), and `run_bench(cfg, out, resume, progress) ->
+BenchResult` (writes the bench folder; see `bagpipe_cli.bench.runner` for its layout).
+Results are read back with `bagpipe_cli.results.load_results`.
 """
 
-from bagpipe_cli.bench.config import (
-    SYSTEM_OWN_SETTINGS,
-    BenchConfig,
-    DatasetSpec,
-    MatrixAxis,
-    PlannedRun,
-    ProfileSpec,
-    find_bench_file,
-    ignored_settings,
-    load_bench_config,
-    parse_bench_config,
-    plan_runs,
-)
+from bagpipe_cli.bench.config import find_bench_file, load_bench_config, parse_bench_config
+from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
+from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, PlannedRun, ignored_settings, plan_runs
 from bagpipe_cli.bench.runner import (
     BenchEvent,
     BenchResult,

@@ -22,173 +22,36 @@ A bench file names datasets, models and systems, a `base` of `TrainConfig` setti
 A setting a system does not read (Bagpipe's lookahead for `sync`) is reset to its default
 for that system, so it neither multiplies the system's runs nor changes its run id: runs
 are deduplicated by their *effective* config.
+
+This module loads and validates; the config's types are in `bagpipe_cli.bench.matrix`
+and the runs are planned by `bagpipe_cli.bench.plan`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
-import json
 import re
+import tomllib
 import typing
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-from bagpipe_cli.errors import ConfigError
+import yaml
 
-CONFIG_SCHEMA_VERSION = 1
+from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
+from bagpipe_cli.bench.plan import plan_runs, slugify, train_fields, value_label
+from bagpipe_cli.data.synth import SynthConfig
+from bagpipe_cli.engine.registry import ALL_SYSTEMS
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.models import MODELS
+from bagpipe_cli.profile import POLICIES
+
 BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", "base", "matrix",
               "profile")
 DATASET_KEYS = ("name", "path", "synth")
 PROFILE_KEYS = ("enabled", "batch_size", "lookaheads", "policies", "dim")
 # Set by `datasets`, `systems` and `models`, never by `base` or `matrix`.
 RESERVED_FIELDS = ("data", "system", "model")
-
-# Settings that belong to a system rather than to the environment it runs in: the report
-# compares systems across them (Bagpipe at L=16 against sync in the same setting).
-SYSTEM_OWN_SETTINGS = ("lookahead", "round", "cache_rows", "staleness")
-# Which systems read each of them. lru/lfu/fae read lookahead and round only for their
-# default capacity (Bagpipe's peak at that lookahead), i.e. when cache_rows is not given.
-_READERS = {
-    "lookahead": {"bagpipe", "lru", "lfu", "fae"},
-    "round": {"bagpipe", "lru", "lfu", "fae"},
-    "cache_rows": {"bagpipe", "lru", "lfu", "fae"},
-    "staleness": {"het"},
-    "hot_sample": {"fae"},
-}
-_CAPACITY_FROM_PEAK = {"lru", "lfu", "fae"}
-# Systems whose settings are known; any other system is assumed to read every setting, so
-# that it is never deduplicated wrongly (at worst it runs more often than needed).
-_KNOWN_SYSTEMS = {"sync", "bagpipe", "lru", "lfu", "fae", "het", "local", "torchrec"}
-# Short names for run ids and labels.
-SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
-         "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
-         "iterations": "it", "optimizer": "opt", "dense_optimizer": "dopt", "staleness": "s"}
-
-
-def ignored_settings(system: str, cache_rows: int | None = None) -> set[str]:
-    """The `TrainConfig` settings `system` does not read (they are reset to defaults)."""
-    if system not in _KNOWN_SYSTEMS:
-        return set()
-    ignored = {k for k, readers in _READERS.items() if system not in readers}
-    if system in _CAPACITY_FROM_PEAK and cache_rows is not None:
-        ignored |= {"lookahead", "round"}
-    return ignored
-
-
-def _train_fields() -> dict[str, Any]:
-    from bagpipe_cli.engine.trainer import TrainConfig
-
-    hints = typing.get_type_hints(TrainConfig)
-    return {f.name: (hints[f.name], f.default) for f in fields(TrainConfig)}
-
-
-@dataclass(frozen=True)
-class DatasetSpec:
-    """One dataset of a bench: a directory, and how to generate it if it is missing."""
-
-    name: str
-    path: Path
-    synth: dict[str, Any] | None = None  # SynthConfig arguments (generated when path is missing)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "path": str(self.path), "synth": self.synth}
-
-
-@dataclass(frozen=True)
-class MatrixAxis:
-    """One crossed list: each choice is (label, settings)."""
-
-    name: str
-    choices: tuple[tuple[str, dict[str, Any]], ...]
-    group: bool = False  # choices are groups of settings (labelled), not values of one setting
-
-    def display(self, label: str) -> str:
-        """`L16` for a value axis, `net=slow` for a group axis."""
-        return f"{self.name}={label}" if self.group else label
-
-    @property
-    def settings(self) -> set[str]:
-        return {k for _, s in self.choices for k in s}
-
-
-@dataclass(frozen=True)
-class ProfileSpec:
-    """The access profile run once per dataset (for the report's skew CDF)."""
-
-    batch_size: int | None = None  # default: the first run's batch size
-    lookaheads: tuple[int, ...] | None = None  # default: every Bagpipe lookahead of the bench
-    policies: tuple[str, ...] = ("none", "bagpipe")
-    dim: int | None = None  # default: the first run's embedding dimension
-
-
-@dataclass(frozen=True)
-class BenchConfig:
-    """A benchmark matrix, as loaded from a YAML/TOML file."""
-
-    name: str
-    source: str  # the file it was loaded from
-    datasets: tuple[DatasetSpec, ...]
-    models: tuple[str, ...]
-    systems: tuple[str, ...]
-    repeat: int = 1
-    base: dict[str, Any] = field(default_factory=dict)
-    matrix: tuple[MatrixAxis, ...] = ()
-    profile: ProfileSpec | None = ProfileSpec()
-    description: str = ""
-    system_axes: dict[str, tuple[MatrixAxis, ...]] = field(default_factory=dict)  # per-system sweeps
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "schema_version": CONFIG_SCHEMA_VERSION, "name": self.name, "source": self.source,
-            "description": self.description,
-            "datasets": [d.to_json() for d in self.datasets], "models": list(self.models),
-            "systems": [{"name": s, **_axes_json(self.system_axes[s])} if s in self.system_axes
-                        else s for s in self.systems],
-            "repeat": self.repeat, "base": dict(self.base), "matrix": _axes_json(self.matrix),
-            "profile": None if self.profile is None else {
-                k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.profile).items()},
-        }
-
-    def with_repeat(self, repeat: int | None) -> BenchConfig:
-        if repeat is None:
-            return self
-        if repeat < 1:
-            raise ConfigError(f"--repeat must be >= 1 (got {repeat})")
-        return BenchConfig(**{**{f.name: getattr(self, f.name) for f in fields(self)}, "repeat": repeat})
-
-
-def _axes_json(axes: tuple[MatrixAxis, ...]) -> dict[str, list]:
-    return {a.name: ([{"label": lab, **s} for lab, s in a.choices] if a.group
-                     else [s[a.name] for _, s in a.choices]) for a in axes}
-
-
-@dataclass(frozen=True)
-class PlannedRun:
-    """One configuration of the matrix (repeated `repeat` times)."""
-
-    config: Any  # TrainConfig (effective: settings the system ignores are at their defaults)
-    dataset: str  # dataset name
-    setting: dict[str, str]  # matrix axis -> label ("net=slow"), axes not the system's own
-    variant: dict[str, str]  # matrix axis -> label ("L16"), the system's own settings
-    slug: str  # readable part of the run id
-    key: str  # short hash of the effective config
-
-    def run_id(self, repeat: int) -> str:
-        return f"{self.slug}-{self.key}-r{repeat}"
-
-    @property
-    def setting_label(self) -> str:
-        return ", ".join(self.setting.values()) or "-"
-
-    @property
-    def variant_label(self) -> str:
-        return ", ".join(self.variant.values())
-
-
-# ---------------------------------------------------------------------------------------
-# Loading
 
 
 def load_bench_config(path: Path) -> BenchConfig:
@@ -200,16 +63,10 @@ def load_bench_config(path: Path) -> BenchConfig:
     text = path.read_text()
     if path.suffix.lower() == ".toml":
         try:
-            import tomllib
-        except ImportError:  # Python 3.10
-            raise ConfigError(f"{path}: reading TOML needs Python 3.11+; use YAML") from None
-        try:
             raw = tomllib.loads(text)
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
     else:
-        import yaml
-
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as e:
@@ -221,10 +78,6 @@ def load_bench_config(path: Path) -> BenchConfig:
 
 def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
     """Validate a bench config given as a mapping (the parsed file)."""
-    from bagpipe_cli.engine.systems import SYSTEMS
-    from bagpipe_cli.engine.trainer import EXTERNAL_SYSTEMS
-    from bagpipe_cli.models import MODELS
-
     where = source
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: expected a mapping of {', '.join(BENCH_KEYS)}")
@@ -239,8 +92,8 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
         if m not in MODELS:
             raise ConfigError(f"{where}: models: unknown model {m!r}; choose from "
                               f"{', '.join(sorted(MODELS))}")
-    tf = _train_fields()
-    systems, system_axes = _systems(raw.get("systems"), tf, where, (*SYSTEMS, *EXTERNAL_SYSTEMS))
+    tf = train_fields()
+    systems, system_axes = _systems(raw.get("systems"), tf, where, ALL_SYSTEMS)
     repeat = raw.get("repeat", 1)
     if not isinstance(repeat, int) or isinstance(repeat, bool) or repeat < 1:
         raise ConfigError(f"{where}: repeat must be an integer >= 1 (got {repeat!r})")
@@ -305,8 +158,6 @@ def _str_list(v: Any, where: str, key: str) -> list[str]:
 
 
 def _datasets(v: Any, where: str) -> tuple[DatasetSpec, ...]:
-    from bagpipe_cli.data.synth import SynthConfig
-
     if not isinstance(v, list) or not v:
         raise ConfigError(f"{where}: datasets must be a non-empty list of {{name, path, synth}}")
     out = []
@@ -381,7 +232,7 @@ def _matrix(m: Any, tf: dict[str, Any], where: str, prefix: str = "matrix") -> t
                 g = dict(g)
                 label = str(g.pop("label", "") or f"{name}{i}")
                 s = {k: _setting(k, v, tf, where, f"{prefix}.{name}[{i}].{k}") for k, v in g.items()}
-                choices.append((_slug(label), s))
+                choices.append((slugify(label), s))
         elif any(isinstance(v, dict) for v in values):
             raise ConfigError(f"{where}: {prefix}.{name} mixes mappings and plain values")
         else:
@@ -389,7 +240,7 @@ def _matrix(m: Any, tf: dict[str, Any], where: str, prefix: str = "matrix") -> t
                 _setting(name, None, tf, where, f"{prefix}.{name}")  # raises: unknown key
             for v in values:
                 val = _setting(name, v, tf, where, f"{prefix}.{name}")
-                choices.append((_value_label(name, val), {name: val}))
+                choices.append((value_label(name, val), {name: val}))
         labels = [lab for lab, _ in choices]
         if len(set(labels)) != len(labels):
             raise ConfigError(f"{where}: {prefix}.{name}: two choices have the label {labels}; "
@@ -399,8 +250,6 @@ def _matrix(m: Any, tf: dict[str, Any], where: str, prefix: str = "matrix") -> t
 
 
 def _profile(v: Any, where: str) -> ProfileSpec | None:
-    from bagpipe_cli.profile import POLICIES
-
     if v is False or v is None:
         return None
     if v is True:
@@ -425,85 +274,6 @@ def _profile(v: Any, where: str) -> ProfileSpec | None:
         if x is not None and (not isinstance(x, int) or isinstance(x, bool) or x < 1):
             raise ConfigError(f"{where}: profile.{k} must be an integer >= 1 (got {x!r})")
     return ProfileSpec(batch_size=v.get("batch_size"), lookaheads=la, policies=pol, dim=v.get("dim"))
-
-
-# ---------------------------------------------------------------------------------------
-# Planning
-
-
-def _slug(s: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._]+", "-", str(s)).strip("-") or "x"
-
-
-def _value_label(name: str, v: Any) -> str:
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return _slug(f"{SHORT.get(name, name)}{'none' if v is None else v}")
-
-
-def config_key(cfg: Any) -> str:
-    """8 hex digits of the SHA-1 of the effective config (sorted JSON)."""
-    blob = json.dumps(asdict(cfg), sort_keys=True, default=str)
-    return hashlib.sha1(blob.encode()).hexdigest()[:8]
-
-
-def effective_config(cfg: Any) -> Any:
-    """`cfg` with the settings its system ignores reset to their defaults."""
-    from dataclasses import replace
-
-    defaults = {k: d for k, (_, d) in _train_fields().items()}
-    reset = {k: defaults[k] for k in ignored_settings(cfg.system, cfg.cache_rows) if k in defaults}
-    return replace(cfg, **reset)
-
-
-def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
-    """Every distinct effective configuration, in the order one repeat runs them.
-
-    Comparable runs are adjacent: for each dataset, model and matrix choice, every system.
-    """
-    from bagpipe_cli.engine.trainer import TrainConfig
-
-    varying = [a for a in cfg.matrix if len(a.choices) > 1]
-    seen: dict[str, PlannedRun] = {}
-    for ds, model, combo in itertools.product(cfg.datasets, cfg.models,
-                                              itertools.product(*[a.choices for a in cfg.matrix])):
-        settings: dict[str, Any] = dict(cfg.base)
-        for (_, s) in combo:
-            settings.update(s)
-        for system, own_combo in ((s, oc) for s in cfg.systems for oc in itertools.product(
-                *[a.choices for a in cfg.system_axes.get(s, ())])):
-            own_settings = dict(settings)
-            for (_, s) in own_combo:
-                own_settings.update(s)
-            try:
-                tc = TrainConfig(data=str(ds.path), system=system, model=model, **own_settings)
-            except ConfigError as e:
-                raise ConfigError(f"{cfg.source}: {system}/{model} with {own_settings}: {e}") from None
-            if tc.warmup >= tc.iterations:
-                raise ConfigError(f"{cfg.source}: warmup {tc.warmup} must be below iterations "
-                                  f"{tc.iterations} (warm-up iterations are excluded from figures)")
-            eff = effective_config(tc)
-            key = config_key(eff)
-            if key in seen:
-                continue
-            ignored = ignored_settings(system, tc.cache_rows)
-            setting, variant = {}, {}
-            for axis, (label, s) in zip(cfg.matrix, combo, strict=True):
-                if axis not in varying or (s and set(s) <= ignored) or (not s and axis.settings <= ignored):
-                    continue
-                if axis.settings <= set(SYSTEM_OWN_SETTINGS):
-                    variant[axis.name] = axis.display(label)
-                else:
-                    setting[axis.name] = axis.display(label)
-            for axis, (label, _s) in zip(cfg.system_axes.get(system, ()), own_combo, strict=True):
-                if len(axis.choices) > 1:
-                    variant[axis.name] = axis.display(label)
-            parts = [system, model]
-            if len(cfg.datasets) > 1:
-                parts.append(ds.name)
-            parts += [_slug(x.split("=")[-1]) for x in [*variant.values(), *setting.values()]]
-            seen[key] = PlannedRun(eff, ds.name, setting, variant, _slug("-".join(parts)), key)
-    return list(seen.values())
 
 
 def find_bench_file(name: str = "quick") -> Path:

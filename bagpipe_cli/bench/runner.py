@@ -17,6 +17,7 @@ skips them.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -26,12 +27,18 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.bench.config import BenchConfig, PlannedRun, plan_runs
-from bagpipe_cli.engine.distributed import spawn_train
-from bagpipe_cli.engine.trainer import train
+from bagpipe_cli.bench.config import BENCH_KEYS
+from bagpipe_cli.bench.matrix import BenchConfig
+from bagpipe_cli.bench.plan import PlannedRun, plan_runs
+from bagpipe_cli.data.format import open_dataset
+from bagpipe_cli.data.synth import SynthConfig, generate
+from bagpipe_cli.engine import run
+from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.io import atomic_file, write_json
+from bagpipe_cli.profile import ProfileConfig, run_profile
+from bagpipe_cli.profile.report import write_profile
 from bagpipe_cli.results import RUN_SCHEMA_VERSION, write_run
 
 INDEX_SCHEMA_VERSION = 1
@@ -122,8 +129,6 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
                 emit(BenchEvent("iteration", run=p, repeat=r, done=done, total=total,
                                 iteration=b, record=rec))
 
-            # A run over torch.distributed is spawned as local processes, one per rank.
-            run = spawn_train if p.config.transport == "torch" else train
             res = run(p.config, progress=on_iter)
             config = {**res.config, "bench": {"name": cfg.name, "run_id": rid, "repeat": r,
                                               "dataset": p.dataset, "setting": p.setting,
@@ -156,8 +161,6 @@ def _prepare(out: Path, resume: bool) -> None:
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    import json
-
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as e:
@@ -173,8 +176,6 @@ def read_bench_config(out: Path) -> dict[str, Any]:
     if obj.get("schema_version") != INDEX_SCHEMA_VERSION:
         raise DataError(f"{p}: schema_version {obj.get('schema_version')} is not supported by this "
                         f"bagpipe (expects {INDEX_SCHEMA_VERSION}); rerun the bench with it")
-    from bagpipe_cli.bench.config import BENCH_KEYS
-
     return {k: v for k, v in obj["config"].items() if k in BENCH_KEYS}
 
 
@@ -202,9 +203,6 @@ def _write_index(out: Path, cfg: BenchConfig, rows: list[dict[str, Any]], total:
 
 def prepare_dataset(ds, emit: ProgressFn) -> bool:
     """Generate a missing synthetic dataset; check an existing one. True if generated."""
-    from bagpipe_cli.data.format import open_dataset
-    from bagpipe_cli.data.synth import SynthConfig, generate
-
     if not ds.path.exists():
         if ds.synth is None:
             raise ConfigError(
@@ -231,17 +229,15 @@ def prepare_dataset(ds, emit: ProgressFn) -> bool:
 
 
 def _profile(cfg: BenchConfig, plan: list[PlannedRun], ds, out: Path, emit: ProgressFn) -> None:
-    from bagpipe_cli.profile import ProfileConfig, run_profile
-    from bagpipe_cli.profile.report import write_profile
-
     if (out / "profile.json").is_file():
         return
     runs = [p.config for p in plan if p.dataset == ds.name]
-    spec = cfg.profile
-    lookaheads = spec.lookaheads or tuple(sorted({c.lookahead for c in runs if c.system == "bagpipe"})
+    prof = cfg.profile
+    lookaheads = prof.lookaheads or tuple(sorted({c.lookahead for c in runs
+                                                  if spec(c.system).planner == "oracle"})
                                           or {runs[0].lookahead})
-    pc = ProfileConfig(data=ds.path, batch_size=spec.batch_size or runs[0].batch_size,
-                       lookaheads=lookaheads, policies=spec.policies, dim=spec.dim or runs[0].emb_dim)
+    pc = ProfileConfig(data=ds.path, batch_size=prof.batch_size or runs[0].batch_size,
+                       lookaheads=lookaheads, policies=prof.policies, dim=prof.dim or runs[0].emb_dim)
     emit(BenchEvent("profile", message=f"profiling {ds.name} (batch {pc.batch_size}, "
                                        f"L={','.join(map(str, lookaheads))})"))
     write_profile(run_profile(pc), out, overwrite=True)

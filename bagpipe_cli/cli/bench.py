@@ -10,6 +10,14 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from bagpipe_cli.bench import (
+    default_out,
+    find_bench_file,
+    load_bench_config,
+    parse_bench_config,
+    read_bench_config,
+    run_bench,
+)
 from bagpipe_cli.cli.common import OneLineError, console, err_console, translate_errors
 
 LIVE_ROWS = 12  # finished runs shown in the live table (all are in index.csv)
@@ -39,15 +47,6 @@ def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None
     keeps its finished runs; --resume skips them. Repeats are interleaved. Missing synthetic
     datasets are generated first, and each dataset is profiled into <out>/profiles/.
     """
-    from bagpipe_cli.bench import (
-        default_out,
-        find_bench_file,
-        load_bench_config,
-        parse_bench_config,
-        read_bench_config,
-        run_bench,
-    )
-
     if quick and config is not None:
         raise click.UsageError("give a CONFIG file or --quick, not both")
     if resume and out is None:

@@ -8,6 +8,7 @@ import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import console, overwrite_option, translate_errors
+from bagpipe_cli.report import ReportConfig, build_report
 
 
 @click.command(epilog="""\b
@@ -29,8 +30,6 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     lookahead and vs cache size (when the results vary them), loss curves, rows fetched per
     iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
     """
-    from bagpipe_cli.report import ReportConfig, build_report
-
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
     res = build_report(cfg)
     s = res.summary

@@ -15,8 +15,12 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.io import check_output_dir
+from bagpipe_cli.engine.registry import role
+from bagpipe_cli.io import atomic_dir, check_output_dir
+from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
+from bagpipe_cli.simulate.cluster import ensure_dataset, load_cluster
 from bagpipe_cli.simulate.model import SYSTEMS
+from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
 
 EPILOG = """\b
 Examples:
@@ -74,8 +78,6 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
     if validate_paths:
         _validate(validate_paths, out, overwrite)
         return
-    from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
-    from bagpipe_cli.simulate.cluster import ensure_dataset, load_cluster
 
     cf = load_cluster(cluster_file) if cluster_file else None
     if out is not None:
@@ -124,7 +126,7 @@ def _print_result(result) -> None:
     if src.get("kind") == "calibrated":
         console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
                       f"(x{src['scale']:.3g} for {cfg.batch_size // cl.trainers:,} samples per trainer)")
-    bag = next((p for p in result.predictions if p.system == "bagpipe"), None)
+    bag = next((p for p in result.predictions if role(p.system) == "ours"), None)
     if bag is not None:
         rep = cfg.reported or {}
         t = Table(title="predicted speed-up of bagpipe over each baseline"
@@ -134,7 +136,7 @@ def _print_result(result) -> None:
         if rep:
             t.add_column("reported", justify="right")
         for p in result.predictions:
-            if p.system in ("bagpipe", "local"):
+            if role(p.system) in ("ours", "bound"):
                 continue
             row = [p.system, f"{p.mean_ms / bag.mean_ms:.2f}x"]
             if rep:
@@ -146,8 +148,6 @@ def _print_result(result) -> None:
 
 
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
-    from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
-
     if out is not None:
         check_output_dir(out, overwrite)
     with err_console.status("validating") as status:
@@ -174,8 +174,6 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
         console.print(f"note: {len(missing)} emulated-network run(s) have no no-network twin; their "
                       "fetch CPU is taken as 0")
     if out is not None:
-        from bagpipe_cli.io import atomic_dir
-
         with atomic_dir(out, overwrite) as tmp:
             validation_frame(rows).to_csv(tmp / "validate.csv", index=False)
         console.print(f"wrote {out}/validate.csv")

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import click
+import numpy as np
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
@@ -56,7 +57,5 @@ def synth(out: Path, overwrite: bool, **kwargs) -> None:
 
 
 def _pos_rate(out: Path) -> str:
-    import numpy as np
-
     labels = np.load(out / "labels.npy", mmap_mode="r")
     return f"{float(labels.mean()):.3f}"

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bagpipe_cli.data.format import DatasetMeta, DatasetWriter, TableSpec
+from bagpipe_cli.data.format import DatasetMeta, TableSpec
+from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir
 

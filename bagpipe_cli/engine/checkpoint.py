@@ -29,8 +29,9 @@ import json
 import os
 import re
 import shutil
+import tempfile
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -38,9 +39,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bagpipe_cli import __version__
+from bagpipe_cli.engine.config import TrainConfig, option_name
 from bagpipe_cli.engine.server import gather_shards
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import json_default
+from bagpipe_cli.io import atomic_dir, json_default
 
 FORMAT = "bagpipe-checkpoint"
 VERSION = 1
@@ -52,8 +55,8 @@ NAME = re.compile(r"^ckpt-(\d{8})$")
 # a resumed run may change them (`iterations` may grow: batch b is the same for any length).
 # `backend` only moves exact copies (all-gathers; the sums are taken alike on every backend).
 FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
-               "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend"}
-OPTION = {"round": "--round", "timeout_s": "--timeout"}
+               "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend",
+               "procs"}
 
 
 class CheckpointError(ConfigError):
@@ -109,9 +112,6 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
                     dense_optimizer: dict[str, Any], rng: torch.Tensor,
                     metrics: list[list[dict[str, Any]]], keep: int = 2) -> Path:
     """Write `root/ckpt-<iteration>` atomically, then drop all but the newest `keep` ones."""
-    from bagpipe_cli import __version__
-    from bagpipe_cli.io import atomic_dir
-
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     out = root / checkpoint_name(iteration)
@@ -230,7 +230,7 @@ def find_checkpoint(path: Path, option: str = "--resume") -> Checkpoint:
     raise CheckpointError(f"{option} {path}: no checkpoint verifies: " + "; ".join(skipped))
 
 
-def check_compatible(cfg, ck: Checkpoint, dataset: dict[str, Any], option: str = "--resume") -> None:
+def check_compatible(cfg: TrainConfig, ck: Checkpoint, dataset: dict[str, Any], option: str = "--resume") -> None:
     """Refuse to resume `ck` under a config or dataset that would train different parameters."""
     for f in fields(cfg):
         if f.name in FREE_FIELDS:
@@ -238,7 +238,7 @@ def check_compatible(cfg, ck: Checkpoint, dataset: dict[str, Any], option: str =
         # A field newer than the checkpoint had its default's behaviour then.
         mine, theirs = getattr(cfg, f.name), ck.config.get(f.name, f.default)
         if mine != theirs:
-            opt = OPTION.get(f.name, "--" + f.name.replace("_", "-"))
+            opt = option_name(f.name)
             raise CheckpointError(f"{option} {ck.path}: the checkpoint was made with {opt} {theirs}, "
                                   f"this run has {opt} {mine}; resume with the same setting")
     for key in ("rows", "cardinalities", "dense_features"):
@@ -263,12 +263,17 @@ def full_tables(servers: list, resident: list[tuple[np.ndarray, torch.Tensor, to
     return weight, state
 
 
+def checkpoint_due(cfg: TrainConfig, b: int, start: int) -> bool:
+    """A checkpoint is taken at the boundary before iteration b, every --checkpoint-every
+    iterations (not at the run's start, nor after its last iteration)."""
+    every = cfg.checkpoint_every
+    return every > 0 and start < b < cfg.iterations and b % every == 0
+
+
 class Checkpointer:
     """Writes a run's checkpoints every `every` iterations and times them."""
 
-    def __init__(self, cfg, dataset: dict[str, Any], start: int = 0):
-        import tempfile
-
+    def __init__(self, cfg: TrainConfig, dataset: dict[str, Any], start: int = 0):
         self.every, self.keep, self.start = cfg.checkpoint_every, cfg.checkpoint_keep, start
         self._tmp = None
         if cfg.checkpoint_dir is None:  # library/bench use: measure, then discard
@@ -276,15 +281,11 @@ class Checkpointer:
             self.root = Path(self._tmp)
         else:
             self.root = Path(cfg.checkpoint_dir)
-        self.config = _config_dict(cfg)
+        self.config = asdict(cfg)
         self.dataset = dataset
         self.ms: list[float] = []
         self.last: Path | None = None
         clean_partial(self.root)
-
-    def due(self, b: int, iterations: int) -> bool:
-        """A checkpoint is taken at the boundary before iteration b (not at the run's start)."""
-        return self.every > 0 and b > self.start and b % self.every == 0 and b < iterations
 
     def save(self, b: int, weight, state, dense, dense_optimizer, rng, metrics, t0: float) -> None:
         self.last = save_checkpoint(self.root, b, self.config, self.dataset, weight, state, dense,
@@ -306,8 +307,3 @@ class Checkpointer:
             with contextlib.suppress(OSError):
                 shutil.rmtree(self._tmp)
 
-
-def _config_dict(cfg) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(cfg)

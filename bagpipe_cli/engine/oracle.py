@@ -7,7 +7,7 @@ For every iteration b, with U_b the unique global row keys of the global batch:
 - evicted(b) = rows of U_b not used again in (b, b+L]; they are written back after b.
   Consistency follows: a row is only fetched again more than L iterations after its
   eviction, long after its write-back has landed.
-- sync lists (LRPP, see DESIGN.md): sync_now = U_b ∩ U_{b+1}; no_sync = rows used by one
+- sync lists (LRPP, docs/architecture.md): sync_now = U_b ∩ U_{b+1}; no_sync = rows used by one
   trainer only and evicted after b; sync_later = the rest.
 - private rows (the physical partition of LRPP): rows fetched for b that are no_sync at b.
   Their whole stay in the cache is iteration b on one trainer, so only that trainer
@@ -57,11 +57,12 @@ class IterPlan:
     owner: np.ndarray | None = None  # [|U_b|] the one trainer using a row (meaningful for NO_SYNC)
     private_fetched: np.ndarray | None = None  # [N] rows fetched for b that only trainer i holds
 
-    def fetched_by(self, i: int) -> int:
-        """Rows trainer i fetches for this iteration (the others' private rows excluded)."""
+    def fetched_by(self, i: int, count: int = 1) -> int:
+        """Rows trainers i..i+count-1 fetch for this iteration (the others' private rows excluded)."""
         if self.private_fetched is None:
             return self.fetched
-        return self.fetched - int(self.private_fetched.sum()) + int(self.private_fetched[i])
+        mine = int(self.private_fetched[i:i + count].sum())
+        return self.fetched - int(self.private_fetched.sum()) + mine
 
 
 @dataclass
@@ -81,11 +82,13 @@ class RoundPlan:
     # (None: every row goes to every trainer).
     fetch_owner: np.ndarray | None = None
 
-    def fetch_for(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        """(keys, slots) trainer i fetches: every row except the other trainers' private ones."""
+    def fetch_for(self, i: int, count: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, slots) trainers i..i+count-1 fetch: every row except the other trainers'
+        private ones."""
         if self.fetch_owner is None:
             return self.fetch_keys, self.fetch_slots
-        m = (self.fetch_owner < 0) | (self.fetch_owner == i)
+        owner = self.fetch_owner
+        m = (owner < 0) | ((owner >= i) & (owner < i + count))
         return self.fetch_keys[m], self.fetch_slots[m]
 
 

@@ -15,6 +15,7 @@ so fetched-row counts of a training run equal the profile's on the same batches.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -98,8 +99,6 @@ class PolicyPlanner:
         return slots
 
     def plan(self, batches: Iterable[np.ndarray]) -> Iterator[RoundPlan]:
-        import time
-
         tr = self.trace
         for b, keys in enumerate(batches):
             t0 = time.perf_counter()
@@ -114,20 +113,19 @@ class PolicyPlanner:
                 cold = uniq[~self.hot[uniq]]
                 fetch = np.concatenate([self.hot_keys, cold]) if b == 0 else cold
                 after = cold
-                critical = len(uniq) - len(cold)  # hot rows are all-reduced between trainers
             else:
                 fetch = u[~self.cache.resident[u]]
                 self.cache.step(lo, hi, self.priority(b, lo, hi))
                 pre_keys = np.concatenate(self.cache.evicted) if self.cache.evicted else pre_keys
-                critical = len(uniq)
             pre_slots = self._release(pre_keys)
             fetch_slots = self._take(fetch)
             resident = self.slots - len(self.free)
             self.peak_resident = max(self.peak_resident, resident)
             slots = self.slot_of[uniq]
             after_slots = self._release(after)
+            # The cache is replicated on every trainer: every row's gradient is all-reduced.
             it = IterPlan(b, uniq, inverse.reshape(-1), slots, len(fetch), after, after_slots,
-                          sync_now=critical, sync_later=0, no_sync=len(uniq) - critical,
+                          sync_now=len(uniq), sync_later=0, no_sync=0,
                           no_sync_owner_rows=np.zeros(1, np.int64))
             rp = RoundPlan(b, fetch, fetch_slots, [it], resident_after_insert=resident,
                            pre_evict_keys=pre_keys, pre_evict_slots=pre_slots)

@@ -28,6 +28,15 @@ class EmbeddingServer:
         self.bytes_served = 0
         self.bytes_received = 0
 
+    @classmethod
+    def holding(cls, shard: int, num_shards: int, weight: torch.Tensor, state: torch.Tensor) -> EmbeddingServer:
+        """Shard `shard` of `num_shards` holding the given rows (a checkpoint's, or a rank's)."""
+        s = cls.__new__(cls)
+        s.shard, s.num_shards, s.rows = shard, num_shards, weight.shape[0]
+        s.weight, s.state = weight, state
+        s.bytes_served = s.bytes_received = 0
+        return s
+
     def gather(self, local: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rows and optimizer state at local indices (copies)."""
         w = self.weight.index_select(0, local)
@@ -41,7 +50,6 @@ class EmbeddingServer:
         if state.shape[1]:
             self.state.index_copy_(0, local, state)
         self.bytes_received += (rows.numel() + state.numel()) * 4
-
 
     def apply_gradients(self, local: torch.Tensor, grad: torch.Tensor, opt) -> None:
         """Apply the row optimizer to rows at local indices (parameter-server style update)."""
@@ -129,10 +137,5 @@ def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) ->
 
 def servers_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[EmbeddingServer]:
     """K shards holding the full tables `weight`/`state` in global key order (a checkpoint's)."""
-    total = weight.shape[0]
-    servers = []
-    for k in range(num_shards):
-        s = EmbeddingServer(k, num_shards, total, weight.shape[1], state[k::num_shards].clone())
-        s.weight = weight[k::num_shards].clone()
-        servers.append(s)
-    return servers
+    return [EmbeddingServer.holding(k, num_shards, weight[k::num_shards].clone(),
+                                    state[k::num_shards].clone()) for k in range(num_shards)]

@@ -1,25 +1,27 @@
 """Embedding systems: where an iteration's rows come from and where their updates go.
 
-Every system implements the same three stages, called by the trainer loop:
+A system object serves the trainers one process runs (`TrainerSet`): every trainer of the
+run in-process, one trainer on a torch.distributed trainer rank. The training loop
+(`engine/loop.py`) calls, in order:
 
-- `begin_round(round)`: at a round boundary (main thread): e.g. insert prefetched rows and
-  start fetching the next round in the background (transport workers);
-- `read(step)`: the rows (and optimizer state) of U_b, in `step.plan.uniq` order;
-- `update(step, rows, state, grad)`: apply the row optimizer and store the updated rows
-  (in a cache, or back on the servers), then write back what the plan evicts;
-- `flush()`: when training ends, everything is back on the servers;
-- `resident()`: the rows whose newest value is on the trainer, not on the servers (after
-  `flush()`); a checkpoint lays them over the servers' tables.
+- `begin_round(round, next_round)`: at a round boundary: write back the round's victims,
+  insert its rows (prefetched during the previous round, or fetched now), start fetching
+  the next round (bagpipe);
+- `view(plan)`: the rows the process's gradients are taken over, and each access's position
+  in them: U_b for the replicated systems, the process's own rows for the pushing ones;
+- `read(step, keys, index)`: the values every access of the process's samples reads;
+- replicated systems (bagpipe, lru, lfu, fae, local) hold every row of U_b on every trainer
+  and all-reduce gradients: `update_rows(plan, idx, grad)` applies the summed gradients to
+  rows by position in U_b, and `evict(plan, classes)` writes back this process's share of
+  the rows the plan evicts;
+- pushing systems (sync, het) send their rows' gradients to the servers, which sum every
+  trainer's and apply the optimizer: `push(step, keys, grad)`;
+- `flush()`: when training ends, everything is back on the servers; `resident()`: the rows
+  whose newest value is on the trainer (a checkpoint lays them over the servers' tables).
 
-Everything else (model, gradients, optimizers, synchronisation, metrics) is shared, so a
-difference between systems is the policy's alone.
-
-In-process, one system object stands for every trainer. In a torch.distributed run each
-trainer rank has its own, built with `member=(i, N)`: it fetches what trainer i needs,
-writes back its share of evicted rows (`key % N == i`), and updates rows by position
-(`update_rows`), since LRPP gives each trainer its own rows to update. Such a system sends
-the same sequence of requests as every other trainer's, empty ones included (the servers
-serve the trainers in lockstep, see `engine/distributed.py`).
+Everything else (model, gradients, optimizers, synchronisation, metrics) is the loop's, so a
+difference between systems is the policy's alone. Over torch.distributed every trainer
+sends the servers the same sequence of requests, empty ones included (`transport.lockstep`).
 """
 
 from __future__ import annotations
@@ -27,159 +29,122 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
-from bagpipe_cli.engine.server import gather_shards, scatter_to_shards
+from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
+from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.server import EmbeddingServer, gather_shards, scatter_to_shards
+from bagpipe_cli.engine.trainers import TrainerSet
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
-
-@dataclass
-class Step:
-    """Per-iteration state in flight."""
-
-    plan: IterPlan
-    dense: torch.Tensor
-    labels: torch.Tensor
-    times: dict[str, float] = field(default_factory=dict)
-    rows_fetched: int = 0  # rows transferred from the servers for this iteration
-    rows_written_back: int = 0
-    cache_hits: int = 0  # rows of U_b that were already on the trainer
-    emb: torch.Tensor | None = None  # [B*T, dim] values each access reads, if not rows[inverse]
-    extra: dict[str, float] = field(default_factory=dict)  # system-specific metrics
+Rows = tuple[np.ndarray, np.ndarray]  # (keys, cache slots)
 
 
 class EmbeddingSystem(ABC):
     """The interface every system implements (see the module docstring)."""
 
-    name: str = ""
-    planner: str = "oracle"  # what plans the cache: "oracle", "policy" (lru/lfu/fae) or "none"
+    replicated = True
 
-    def __init__(self, transport: Transport):
+    def __init__(self, transport: Transport, trainers: TrainerSet, device: str | torch.device = "cpu"):
         self.transport = transport
-        self._pending_writes: list[Future] = []
+        self.trainers = trainers
+        self.device = torch.device(device)
+        self._pending: list[Future] = []  # write-backs and pushes not known to have landed
+        self.pre_evicted = 0  # rows written back at the current round's start
+        self.written_back_at_end = 0  # rows still resident when training ended
 
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
-        """Prepare a round; returns seconds spent waiting for data."""
+        """Prepare a round; returns seconds spent waiting for rows."""
         return 0.0
 
+    def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, index): the rows gradients are taken over, and each of this set's accesses'
+        position in them. Replicated systems: U_b."""
+        return plan.uniq, plan.inverse[self.trainers.accesses(plan)]
+
     @abstractmethod
-    def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        """The values [accesses, dim] this set's accesses read (`index`: positions in `keys`)."""
 
-    def update(self, step: Step, rows: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
-               opt: RowOptimizer) -> None:
-        """Apply the row optimizer to U_b's rows and store them."""
-        new_rows, new_state = opt.step(rows, state, grad)
-        self.write(step, new_rows, new_state)
-
-    def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
-        raise NotImplementedError
+    def classes(self, plan: IterPlan) -> np.ndarray | None:
+        """Per row of U_b: SYNC_NOW / SYNC_LATER / NO_SYNC (LRPP), or None: all SYNC_NOW."""
+        return None
 
     def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        """Apply the row optimizer to the rows at positions `idx` of U_b only (a trainer of a
-        torch.distributed run); `grad` holds their summed gradients, in `idx` order."""
-        raise NotImplementedError(f"{self.name} does not update rows by position")
+        """Apply the row optimizer to the rows at positions `idx` of U_b; `grad` holds their
+        summed gradients, in `idx` order."""
+        raise NotImplementedError(f"{type(self).__name__} does not update rows here")
 
-    def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        """Embedding rows all-reduced between trainers: (on the critical path, asynchronously).
+    def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
+        """Write back this set's share of the rows evicted after `plan.b` whose update is
+        applied; returns (rows written back, the sync_later ones to write back once settled)."""
+        return 0, (np.empty(0, np.int64), np.empty(0, np.int32))
 
-        The plan says: bagpipe's LRPP lists, or the baselines' rows with sync_later = 0.
-        """
-        return plan.sync_now, plan.sync_later
+    def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        """Send the summed gradients of `keys` to the servers, which apply `opt`."""
+        raise NotImplementedError(f"{type(self).__name__} does not push gradients")
+
+    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Send the rows at cache `slots` (holding `keys`) back to their servers."""
+        raise NotImplementedError(f"{type(self).__name__} has no cache slots")
+
+    def _send(self, futures: list[Future]) -> None:
+        self._pending.extend(futures)
+        if len(self._pending) > 64:  # completed ones need not be kept
+            self._pending = [f for f in self._pending if not f.done()]
 
     def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
         # Sent even when empty: the torch transport keeps every trainer's requests in
         # lockstep (the in-process one sends nothing for no rows).
-        self._pending_writes.extend(self.transport.write_back(keys, rows, state))
-        # Completed writes need not be kept; this bounds the list.
-        if len(self._pending_writes) > 64:
-            self._pending_writes = [f for f in self._pending_writes if not f.done()]
+        self._send(self.transport.write_back(keys, rows, state))
 
     def flush(self) -> None:
-        """Wait until every write-back has landed on the servers."""
-        for f in self._pending_writes:
+        """Wait until every write-back and push has landed on the servers."""
+        for f in self._pending:
             f.result()
-        self._pending_writes = []
+        self._pending = []
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         """(keys, rows, state) held on the trainer with a newer value than the servers'."""
         return np.empty(0, np.int64), torch.empty(0, 0), torch.empty(0, 0)
 
 
-class SyncSystem(EmbeddingSystem):
-    """No cache: fetch U_b from the servers every iteration, write the updates straight back.
-
-    The write-back of iteration b is queued on each server before the fetch of b+1, so the
-    next fetch always sees it (servers serve requests in order). Like a parameter server,
-    the write-back is the synchronisation: no collective between trainers.
-    """
-
-    name = "sync"
-    planner = "none"
-
-    def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        t0 = time.perf_counter()
-        rows, state = self.transport.fetch(step.plan.uniq).result()
-        step.times["prefetch_wait"] = time.perf_counter() - t0
-        step.rows_fetched = len(step.plan.uniq)
-        return rows, state
-
-    def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
-        self._write_back(step.plan.uniq, rows, state)
-        step.rows_written_back = len(step.plan.uniq)
-
-    def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        return 0, 0
-
-
 class CacheSystem(EmbeddingSystem):
-    """A trainer cache run by a plan: bagpipe (oracle, prefetched a round ahead) or the
+    """A trainer cache run by a plan: bagpipe (oracle, prefetched a round ahead, LRPP) or the
     lru/lfu/fae baselines (policy planner, fetched on miss when the iteration starts).
 
-    Stages: at the start of round r (main thread) write back the round's victims (lru/lfu),
-    get round r's rows (prefetched during round r-1, or fetched now), insert them at the
-    plan's slots, and, with prefetch, start fetching round r+1 (the transport's server
-    workers do the transfer while the model computes). Per iteration, rows are read and
-    updated in the cache by slot; rows the plan evicts are written back asynchronously.
-
-    As trainer i of N (`member`), it fetches every row of a round except the rows private to
-    another trainer (`RoundPlan.fetch_for`) and writes back the victims with `key % N == i`.
+    At the start of round r: write back the round's victims (lru/lfu), get round r's rows
+    (prefetched during round r-1, or fetched now), insert them at the plan's slots, and, with
+    prefetch, start fetching round r+1 (the transport does the transfer while the model
+    computes). Rows are read and updated by slot; evicted rows are written back
+    asynchronously. A set of some trainers fetches every row of a round except the other
+    trainers' private rows (`RoundPlan.fetch_owner`) and writes back its share of victims.
     """
 
-    def __init__(self, name: str, transport: Transport, cache: RowCache, prefetch_ahead: bool,
-                 member: tuple[int, int] | None = None):
-        super().__init__(transport)
-        self.name = name
-        self.planner = "oracle" if prefetch_ahead else "policy"
+    def __init__(self, transport: Transport, trainers: TrainerSet, cache: RowCache,
+                 prefetch_ahead: bool, lrpp: bool, device: str | torch.device = "cpu"):
+        super().__init__(transport, trainers, device)
         self.cache = cache
         self.prefetch_ahead = prefetch_ahead
-        self.member = member
+        self.lrpp = lrpp
         self._inflight: dict[int, RowsFuture] = {}
-        self.pre_evicted = 0  # rows this system wrote back at the current round's start
-        self.written_back_at_end = 0  # rows still resident when training ended
         # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
         self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
 
-    def _fetch_of(self, rp: RoundPlan) -> tuple[np.ndarray, np.ndarray]:
-        return rp.fetch_for(self.member[0]) if self.member else (rp.fetch_keys, rp.fetch_slots)
-
-    def writes_back(self, keys: np.ndarray) -> np.ndarray:
-        """Which of the evicted `keys` this system writes back (all of them in-process)."""
-        if self.member is None:
-            return np.ones(len(keys), dtype=bool)
-        i, n = self.member
-        return keys % n == i
+    def _fetch_of(self, rp: RoundPlan) -> Rows:
+        if self.trainers.all:
+            return rp.fetch_keys, rp.fetch_slots
+        return rp.fetch_for(self.trainers.first, self.trainers.count)
 
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
         t0 = time.perf_counter()
         self.pre_evicted = 0
         if len(rp.pre_evict_keys):
-            mine = self.writes_back(rp.pre_evict_keys)
+            mine = self.trainers.shares(rp.pre_evict_keys)
             self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
             self.forget(rp.pre_evict_slots)
             self.pre_evicted = int(mine.sum())
@@ -198,28 +163,39 @@ class CacheSystem(EmbeddingSystem):
             self._inflight[next_rp.r] = self.transport.fetch(self._fetch_of(next_rp)[0])
         return waited
 
-    def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         p = step.plan
-        step.rows_fetched = p.fetched_by(self.member[0]) if self.member else p.fetched
+        step.rows_fetched = p.fetched if self.trainers.all else p.fetched_by(self.trainers.first,
+                                                                              self.trainers.count)
         step.cache_hits = len(p.uniq) - p.fetched
-        return self.cache.read(p.slots)
+        rows, _ = self.cache.read(p.slots)
+        return rows.index_select(0, index)
 
-    def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
-        p = step.plan
-        self.cache.write(p.slots, rows, state)
-        if len(p.evict_keys):
-            self.write_back_slots(p.evict_keys, p.evict_slots)
-            self.forget(p.evict_slots)
-        step.rows_written_back = len(p.evict_keys) + self.pre_evicted
-        self.pre_evicted = 0  # counted with the round's first iteration
+    def classes(self, plan: IterPlan) -> np.ndarray | None:
+        return plan.row_class if self.lrpp else None
 
     def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
         slots = plan.slots[idx]
         rows, state = self.cache.read(slots)
         self.cache.write(slots, *opt.step(rows, state, grad))
 
+    def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
+        """no_sync rows are written back by their user, the others by trainer `key % N`: now
+        if their update is applied, once it is settled for sync_later rows."""
+        ek, es = plan.evict_keys, plan.evict_slots
+        share = self.trainers.shares(ek)
+        if classes is None:  # every row of U_b was synchronised on the critical path
+            now, later = share, np.zeros(len(ek), dtype=bool)
+        else:
+            pos = np.searchsorted(plan.uniq, ek)
+            c = classes[pos]
+            now = ((c == NO_SYNC) & self.trainers.owns(plan.owner[pos])) | ((c == SYNC_NOW) & share)
+            later = (c == SYNC_LATER) & share
+        self.write_back_slots(ek[now], es[now])  # sent even when empty (lockstep)
+        self.forget(es)  # evicted from the logical cache on every trainer
+        return int(now.sum() + later.sum()), (ek[later], es[later])
+
     def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
-        """Send the rows at `slots` (holding `keys`) back to their servers."""
         rows, state = self.cache.read(slots)
         self._write_back(keys, rows.cpu(), state.cpu())
 
@@ -238,48 +214,34 @@ class LocalSystem(EmbeddingSystem):
 
     The tables are copied from the servers before training (not timed) and written back
     after it, so evaluation and saved models see the final values. In-process they are
-    copied from the server objects (`servers`); a trainer of a torch.distributed run fetches
-    them whole, and trainer 0 writes them back at the end.
+    copied from the server objects (`servers`); a trainer rank of a torch.distributed run
+    fetches them whole, and trainer 0 writes them back at the end.
     """
 
-    name = "local"
-    planner = "none"
-
-    def __init__(self, transport: Transport, servers: list | None = None, total_rows: int = 0,
-                 member: tuple[int, int] | None = None, device: str | torch.device = "cpu"):
-        super().__init__(transport)
+    def __init__(self, transport: Transport, trainers: TrainerSet, total_rows: int,
+                 servers: list[EmbeddingServer] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(transport, trainers, device)
         self.servers = servers
-        self.member = member
         if servers is not None:
-            self.weight, self.state = gather_shards(servers)
+            weight, state = gather_shards(servers)
         else:
-            self.weight, self.state = transport.fetch(np.arange(total_rows)).result()
-        self.weight, self.state = self.weight.to(device), self.state.to(device)
+            weight, state = transport.fetch(np.arange(total_rows)).result()
+        self.weight, self.state = weight.to(self.device), state.to(self.device)
 
     def _idx(self, keys: np.ndarray) -> torch.Tensor:
-        return torch.from_numpy(keys).to(self.weight.device)
+        return torch.from_numpy(keys).to(self.device)
 
-    def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = self._idx(step.plan.uniq)
-        step.cache_hits = len(idx)
-        return self.weight.index_select(0, idx), self.state.index_select(0, idx)
-
-    def write(self, step: Step, rows: torch.Tensor, state: torch.Tensor) -> None:
-        self._store(step.plan.uniq, rows, state)
-
-    def _store(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
-        idx = self._idx(keys)
-        self.weight.index_copy_(0, idx, rows)
-        if self.state.shape[1]:
-            self.state.index_copy_(0, idx, state)
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        step.cache_hits = len(keys)
+        return self.weight.index_select(0, self._idx(keys)).index_select(0, index)
 
     def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
         keys = plan.uniq[idx]
         t = self._idx(keys)
-        self._store(keys, *opt.step(self.weight.index_select(0, t), self.state.index_select(0, t), grad))
-
-    def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        return len(plan.uniq), 0  # data-parallel replicas: every used row is all-reduced
+        rows, state = opt.step(self.weight.index_select(0, t), self.state.index_select(0, t), grad)
+        self.weight.index_copy_(0, t, rows)
+        if self.state.shape[1]:
+            self.state.index_copy_(0, t, state)
 
     def flush(self) -> None:
         if self.servers is not None:
@@ -287,7 +249,7 @@ class LocalSystem(EmbeddingSystem):
             return
         # Every trainer holds the same tables: trainer 0 sends them, the others an empty
         # write-back (lockstep).
-        n = self.weight.shape[0] if self.member[0] == 0 else 0
+        n = self.weight.shape[0] if self.trainers.first == 0 else 0
         self._write_back(np.arange(n), self.weight[:n].cpu(), self.state[:n].cpu())
         super().flush()
 
@@ -295,37 +257,57 @@ class LocalSystem(EmbeddingSystem):
         return np.arange(self.weight.shape[0]), self.weight.cpu().clone(), self.state.cpu().clone()
 
 
-class HetSystem(EmbeddingSystem):
+class _PushingSystem(EmbeddingSystem):
+    """A parameter-server system: the process fetches its own samples' rows and pushes
+    their summed gradients; the servers sum every trainer's in trainer order and apply the
+    row optimizer. The push of iteration b is queued on each server before the fetch of
+    b+1, so the next fetch always sees it (servers serve requests in order)."""
+
+    replicated = False
+
+    def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
+        if self.trainers.all:
+            return plan.uniq, plan.inverse
+        keys, index = np.unique(plan.uniq[plan.inverse[self.trainers.accesses(plan)]],
+                                return_inverse=True)
+        return keys, index.reshape(-1)
+
+    def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        self._send(self.transport.push_gradients(keys, grad.cpu(), opt))
+        step.rows_written_back = len(keys)
+
+
+class SyncSystem(_PushingSystem):
+    """No cache: fetch this process's rows of U_b every iteration, push their gradients."""
+
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
+        rows, _ = self.transport.fetch(keys).result()
+        step.times["prefetch_wait"] += time.perf_counter() - t0
+        step.rows_fetched = len(keys)
+        return rows.to(self.device).index_select(0, index)
+
+
+class HetSystem(_PushingSystem):
     """HET-style bounded staleness: each trainer caches the rows it fetched, and reads its
     copy while it is at most `staleness` versions behind the servers' (HET's clock bound);
-    otherwise it fetches the row again. Gradients are pushed to the servers, which apply
-    the row optimizer (one version per update). With staleness 0 every read sees the
-    latest version, so it equals `sync`; with s > 0 it fetches less and trains on stale rows.
-    A trainer's cache keeps every row it fetched (no capacity limit).
-
-    `mine` are the trainers this object runs (in-process: all of them; a trainer rank of a
-    torch.distributed run: itself, and then it sends a fetch every iteration, empty or not).
-    Every trainer knows U_b of every iteration, so each keeps the servers' versions itself.
+    otherwise it fetches the row again. Gradients are pushed to the servers (one version
+    per update). With staleness 0 every read sees the latest version, so it equals `sync`;
+    with s > 0 it fetches less and trains on stale rows. A trainer's cache keeps every row
+    it fetched (no capacity limit). Every trainer knows U_b of every iteration, so each
+    process counts the servers' versions itself.
     """
 
-    name = "het"
-    planner = "none"
-
-    def __init__(self, transport: Transport, total_rows: int, trainers: int, staleness: int,
-                 dim: int, batch_size: int, mine: list[int] | None = None):
-        super().__init__(transport)
+    def __init__(self, transport: Transport, trainers: TrainerSet, total_rows: int, staleness: int,
+                 dim: int, device: str | torch.device = "cpu"):
+        super().__init__(transport, trainers, device)
         self.s = staleness
-        self.n = trainers
-        self.per = batch_size // trainers
-        self.mine = list(range(trainers)) if mine is None else list(mine)
-        self.lockstep = mine is not None
-        m = len(self.mine)
+        m = trainers.count
         self.version = np.zeros(total_rows, dtype=np.int64)  # servers' version of every row
         self.slot_of = np.full((m, total_rows), -1, dtype=np.int32)
         self.cached_version = [np.zeros(0, np.int64) for _ in range(m)]
         self.store = [torch.empty(0, dim) for _ in range(m)]
         self._count = [0] * m  # rows each trainer has cached
-        self._pending_updates: list[Future] = []
 
     def _ensure(self, c: int, need: int) -> None:
         cap = self.store[c].shape[0]
@@ -338,63 +320,46 @@ class HetSystem(EmbeddingSystem):
             cv[:cap] = self.cached_version[c]
             self.cached_version[c] = cv
 
-    def read(self, step: Step) -> tuple[torch.Tensor, torch.Tensor]:
-        """Fills `step.emb` at the accesses of this object's trainers (the rows they read)."""
+    def _refresh(self, c: int, keys: np.ndarray) -> tuple[int, int, float]:
+        """Fetch trainer c's rows that are missing or too stale; (fetched, stale reads, wait)."""
+        slots = self.slot_of[c, keys]
+        have = slots >= 0
+        lag = np.zeros(len(keys), np.int64)
+        lag[have] = self.version[keys[have]] - self.cached_version[c][slots[have]]
+        need = ~have | (lag > self.s)
+        stale = int(((lag > 0) & ~need).sum())
+        if not (need.any() or self.transport.lockstep):
+            return 0, stale, 0.0
+        nk, new_keys = keys[need], keys[~have]
+        used = self._count[c]
+        self._ensure(c, used + len(new_keys))
+        self.slot_of[c, new_keys] = np.arange(used, used + len(new_keys))
+        self._count[c] = used + len(new_keys)
+        t0 = time.perf_counter()
+        rows, _ = self.transport.fetch(nk).result()
+        waited = time.perf_counter() - t0
+        s_idx = self.slot_of[c, nk]
+        self.store[c][torch.from_numpy(s_idx)] = rows
+        self.cached_version[c][s_idx] = self.version[nk]
+        return len(nk), stale, waited
+
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         p = step.plan
-        t_wait = 0.0
-        n_tables = len(p.inverse) // (self.per * self.n)
-        emb = torch.empty(len(p.inverse), self.store[0].shape[1])
+        per = len(p.inverse) // self.trainers.total  # accesses of one trainer
+        out = torch.empty(self.trainers.count * per, self.store[0].shape[1])
         fetched = stale = 0
-        for c, i in enumerate(self.mine):
-            pos = slice(i * self.per * n_tables, (i + 1) * self.per * n_tables)
-            keys = np.unique(p.uniq[p.inverse[pos]])
-            slots = self.slot_of[c, keys]
-            have = slots >= 0
-            lag = np.zeros(len(keys), np.int64)
-            lag[have] = self.version[keys[have]] - self.cached_version[c][slots[have]]
-            need = ~have | (lag > self.s)
-            stale += int(((lag > 0) & ~need).sum())
-            if need.any() or self.lockstep:
-                nk = keys[need]
-                new_keys = keys[~have]
-                used = self._count[c]
-                self._ensure(c, used + len(new_keys))
-                self.slot_of[c, new_keys] = np.arange(used, used + len(new_keys))
-                self._count[c] = used + len(new_keys)
-                t0 = time.perf_counter()
-                rows, _ = self.transport.fetch(nk).result()
-                t_wait += time.perf_counter() - t0
-                s_idx = self.slot_of[c, nk]
-                self.store[c][torch.from_numpy(s_idx)] = rows
-                self.cached_version[c][s_idx] = self.version[nk]
-                fetched += len(nk)
-            emb[pos] = self.store[c][torch.from_numpy(self.slot_of[c, p.uniq[p.inverse[pos]]])]
-        step.emb = emb
+        for c, i in enumerate(self.trainers.indices()):
+            used = p.uniq[p.inverse[i * per:(i + 1) * per]]
+            n, s, waited = self._refresh(c, np.unique(used))
+            fetched, stale = fetched + n, stale + s
+            step.times["prefetch_wait"] += waited
+            out[c * per:(c + 1) * per] = self.store[c][torch.from_numpy(self.slot_of[c, used])]
         step.rows_fetched = fetched
-        step.cache_hits = len(p.uniq) - fetched if self.n == 1 else 0
-        step.extra["stale_reads"] = stale
-        step.times["prefetch_wait"] = t_wait
-        return emb.new_empty(len(p.uniq), emb.shape[1]), emb.new_empty(len(p.uniq), 0)
+        step.cache_hits = len(p.uniq) - fetched if self.trainers.total == 1 else 0
+        step.stale_reads = stale
+        return out.to(self.device)
 
-    def update(self, step: Step, rows: torch.Tensor, state: torch.Tensor, grad: torch.Tensor,
-               opt: RowOptimizer) -> None:
-        p = step.plan
-        self._pending_updates.extend(self.transport.push_gradients(p.uniq, grad, opt))
-        self.advance(p)
-        step.rows_written_back = len(p.uniq)
-
-    def advance(self, plan: IterPlan) -> None:
-        """The servers applied iteration b's gradients: every row of U_b is one version newer."""
-        self.version[plan.uniq] += 1
-
-    def sync_rows(self, plan: IterPlan) -> tuple[int, int]:
-        return 0, 0  # gradients go to the servers (parameter-server style)
-
-    def flush(self) -> None:
-        for f in self._pending_updates:
-            f.result()
-        self._pending_updates = []
-        super().flush()
-
-
-SYSTEMS = ("sync", "bagpipe", "lru", "lfu", "fae", "het", "local")
+    def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        super().push(step, keys, grad, opt)
+        # The servers apply iteration b's gradients: every row of U_b is one version newer.
+        self.version[step.plan.uniq] += 1

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -49,10 +50,13 @@ class RowsFuture:
 
 
 class Transport(ABC):
-    """Trainer-side view of the embedding servers and the collectives between trainers."""
+    """A trainer process's view of the embedding servers."""
 
     network: NetworkModel
     num_servers: int
+    lockstep = False  # every trainer must send every server the same sequence of requests
+    bytes_sent = 0  # payload bytes this trainer process sent to the servers
+    bytes_received = 0  # and received from them
 
     @abstractmethod
     def fetch(self, keys: np.ndarray) -> RowsFuture:
@@ -67,15 +71,11 @@ class Transport(ABC):
         """Send row gradients to the servers, which apply the row optimizer `opt`."""
 
     @abstractmethod
-    def collective(self, nbytes: int, participants: int) -> Future:
-        """An all-reduce of `nbytes` among trainers on the collective link (timing only here)."""
-
-    @abstractmethod
     def close(self) -> None:
         """Finish outstanding requests and stop workers."""
 
 
-class _Worker:
+class Worker:
     """A thread serving requests in FIFO order, then holding the link for the transfer time."""
 
     def __init__(self, name: str):
@@ -90,8 +90,6 @@ class _Worker:
         return f
 
     def _run(self) -> None:
-        import time
-
         while True:
             item = self.q.get()
             if item is None:
@@ -119,8 +117,7 @@ class InProcessTransport(Transport):
         self.servers = servers
         self.num_servers = len(servers)
         self.network = network or NetworkModel()
-        self._workers = [_Worker(f"server-{s.shard}") for s in servers]
-        self._coll = _Worker("collectives")
+        self._workers = [Worker(f"server-{s.shard}") for s in servers]
         self.dim = servers[0].weight.shape[1]
         self.state_dim = servers[0].state.shape[1]
 
@@ -131,6 +128,7 @@ class InProcessTransport(Transport):
                 continue
             server, idx = self.servers[k], torch.from_numpy(local)
             nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self.bytes_received += nbytes
 
             def run(server=server, idx=idx, nbytes=nbytes):
                 return server.gather(idx), self.network.transfer_seconds(nbytes)
@@ -147,6 +145,7 @@ class InProcessTransport(Transport):
             r, s = (rows, state) if self.num_servers == 1 else (rows[p], state[p])
             server, idx = self.servers[k], torch.from_numpy(local)
             nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self.bytes_sent += nbytes
 
             def run(server=server, idx=idx, r=r, s=s, nbytes=nbytes):
                 server.write_back(idx, r, s)
@@ -163,6 +162,7 @@ class InProcessTransport(Transport):
             g = grad if self.num_servers == 1 else grad[torch.from_numpy(pos)]
             server, idx = self.servers[k], torch.from_numpy(local)
             nbytes = g.numel() * 4
+            self.bytes_sent += nbytes
 
             def run(server=server, idx=idx, g=g, nbytes=nbytes):
                 server.apply_gradients(idx, g, opt)
@@ -171,15 +171,13 @@ class InProcessTransport(Transport):
             futures.append(self._workers[k].submit(run))
         return futures
 
-    def collective(self, nbytes: int, participants: int) -> Future:
-        seconds = self.network.allreduce_seconds(nbytes, participants)
-        return self._coll.submit(lambda: (None, seconds))
-
-    def busy_seconds(self) -> dict[str, float]:
-        out = {f"server{w.t.name.split('-')[1]}": w.busy_s for w in self._workers}
-        out["collectives"] = self._coll.busy_s
-        return out
+    def server_figures(self) -> dict[str, dict[str, float]]:
+        """Per server: seconds its worker was busy (serving, and holding the emulated link)
+        and the bytes it sent and received."""
+        return {f"server{s.shard}": {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
+                                     "bytes_received": s.bytes_received}
+                for s, w in zip(self.servers, self._workers, strict=True)}
 
     def close(self) -> None:
-        for w in [*self._workers, self._coll]:
+        for w in self._workers:
             w.close()

@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bagpipe_cli.data.format import open_dataset
+from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile.policies import (
     CAPACITY_POLICIES,
@@ -181,8 +181,26 @@ class ProfileResult:
         return df.astype({"lookahead": "Int64", "cache_rows": "Int64"})
 
 
+@dataclass
+class _TracePass:
+    """What pass 2 found: the batch sequence, Bagpipe at every lookahead and the trace
+    itself (kept only for the fixed-capacity policies, else None)."""
+
+    info: TraceInfo
+    sizes: list[int]  # |U_b| of every batch
+    bagpipe: list[PolicyResult]  # one per distinct lookahead
+    trace: Trace | None
+    num_rows: int  # embedding rows of all tables
+
+
 def _noop(stage: str, advance: int, total: int) -> None:
     pass
+
+
+def _timed(timing: dict[str, dict[str, float]], stage: str, t0: float, n: int) -> None:
+    """Record that `stage` processed `n` accesses since `t0` (a `time.perf_counter()`)."""
+    dt = time.perf_counter() - t0
+    timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0}
 
 
 def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
@@ -194,18 +212,46 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     timing: dict[str, dict[str, float]] = {}
     accesses = meta.rows * meta.num_tables
 
-    def timed(stage: str, t0: float, n: int) -> None:
-        dt = time.perf_counter() - t0
-        timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0}
-
     # Pass 1: skew.
     t0 = time.perf_counter()
     skew = skew_stats(ds, lambda n: progress("skew", n, accesses))
-    timed("skew", t0, accesses)
+    _timed(timing, "skew", t0, accesses)
 
     # Pass 2: the trace, streamed through none and bagpipe.
     pols = config.policies
     want_capacity = any(p in CAPACITY_POLICIES for p in pols)
+    tp = _trace_pass(ds, config, skew, want_capacity, progress, timing)
+    cache_rows, source = _capacities(config, tp)
+    if want_capacity:
+        big = int(np.argmax(tp.sizes))
+        for r in cache_rows:
+            check_capacity(r, tp.info.max_batch_unique_rows, big)
+
+    results = _streamed_results(pols, tp)
+    belady_at: dict[int, PolicyResult] = {}
+    results += _capacity_results(pols, tp, cache_rows, skew.row_counts, belady_at, progress, timing)
+    comparisons: list[BagpipeComparison] = []
+    if "bagpipe" in pols and "belady" in pols:
+        comparisons = _compare_with_belady(tp, belady_at, progress, timing)
+
+    dataset = {
+        "path": str(config.data), "name": meta.name, "rows": meta.rows,
+        "tables": [{"name": t.name, "cardinality": t.cardinality} for t in meta.tables],
+        "embedding_rows": tp.num_rows,
+    }
+    return ProfileResult(
+        config=config, dataset=dataset, trace=tp.info, cache_rows=cache_rows if want_capacity else [],
+        cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
+        bagpipe_vs_belady=comparisons, timing=timing,
+    )
+
+
+def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool,
+                progress: ProgressFn, timing: dict[str, dict[str, float]]) -> _TracePass:
+    """Stream the per-batch unique rows through the Bagpipe simulator (and keep the trace
+    in memory if `keep`)."""
+    meta = ds.meta
+    accesses = meta.rows * meta.num_tables
     lookaheads = list(dict.fromkeys(config.lookaheads))
     num_rows = int(sum(meta.cardinalities))
     bag = BagpipeSimulator(lookaheads, num_rows)
@@ -216,12 +262,12 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     for u, c in iter_batch_keys(ds, config.batch_size, lambda n: progress("trace", n, meta.rows)):
         bag.step(u)
         sizes.append(u.size)
-        if want_capacity:
+        if keep:
             keys.append(u)
             counts.append(c)
     unique_accesses = int(sum(sizes))
     bag_results = bag.results(accesses, unique_accesses)
-    timed("trace+none+bagpipe", t0, accesses)
+    _timed(timing, "trace+none+bagpipe", t0, accesses)
     nb = num_batches(meta.rows, config.batch_size)
     info = TraceInfo(
         batch_size=config.batch_size, batches=nb,
@@ -229,34 +275,42 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         accesses=accesses, unique_accesses=unique_accesses,
         max_batch_unique_rows=max(sizes), distinct_rows=skew.accessed_rows,
     )
-    trace = trace_from_parts(keys, counts, num_rows) if want_capacity else None
-    del keys, counts
+    trace = trace_from_parts(keys, counts, num_rows) if keep else None
+    return _TracePass(info, sizes, bag_results, trace, num_rows)
 
-    # Capacities: given, or Bagpipe's peak at every lookahead (every policy gets the memory
-    # Bagpipe needs) and twice the largest batch.
+
+def _capacities(config: ProfileConfig, tp: _TracePass) -> tuple[list[int], str]:
+    """The capacities R to simulate and how they were chosen: given, or Bagpipe's peak at
+    every lookahead (every policy gets the memory Bagpipe needs) and twice the largest batch."""
     if config.cache_rows is not None:
-        cache_rows = sorted(set(config.cache_rows))
-        source = "option"
-    else:
-        cache_rows = sorted({*(b.peak_resident_rows for b in bag_results),
-                             2 * info.max_batch_unique_rows})
-        source = "default: bagpipe's peak at every lookahead and 2 x the largest batch's unique rows"
-    if want_capacity:
-        big = int(np.argmax(sizes))
-        for r in cache_rows:
-            check_capacity(r, info.max_batch_unique_rows, big)
+        return sorted(set(config.cache_rows)), "option"
+    cache_rows = sorted({*(b.peak_resident_rows for b in tp.bagpipe), 2 * tp.info.max_batch_unique_rows})
+    return cache_rows, "default: bagpipe's peak at every lookahead and 2 x the largest batch's unique rows"
 
+
+def _streamed_results(pols: tuple[str, ...], tp: _TracePass) -> list[PolicyResult]:
+    """The results of the policies simulated while streaming: none and bagpipe."""
+    info = tp.info
     results: list[PolicyResult] = []
     if "none" in pols:
         results.append(PolicyResult(
-            policy="none", lookahead=None, cache_rows=None, batches=nb, accesses=accesses,
-            unique_accesses=unique_accesses, fetched_rows=unique_accesses,
-            peak_resident_rows=info.max_batch_unique_rows,
-            fetched_per_batch=np.asarray(sizes, dtype=np.int64),
+            policy="none", lookahead=None, cache_rows=None, batches=info.batches,
+            accesses=info.accesses, unique_accesses=info.unique_accesses,
+            fetched_rows=info.unique_accesses, peak_resident_rows=info.max_batch_unique_rows,
+            fetched_per_batch=np.asarray(tp.sizes, dtype=np.int64),
         ))
     if "bagpipe" in pols:
-        results.extend(bag_results)
-    belady_at: dict[int, PolicyResult] = {}
+        results.extend(tp.bagpipe)
+    return results
+
+
+def _capacity_results(pols: tuple[str, ...], tp: _TracePass, cache_rows: list[int],
+                      row_counts: np.ndarray, belady_at: dict[int, PolicyResult],
+                      progress: ProgressFn, timing: dict[str, dict[str, float]]) -> list[PolicyResult]:
+    """Every requested fixed-capacity policy at every capacity; Belady's results are also
+    kept in `belady_at` (capacity -> result) for the comparison with Bagpipe."""
+    nb = tp.info.batches
+    results: list[PolicyResult] = []
     for p in CAPACITY_POLICIES:
         if p not in pols:
             continue
@@ -264,35 +318,30 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         for r in cache_rows:
             stage = f"{p} R={r:,}"
             if p == "fae":
-                res = simulate_fae(trace, r, row_counts=skew.row_counts)
+                res = simulate_fae(tp.trace, r, row_counts=row_counts)
             else:
-                res = SIMULATORS[p](trace, r, lambda n, s=stage: progress(s, n, nb))
+                res = SIMULATORS[p](tp.trace, r, lambda n, s=stage: progress(s, n, nb))
             if p == "belady":
                 belady_at[r] = res
             results.append(res)
-        timed(p, t0, accesses * len(cache_rows))
+        _timed(timing, p, t0, tp.info.accesses * len(cache_rows))
+    return results
 
+
+def _compare_with_belady(tp: _TracePass, belady_at: dict[int, PolicyResult], progress: ProgressFn,
+                         timing: dict[str, dict[str, float]]) -> list[BagpipeComparison]:
+    """Bagpipe at each lookahead against Belady at Bagpipe's peak (simulated if missing)."""
+    nb = tp.info.batches
     comparisons: list[BagpipeComparison] = []
-    if "bagpipe" in pols and "belady" in pols:
-        t0 = time.perf_counter()
-        for br in bag_results:
-            r = br.peak_resident_rows
-            if r not in belady_at:
-                belady_at[r] = simulate_belady(trace, r, lambda n, s=f"belady R={r:,}": progress(s, n, nb))
-            comparisons.append(BagpipeComparison(
-                lookahead=br.lookahead, bagpipe_fetched_rows=br.fetched_rows,
-                bagpipe_peak_resident_rows=r, belady_cache_rows=r,
-                belady_fetched_rows=belady_at[r].fetched_rows,
-            ))
-        timed("bagpipe_vs_belady", t0, accesses * len(comparisons))
-
-    dataset = {
-        "path": str(config.data), "name": meta.name, "rows": meta.rows,
-        "tables": [{"name": t.name, "cardinality": t.cardinality} for t in meta.tables],
-        "embedding_rows": num_rows,
-    }
-    return ProfileResult(
-        config=config, dataset=dataset, trace=info, cache_rows=cache_rows if want_capacity else [],
-        cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
-        bagpipe_vs_belady=comparisons, timing=timing,
-    )
+    t0 = time.perf_counter()
+    for br in tp.bagpipe:
+        r = br.peak_resident_rows
+        if r not in belady_at:
+            belady_at[r] = simulate_belady(tp.trace, r, lambda n, s=f"belady R={r:,}": progress(s, n, nb))
+        comparisons.append(BagpipeComparison(
+            lookahead=br.lookahead, bagpipe_fetched_rows=br.fetched_rows,
+            bagpipe_peak_resident_rows=r, belady_cache_rows=r,
+            belady_fetched_rows=belady_at[r].fetched_rows,
+        ))
+    _timed(timing, "bagpipe_vs_belady", t0, tp.info.accesses * len(comparisons))
+    return comparisons

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bagpipe_cli.engine.registry import role
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
 from bagpipe_cli.report import plots
@@ -40,6 +41,7 @@ from bagpipe_cli.results import load_metrics, load_results
 FORMATS = ("png", "svg", "html", "md")
 IMAGE_FORMATS = ("png", "svg")
 REPORT_SCHEMA_VERSION = 1
+_Figure = tuple[str, Any, str, str]  # name, matplotlib figure, heading, caption
 
 
 @dataclass(frozen=True)
@@ -155,28 +157,40 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     summary = summary_table(runs, metrics)
     bd = time_breakdown(runs, metrics)
     sub = context(runs)
+    figures: list[_Figure] = []
     notes: list[str] = []
-    images = tuple(f for f in cfg.formats if f in IMAGE_FORMATS)
-    if "md" in cfg.formats and "png" not in images:
-        images = ("png", *images)  # the Markdown page links PNG files
-    figures: list[tuple[str, Any, str, str]] = []  # name, fig, heading, caption
+    _draw_speedup(runs, summary, sub, figures, notes)
+    _draw_breakdown(bd, sub, figures)
+    _draw_sweeps(runs, sub, figures, notes)
+    _draw_curves(runs, metrics, sub, figures)
+    _draw_access_cdf(cfg, runs, figures, notes)
+    blocks = _page(cfg, runs, summary, figures, notes, sub)
+    result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes)
+    result.files = _write_report(cfg, result, figures, blocks)
+    return result
 
+
+def _draw_speedup(runs: pd.DataFrame, summary: pd.DataFrame, sub: str, figures: list[_Figure],
+                  notes: list[str]) -> None:
     systems = list(dict.fromkeys(runs["system"]))
     fig = plots.plot_speedup(summary, sub)
     if fig is None:
         notes.append("No speed-up chart: the results have no `sync` run in the same setting as "
                       "another system." if BASELINE in systems or len(systems) > 1 else
                       "No speed-up chart: the results hold only one system.")
-    else:
-        missing = [s for s in systems if s != BASELINE and not
-                   summary[(summary["system"] == s)]["speedup"].notna().any()]
-        if missing:
-            notes.append(f"No sync run in the setting of {', '.join(missing)}: no speed-up for them.")
-        figures.append(("speedup", fig, "Speed-up over sync",
-                        "Median samples/s of each system divided by the median samples/s of `sync` in "
-                        "the same setting (same dataset, model, network, trainers...). Error bars: "
-                        "p10–p90 over repeats of each repeat's samples/s divided by sync's median. "
-                        "Warm-up iterations are excluded."))
+        return
+    missing = [s for s in systems if s != BASELINE and not
+               summary[(summary["system"] == s)]["speedup"].notna().any()]
+    if missing:
+        notes.append(f"No sync run in the setting of {', '.join(missing)}: no speed-up for them.")
+    figures.append(("speedup", fig, "Speed-up over sync",
+                    "Median samples/s of each system divided by the median samples/s of `sync` in "
+                    "the same setting (same dataset, model, network, trainers...). Error bars: "
+                    "p10–p90 over repeats of each repeat's samples/s divided by sync's median. "
+                    "Warm-up iterations are excluded."))
+
+
+def _draw_breakdown(bd: pd.DataFrame, sub: str, figures: list[_Figure]) -> None:
     fig = plots.plot_breakdown(bd, sub)
     if fig is not None:
         figures.append(("time_breakdown", fig, "Per-iteration time breakdown",
@@ -184,6 +198,9 @@ def build_report(cfg: ReportConfig) -> ReportResult:
                         "that costs paid once per round, such as Bagpipe's prefetch wait at a "
                         "round's start, are amortised over the round); `other` is iteration time "
                         "outside the six timed stages. The black tick is the median iteration time."))
+
+
+def _draw_sweeps(runs: pd.DataFrame, sub: str, figures: list[_Figure], notes: list[str]) -> None:
     for col, name, heading in (("lookahead", "throughput_vs_lookahead", "Throughput vs lookahead"),
                                ("cache_rows", "throughput_vs_cache", "Throughput vs cache size")):
         sw = swept(runs, col)
@@ -195,6 +212,10 @@ def build_report(cfg: ReportConfig) -> ReportResult:
             figures.append((name, fig, heading,
                             f"Median samples/s over repeats against `{col}` (p10–p90 error bars); "
                             "horizontal lines: sync in the same setting."))
+
+
+def _draw_curves(runs: pd.DataFrame, metrics: pd.DataFrame, sub: str, figures: list[_Figure]) -> None:
+    """The per-iteration figures: loss, and rows fetched."""
     warmup = int(runs["warmup"].min()) if "warmup" in runs else 0
     curves, _ = _curves(runs, metrics, measured_only=False)
     loss_note = _loss_note(curves)
@@ -215,6 +236,10 @@ def build_report(cfg: ReportConfig) -> ReportResult:
                         "measured iteration (first repeat); the dotted line is the batch's unique "
                         "rows, which sync fetches every time. Bagpipe fetches only rows not used in "
                         "the previous L iterations."))
+
+
+def _draw_access_cdf(cfg: ReportConfig, runs: pd.DataFrame, figures: list[_Figure],
+                     notes: list[str]) -> None:
     profiles = find_profiles(cfg.results, runs)
     fig = plots.plot_access_cdf(profiles)
     if fig is None:
@@ -225,14 +250,21 @@ def build_report(cfg: ReportConfig) -> ReportResult:
                         "Share of all embedding accesses taken by the most-accessed rows (from "
                         "`bagpipe profile`): the skew that makes caching pay."))
 
-    blocks = _page(cfg, runs, summary, figures, notes, sub)
+
+def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
+                  blocks: list[Block]) -> list[Path]:
+    """Write the figures, tables, page(s) and report.json into `res.out` (atomically)."""
+    out = res.out
+    images = tuple(f for f in cfg.formats if f in IMAGE_FORMATS)
+    if "md" in cfg.formats and "png" not in images:
+        images = ("png", *images)  # the Markdown page links PNG files
     files: list[Path] = []
     with atomic_dir(out, overwrite=True) as tmp:
         for name, fig, _, _ in figures:
             files += [out / p.name for p in plots.save(fig, tmp, name, images)]
-        summary.to_csv(tmp / "summary.csv", index=False)
-        bd.to_csv(tmp / "time_breakdown.csv", index=False)
-        runs.to_csv(tmp / "runs.csv", index=False)
+        res.summary.to_csv(tmp / "summary.csv", index=False)
+        res.breakdown.to_csv(tmp / "time_breakdown.csv", index=False)
+        res.runs.to_csv(tmp / "runs.csv", index=False)
         files += [out / "summary.csv", out / "time_breakdown.csv", out / "runs.csv"]
         if "md" in cfg.formats:
             (tmp / "report.md").write_text(render_markdown(blocks))
@@ -246,14 +278,14 @@ def build_report(cfg: ReportConfig) -> ReportResult:
             files.append(out / "report.html")
         write_json(tmp / "report.json", {
             "kind": "bagpipe-report", "schema_version": REPORT_SCHEMA_VERSION,
-            "results": [str(p) for p in cfg.results], "runs": len(runs),
-            "formats": list(cfg.formats), "figures": [f[0] for f in figures], "notes": notes,
+            "results": [str(p) for p in cfg.results], "runs": len(res.runs),
+            "formats": list(cfg.formats), "figures": [f[0] for f in figures], "notes": res.notes,
         })
-    return ReportResult(out, files, runs, summary, bd, [f[0] for f in figures], notes)
+    return files
 
 
 def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
-          figures: list[tuple[str, Any, str, str]], notes: list[str], sub: str) -> list[Block]:
+          figures: list[_Figure], notes: list[str], sub: str) -> list[Block]:
     benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
     title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
     n_runs = len(runs)
@@ -273,7 +305,7 @@ def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
                          "of every repeat; samples/s and speed-up: over repeats (speed-up = median "
                          "samples/s / median samples/s of sync in the same setting)."),
               Block("table", table=display_summary(summary))]
-    best = summary[(summary["system"] == "bagpipe") & summary["speedup"].notna()]
+    best = summary[(summary["system"].map(role) == "ours") & summary["speedup"].notna()]
     if len(best):
         b = best.loc[best["speedup"].idxmax()]
         blocks.append(Block("p", f"Largest Bagpipe speed-up: {b['speedup']:.2f}× over sync "

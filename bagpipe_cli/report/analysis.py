@@ -2,7 +2,7 @@
 
 Definitions:
 - *setting*: everything a run was configured with except the system and the system's own
-  settings (`lookahead`, `round`, `cache_rows`): dataset, model, batch size, network,
+  settings (`lookahead`, `round`, `cache_rows`, `staleness`, `hot_sample`): dataset, model, batch size, network,
   trainers... Systems are compared within one setting.
 - *variant*: a system with its own settings (e.g. `bagpipe L=16`); a setting a system does
   not read is not part of its variant (sync has one variant).
@@ -21,14 +21,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bagpipe_cli.bench.config import SYSTEM_OWN_SETTINGS, ignored_settings
+from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
+from bagpipe_cli.engine.records import TIME_KEYS
+from bagpipe_cli.engine.registry import REFERENCE
 
-BASELINE = "sync"
-TIME_COLUMNS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
+BASELINE = REFERENCE
+TIME_COLUMNS = TIME_KEYS
 # Columns of a run row that are not part of its setting: the system and its own settings.
 _NOT_SETTING = {"system", "data", "dataset_path", "dataset_rows", "dataset_tables",
                 "embedding_rows", "warmup", *SYSTEM_OWN_SETTINGS}
-_OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s"}
+_OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s", "hot_sample": "hot"}
 SUMMARY_COLUMNS = [
     "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
     "samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90", "speedup",
@@ -38,9 +40,7 @@ SUMMARY_COLUMNS = [
 
 def setting_columns(runs: pd.DataFrame) -> list[str]:
     """The config columns that define a run's setting (present in `runs`)."""
-    from bagpipe_cli.bench.config import _train_fields
-
-    cols = ["dataset", "model", *[k for k in _train_fields() if k not in _NOT_SETTING and k != "model"]]
+    cols = ["dataset", "model", *[k for k in train_fields() if k not in _NOT_SETTING and k != "model"]]
     return [c for c in cols if c in runs.columns]
 
 

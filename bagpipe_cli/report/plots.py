@@ -2,13 +2,15 @@
 
 Every function takes stored results (DataFrames from `bagpipe_cli.results` and
 `bagpipe_cli.report.analysis`) and returns a `Figure`, or None when there is nothing to draw.
-Colours are fixed per system (`SYSTEM_COLORS`), so a system looks the same in every figure
+Colours are fixed per system (the registry's), so a system looks the same in every figure
 and every report.
 """
 
 from __future__ import annotations
 
+import io
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +18,10 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
+from bagpipe_cli.engine.registry import SYSTEMS, color, role
 from bagpipe_cli.profile.plots import cdf_axes
 from bagpipe_cli.report.analysis import BASELINE, TIME_COLUMNS
 
-# The same colours as the profile's policy plots (bagpipe red, lru blue, ...).
-SYSTEM_COLORS = {"sync": "#555555", "bagpipe": "#d62728", "lru": "#1f77b4", "lfu": "#2ca02c",
-                 "fae": "#9467bd", "het": "#ff7f0e", "local": "#17becf"}
 _FALLBACK = ["#8c564b", "#e377c2", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a"]
 TIME_COLORS = {"data": "#8c564b", "prefetch_wait": "#d62728", "forward": "#1f77b4",
                "backward": "#aec7e8", "sync": "#ff7f0e", "optimizer": "#2ca02c", "other": "#d9d9d9"}
@@ -35,8 +35,8 @@ DPI = 120
 
 
 def system_color(system: str) -> str:
-    if system in SYSTEM_COLORS:
-        return SYSTEM_COLORS[system]
+    if system in SYSTEMS:
+        return color(system)
     # Unknown systems get a colour from their name, so it is stable across reports.
     return _FALLBACK[sum(map(ord, system)) % len(_FALLBACK)]
 
@@ -52,7 +52,7 @@ def variant_styles(variants: list[str]) -> dict[str, dict]:
         system = v.split()[0]
         k = seen.get(system, 0)
         seen[system] = k + 1
-        dash = _DASHES[(k + (1 if system == "bagpipe" else 0)) % len(_DASHES)]
+        dash = _DASHES[(k + (1 if role(system) == "ours" else 0)) % len(_DASHES)]
         out[v] = {"color": system_color(system), "ls": dash}
     return out
 
@@ -73,8 +73,6 @@ def _title(ax, title: str, subtitle: str) -> None:
 
 
 def _wrap(s: str, width: int = 100) -> str:
-    import textwrap
-
     return "\n".join(textwrap.wrap(s, width)) if s else s
 
 
@@ -207,15 +205,15 @@ def plot_loss(curves: list[tuple[str, str, pd.DataFrame]], warmup: int, subtitle
     fig, panels = _panels(curves)
     for ax, panel, mine in panels:
         # sync first (thick, underneath), bagpipe last (thin dashed, on top).
-        mine.sort(key=lambda vm: (vm[0].split()[0] != BASELINE, vm[0].split()[0] == "bagpipe"))
+        mine.sort(key=lambda vm: (vm[0].split()[0] != BASELINE, role(vm[0].split()[0]) == "ours"))
         styles = variant_styles([v for v, _ in mine])
         for v, m in mine:
             system = v.split()[0]
             if system == BASELINE:
                 kw = {"lw": 5, "alpha": 0.45, "zorder": 2, "color": styles[v]["color"]}
             else:
-                kw = {**styles[v], "lw": 1.4 if system == "bagpipe" else 1.0,
-                      "zorder": 4 if system == "bagpipe" else 3}
+                ours = role(system) == "ours"
+                kw = {**styles[v], "lw": 1.4 if ours else 1.0, "zorder": 4 if ours else 3}
             ax.plot(m["iteration"], m["loss"], label=v, **kw)
         if warmup:
             ax.axvspan(-0.5, warmup - 0.5, color="#eeeeee", zorder=0,
@@ -300,8 +298,6 @@ def save(fig: Figure, out: Path, name: str, formats: tuple[str, ...]) -> list[Pa
 
 
 def png_bytes(fig: Figure) -> bytes:
-    import io
-
     buf = io.BytesIO()
     fig.savefig(buf, format="png")
     return buf.getvalue()

@@ -18,7 +18,9 @@ from typing import Any
 
 import pandas as pd
 
+from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
+from bagpipe_cli.io import atomic_dir, write_json
 from bagpipe_cli.models import MODELS, ModelConfig, row_dim
 from bagpipe_cli.simulate.calibrate import calibrate, dense_bytes, state_dim
 from bagpipe_cli.simulate.cluster import ClusterFile
@@ -32,15 +34,12 @@ from bagpipe_cli.simulate.model import (
     add_speedups,
     predict,
 )
+from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
 from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
 SCHEMA_VERSION = 1
 DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
 DEFAULT_SWEEP_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 40.0, 100.0)
-# Systems whose volumes the trainers sweep traces again per trainer count (het's per-trainer
-# caches). Bagpipe's split of the non-critical rows into sync_later / no_sync also depends on
-# N, but it only loads the asynchronous collective link; the sweep keeps the configured N's.
-_DEPENDS_ON_TRAINERS = ("het",)
 
 __all__ = ["SCHEMA_VERSION", "SimulateConfig", "SimulateResult", "build_config", "run_simulate"]
 
@@ -256,7 +255,10 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
             continue
         say(f"sweeping trainers: {n}")
         vn = dict(vols)
-        redo = [s for s in cfg.systems if s in _DEPENDS_ON_TRAINERS]
+        # Volumes traced again per trainer count: het's per-trainer caches. Bagpipe's split of
+        # the non-critical rows into sync_later / no_sync also depends on N, but it only
+        # loads the asynchronous collective link; the sweep keeps the configured N's.
+        redo = [s for s in cfg.systems if spec(s).store == "stale-cache"]
         if n != n0 and redo:
             vn.update(trace_volumes(replace(tc, trainers=n), redo)[0])
         cl = replace(cfg.cluster, trainers=n)
@@ -271,9 +273,6 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
 
 def write_simulation(result: SimulateResult, out: Path, overwrite: bool = False) -> list[Path]:
     """simulate.json, predictions.csv, sweep.csv and the plots, written atomically into `out`."""
-    from bagpipe_cli.io import atomic_dir, write_json
-    from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
-
     with atomic_dir(Path(out), overwrite) as tmp:
         write_json(tmp / "simulate.json", result.to_json())
         result.predictions_frame().to_csv(tmp / "predictions.csv", index=False)

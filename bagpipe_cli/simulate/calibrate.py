@@ -21,8 +21,10 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import torch
 
-from bagpipe_cli.engine.trainer import TIME_KEYS
+from bagpipe_cli.engine.records import TIME_KEYS
+from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.models import ModelConfig, build_model
 from bagpipe_cli.results import find_runs, read_run
@@ -32,10 +34,8 @@ from bagpipe_cli.simulate.volumes import TraceConfig
 
 def dense_bytes(model: ModelConfig) -> int:
     """fp32 bytes of the dense model's parameters (what N > 1 trainers all-reduce)."""
-    import torch
-
-    torch.manual_seed(0)
-    return 4 * sum(p.numel() for p in build_model(model).parameters())
+    with torch.random.fork_rng():  # building a model draws from the RNG; the caller's stays
+        return 4 * sum(p.numel() for p in build_model(model).parameters())
 
 
 def state_dim(optimizer: str) -> int:
@@ -67,7 +67,8 @@ class MeasuredRun:
 
 
 def _round_len(train: dict[str, Any]) -> int:
-    if train.get("system") != "bagpipe":
+    s = SYSTEMS.get(train.get("system"))
+    if s is None or s.planner != "oracle":
         return 1
     return int(train.get("round") or max(1, int(train.get("lookahead", 16)) // 4))
 
@@ -143,9 +144,10 @@ def _distributed(folder: Path) -> bool:
 
 def _setting(train: dict[str, Any]) -> str:
     parts = []
-    if train.get("system") == "bagpipe":
+    s = SYSTEMS.get(train.get("system"))
+    if s is not None and s.planner == "oracle":
         parts.append(f"L{train.get('lookahead')}")
-    if train.get("system") == "het":
+    if s is not None and "staleness" in s.reads:
         parts.append(f"s{train.get('staleness', 0)}")
     if train.get("net_gbps") or train.get("net_latency_us"):
         parts.append(f"{train.get('net_gbps') or 'inf'}G/{train.get('net_latency_us') or 0:g}us")

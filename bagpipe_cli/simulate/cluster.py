@@ -28,6 +28,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+import yaml
+
+from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.errors import ConfigError
 
 SYNTH_KEYS = ("preset", "rows", "scale", "tables", "max_rows_per_table", "alpha", "dense", "seed",
@@ -74,8 +77,6 @@ _TYPES = {"trainers": int, "servers": int, "net_gbps": float, "net_latency_us": 
 
 def load_cluster(path: Path) -> ClusterFile:
     """Read and check a cluster file; errors name the file and the key."""
-    import yaml
-
     path = Path(path)
     try:
         text = path.read_text()
@@ -135,8 +136,6 @@ def ensure_dataset(cf: ClusterFile, progress=None) -> Path:
     path = Path(cf.data)
     if (path / "meta.json").is_file() or cf.synth is None:
         return path
-    from bagpipe_cli.data.synth import SynthConfig, generate
-
     try:
         sc = SynthConfig(**cf.synth)
     except TypeError as e:

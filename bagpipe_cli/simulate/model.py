@@ -26,9 +26,10 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
 from bagpipe_cli.errors import ConfigError
 
-SYSTEMS = ("sync", "bagpipe", "lru", "lfu", "fae", "het", "local")
+SYSTEMS = ENGINE_SYSTEMS  # the model replays the engine's systems
 
 
 @dataclass(frozen=True)
@@ -97,12 +98,12 @@ class Volumes:
     round_fetch: np.ndarray  # [I, K] rows fetched for the round starting at b
     pre_evict: np.ndarray  # [I, K] rows written back at that round's start, before its fetch
     read_fetch: np.ndarray  # [I, M, K] fetches made when iteration b reads (sync: 1, het: N)
-    write_back: np.ndarray  # [I, K] rows written back (or gradients pushed, het) after b
+    write_back: np.ndarray  # [I, K] rows written back (or gradients pushed: sync, het) after b
     sync_now: np.ndarray  # [I] rows all-reduced on the critical path (N > 1)
     sync_later: np.ndarray  # [I] rows all-reduced asynchronously (N > 1)
     unique_rows: np.ndarray  # [I] |U_b|
     prefetch_ahead: bool = False  # bagpipe: round r+1 is fetched when round r starts
-    push_gradients: bool = False  # het: write_back carries gradients (no optimizer state)
+    push_gradients: bool = False  # sync, het: write_back carries gradients (no optimizer state)
     empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
 
     def totals(self) -> dict[str, int]:
@@ -131,7 +132,7 @@ class Workload:
 
     @property
     def grad_bytes(self) -> int:
-        """Bytes of one row's gradient (all-reduces, het's pushes)."""
+        """Bytes of one row's gradient (all-reduces, sync's and het's pushes)."""
         return self.row_dim * 4
 
 
@@ -176,97 +177,135 @@ class _Links:
         return done
 
 
+class _Replay:
+    """The state of one `predict` replay, advanced one iteration at a time.
+
+    Stages of iteration b, in order, all on the (simulated) main thread: `start_round`
+    (at a round's first iteration: load data, wait for the round's rows, start the next
+    round's prefetch), `read` (wait for the asynchronous sync of b-2, fetch rows read now),
+    forward+backward, `sync` (critical-path and asynchronous all-reduces, N > 1), then
+    `write_back` (optimizer, queue write-backs). `t` is the main thread's clock (seconds).
+    """
+
+    def __init__(self, vol: Volumes, cluster: Cluster, work: Workload, compute: ComputeTimes):
+        self.vol, self.work = vol, work
+        self.net = cluster.network
+        self.n = cluster.trainers
+        self.links = _Links(cluster.servers, self.net, work.row_bytes)
+        self.push = _Links(cluster.servers, self.net, work.grad_bytes)  # pushed gradients, same links
+        self.push.free = self.links.free  # one link per server: fetches, write-backs and pushes share it
+        self.push.busy = self.links.busy
+        s = 1e-3  # ms -> s
+        self.c_data, self.c_fb, self.c_opt, self.c_other, self.c_fcpu = (
+            compute.data_ms * s, compute.fwd_bwd_ms * s, compute.optimizer_ms * s,
+            compute.other_ms * s, compute.fetch_cpu_ms * s)
+        I = vol.iterations  # noqa: E741 - the paper's symbol
+        self.times = np.zeros(I)
+        self.fetch_wait = np.zeros(I)
+        self.sync_wait = np.zeros(I)
+        self.comp = np.zeros(I)
+        self.coll_free = 0.0
+        self.later_done: dict[int, float] = {}
+        self.inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
+        starts = np.flatnonzero(vol.round_start)
+        self.next_start = {int(a): int(b) for a, b in zip(starts[:-1], starts[1:], strict=True)}
+        self.t = 0.0
+
+    def _compute(self, b: int, seconds: float) -> None:
+        self.t += seconds
+        self.comp[b] += seconds
+
+    def iteration(self, b: int) -> None:
+        t_it = self.t
+        if self.vol.round_start[b]:
+            self.start_round(b)
+        self.read(b)
+        self._compute(b, self.c_fb)
+        if self.n > 1:
+            self.sync(b)
+        self.write_back(b)
+        self.times[b] = self.t - t_it
+
+    def start_round(self, b: int) -> None:
+        vol, links = self.vol, self.links
+        self._compute(b, self.c_data)
+        t0 = self.t
+        links_done = self.t
+        if vol.pre_evict[b].any():
+            links.send(self.t, vol.pre_evict[b])
+        if vol.round_fetch[b].any():
+            links_done = self.inflight.pop(b, None)
+            if links_done is None:  # not prefetched: fetched now (bagpipe's first round)
+                links_done = links.send(self.t, vol.round_fetch[b])
+        self.t = max(self.t, links_done)
+        self.fetch_wait[b] += self.t - t0
+        if vol.round_fetch[b].any() or vol.pre_evict[b].any():
+            self._compute(b, self.c_fcpu)
+        nb = self.next_start.get(b)
+        if vol.prefetch_ahead and nb is not None and vol.round_fetch[nb].any():
+            self.inflight[nb] = links.send(self.t, vol.round_fetch[nb])
+
+    def read(self, b: int) -> None:
+        vol = self.vol
+        if b - 2 in self.later_done:  # the asynchronous sync of b-2 lands before b reads
+            t0 = self.t
+            self.t = max(self.t, self.later_done.pop(b - 2))
+            self.sync_wait[b] += self.t - t0
+        fetched = False
+        for msg in vol.read_fetch[b]:
+            if msg.any() or vol.empty_fetch_message:
+                t0 = self.t
+                self.t = self.links.send(self.t, msg, always=vol.empty_fetch_message)
+                self.fetch_wait[b] += self.t - t0
+                fetched = True
+        self._compute(b, self.c_other + (self.c_fcpu if fetched else 0.0))
+
+    def sync(self, b: int) -> None:
+        vol, work, net, n = self.vol, self.work, self.net, self.n
+        d = net.allreduce_seconds(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes, n)
+        self.t += d
+        self.sync_wait[b] += d
+        if vol.sync_later[b]:
+            d = net.allreduce_seconds(int(vol.sync_later[b]) * work.grad_bytes, n)
+            self.coll_free = max(self.t, self.coll_free) + d
+            self.later_done[b] = self.coll_free
+
+    def write_back(self, b: int) -> None:
+        vol = self.vol
+        self._compute(b, self.c_opt)
+        if vol.write_back[b].any():
+            (self.push if vol.push_gradients else self.links).send(self.t, vol.write_back[b])
+
+    def prediction(self) -> Prediction:
+        I = self.vol.iterations  # noqa: E741 - the paper's symbol
+        m = slice(self.work.warmup, None) if I > self.work.warmup else slice(None)
+        total = self.t if self.t > 0 else 1.0
+        times = self.times
+        return Prediction(
+            system=self.vol.system,
+            median_ms=1e3 * float(np.median(times[m])) if I else math.nan,
+            mean_ms=1e3 * float(times[m].mean()) if I else math.nan,
+            compute_ms=1e3 * float(self.comp[m].mean()) if I else math.nan,
+            exposed_fetch_ms=1e3 * float(self.fetch_wait[m].mean()) if I else math.nan,
+            exposed_sync_ms=1e3 * float(self.sync_wait[m].mean()) if I else math.nan,
+            link_busy=float(self.links.busy.max() / total) if I else 0.0,
+            iter_ms=1e3 * times,
+        )
+
+
 def predict(vol: Volumes, cluster: Cluster, work: Workload, compute: ComputeTimes) -> Prediction:
     """Replay `vol` on `cluster` with `compute` per iteration; see the module docstring."""
     if vol.servers != cluster.servers:
         raise ConfigError(f"volumes are split over {vol.servers} servers, the cluster has "
                           f"{cluster.servers}")
-    net = cluster.network
-    n = cluster.trainers
-    links = _Links(cluster.servers, net, work.row_bytes)
-    push = _Links(cluster.servers, net, work.grad_bytes)  # het's gradients, same links
-    push.free = links.free  # one link per server: fetches, write-backs and pushes share it
-    push.busy = links.busy
-    s = 1e-3  # ms -> s
-    c_data, c_fb, c_opt, c_other, c_fcpu = (compute.data_ms * s, compute.fwd_bwd_ms * s,
-                                            compute.optimizer_ms * s, compute.other_ms * s,
-                                            compute.fetch_cpu_ms * s)
-    I = vol.iterations  # noqa: E741 - the paper's symbol
-    times = np.zeros(I)
-    fetch_wait = np.zeros(I)
-    sync_wait = np.zeros(I)
-    comp = np.zeros(I)
-    coll_free = 0.0
-    later_done: dict[int, float] = {}
-    inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
-    starts = np.flatnonzero(vol.round_start)
-    next_start = {int(a): int(b) for a, b in zip(starts[:-1], starts[1:], strict=True)}
-    t = 0.0
-    for b in range(I):
-        t_it = t
-        if vol.round_start[b]:
-            t += c_data
-            comp[b] += c_data
-            t0 = t
-            links_done = t
-            if vol.pre_evict[b].any():
-                links.send(t, vol.pre_evict[b])
-            if vol.round_fetch[b].any():
-                links_done = inflight.pop(b, None)
-                if links_done is None:  # not prefetched: fetched now (bagpipe's first round)
-                    links_done = links.send(t, vol.round_fetch[b])
-            t = max(t, links_done)
-            fetch_wait[b] += t - t0
-            if vol.round_fetch[b].any() or vol.pre_evict[b].any():
-                t += c_fcpu
-                comp[b] += c_fcpu
-            nb = next_start.get(b)
-            if vol.prefetch_ahead and nb is not None and vol.round_fetch[nb].any():
-                inflight[nb] = links.send(t, vol.round_fetch[nb])
-        if b - 2 in later_done:  # the asynchronous sync of b-2 lands before b reads
-            t0 = t
-            t = max(t, later_done.pop(b - 2))
-            sync_wait[b] += t - t0
-        fetched = False
-        for msg in vol.read_fetch[b]:
-            if msg.any() or vol.empty_fetch_message:
-                t0 = t
-                t = links.send(t, msg, always=vol.empty_fetch_message)
-                fetch_wait[b] += t - t0
-                fetched = True
-        t += c_other + (c_fcpu if fetched else 0.0)
-        comp[b] += c_other + (c_fcpu if fetched else 0.0)
-        t += c_fb
-        comp[b] += c_fb
-        if n > 1:
-            d = net.allreduce_seconds(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes, n)
-            t += d
-            sync_wait[b] += d
-            if vol.sync_later[b]:
-                d = net.allreduce_seconds(int(vol.sync_later[b]) * work.grad_bytes, n)
-                coll_free = max(t, coll_free) + d
-                later_done[b] = coll_free
-        t += c_opt
-        comp[b] += c_opt
-        if vol.write_back[b].any():
-            (push if vol.push_gradients else links).send(t, vol.write_back[b])
-        times[b] = t - t_it
-    m = slice(work.warmup, None) if I > work.warmup else slice(None)
-    total = t if t > 0 else 1.0
-    return Prediction(
-        system=vol.system,
-        median_ms=1e3 * float(np.median(times[m])) if I else math.nan,
-        mean_ms=1e3 * float(times[m].mean()) if I else math.nan,
-        compute_ms=1e3 * float(comp[m].mean()) if I else math.nan,
-        exposed_fetch_ms=1e3 * float(fetch_wait[m].mean()) if I else math.nan,
-        exposed_sync_ms=1e3 * float(sync_wait[m].mean()) if I else math.nan,
-        link_busy=float(links.busy.max() / total) if I else 0.0,
-        iter_ms=1e3 * times,
-    )
+    replay = _Replay(vol, cluster, work, compute)
+    for b in range(vol.iterations):
+        replay.iteration(b)
+    return replay.prediction()
 
 
 def add_speedups(preds: list[Prediction]) -> None:
     """Set each prediction's speed-up over `sync` (mean iteration times; NaN without sync)."""
-    base = next((p.mean_ms for p in preds if p.system == "sync"), math.nan)
+    base = next((p.mean_ms for p in preds if p.system == REFERENCE), math.nan)
     for p in preds:
         p.speedup = base / p.mean_ms if p.mean_ms > 0 else math.nan

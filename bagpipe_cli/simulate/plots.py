@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullLocator
 
+from bagpipe_cli.engine.registry import color, role
+
 if TYPE_CHECKING:
     from bagpipe_cli.simulate import SimulateResult
 
-COLORS = {"sync": "#7f7f7f", "bagpipe": "#d62728", "lru": "#1f77b4", "lfu": "#2ca02c",
-          "fae": "#9467bd", "het": "#ff7f0e", "local": "#000000"}
 DPI = 120
 
 
@@ -29,9 +29,9 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
         d = df[df["system"] == system].sort_values(xcol)
         if d.empty:
             continue
-        style = {"color": COLORS.get(system), "marker": "o", "ms": 4,
-                 "lw": 2.5 if system == "bagpipe" else 1.5,
-                 "ls": "--" if system in ("sync", "local") else "-"}
+        style = {"color": color(system), "marker": "o", "ms": 4,
+                 "lw": 2.5 if role(system) == "ours" else 1.5,
+                 "ls": "--" if role(system) in ("reference", "bound") else "-"}
         ax_s.plot(d[xcol], d["speedup"], label=system, **style)
         ax_t.plot(d[xcol], d["mean_ms"], label=system, **style)
     for ax in (ax_s, ax_t):

@@ -4,20 +4,22 @@ The plans are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lf
 whose decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train`
 would read, so the counts are the ones a run records in metrics.csv: rows fetched per
 round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
-per-trainer fetches replay `HetSystem`'s staleness rule. Rows are split by shard
-(`key % K`) because every server has its own link.
+per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
+are split by shard (`key % K`) because every server has its own link.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
 from bagpipe_cli.engine.oracle import Oracle, batch_keys
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
+from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.simulate.model import SYSTEMS, Volumes
 
@@ -51,13 +53,11 @@ class TraceConfig:
 
 def _train_rows(ds: Dataset, cfg: TraceConfig) -> int:
     """Training rows, split off the held-out tail exactly as `bagpipe train` does."""
-    from bagpipe_cli.engine.trainer import split_rows
-
-    return split_rows(ds, cfg)[0]
+    return split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]
 
 
 def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int) -> Callable[[], Iterator[np.ndarray]]:
-    """The global keys [B*T] of every iteration, wrapping around like `iter_train_batches`."""
+    """The global keys [B*T] of every iteration, wrapping around like `feed.iter_train_batches`."""
     offsets = table_offsets(ds.meta.cardinalities)
     per_epoch = _train_rows(ds, cfg) // cfg.batch_size
 
@@ -82,83 +82,109 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
     ds = open_dataset(cfg.data)
     train_rows = _train_rows(ds, cfg)
     iterations = cfg.iterations or train_rows // cfg.batch_size
-    keys = _key_batches(ds, cfg, iterations)
-    total = int(sum(ds.meta.cardinalities))
-    k, n = cfg.servers, cfg.trainers
-    info: dict = {"iterations": iterations, "embedding_rows": total, "tables": ds.meta.num_tables,
+    t = _Trace(cfg, _key_batches(ds, cfg, iterations), iterations, int(sum(ds.meta.cardinalities)))
+    info: dict = {"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
                   "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
                   "train_rows": train_rows}
-    out: dict[str, Volumes] = {}
     say = progress or (lambda s: None)
-
-    def empty(system: str, m: int = 1) -> Volumes:
-        z = np.zeros((iterations, k), np.int64)
-        return Volumes(system, iterations, k, np.ones(iterations, bool), z.copy(), z.copy(),
-                       np.zeros((iterations, m, k), np.int64), z.copy(),
-                       np.zeros(iterations, np.int64), np.zeros(iterations, np.int64),
-                       np.zeros(iterations, np.int64))
-
-    need_peak = any(s in systems for s in ("lru", "lfu", "fae")) and cfg.cache_rows is None
-    if need_peak or "bagpipe" in systems:
-        say("bagpipe")
-        oracle = Oracle(total, cfg.lookahead, cfg.round, n, None)
-        v = empty("bagpipe")
-        v.round_start[:] = False
-        v.prefetch_ahead = True
-        for rp in oracle.plan(keys()):
-            b0 = rp.iters[0].b
-            v.round_start[b0] = True
-            v.round_fetch[b0] = _by_shard(rp.fetch_keys, k)
-            for p in rp.iters:
-                v.write_back[p.b] = _by_shard(p.evict_keys, k)
-                v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
-                v.unique_rows[p.b] = len(p.uniq)
-        info["bagpipe_peak_resident_rows"] = oracle.peak_resident
-        info["round"] = oracle.C
-        if "bagpipe" in systems:
-            out["bagpipe"] = v
-    policies = [s for s in ("lru", "lfu", "fae") if s in systems]
+    specs = [spec(s) for s in systems]
+    out: dict[str, Volumes] = {}
+    oracle = [s.name for s in specs if s.planner == "oracle"]
+    policies = [s.name for s in specs if s.planner == "policy"]
+    if oracle or (policies and cfg.cache_rows is None):  # the baselines' default: bagpipe's peak
+        say(", ".join(oracle) or "bagpipe's peak")
+        v, info["bagpipe_peak_resident_rows"], info["round"] = _oracle_volumes(t)
+        out.update({name: replace(v, system=name) for name in oracle})
     if policies:
-        capacity = cfg.cache_rows or max(1, info["bagpipe_peak_resident_rows"])
-        info["cache_rows"] = capacity
-        trace = trace_of(keys(), total)
+        info["cache_rows"] = cfg.cache_rows or max(1, info["bagpipe_peak_resident_rows"])
+        trace = trace_of(t.keys(), t.total)
         for pol in policies:
             say(pol)
-            v = empty(pol)
-            for rp in PolicyPlanner(pol, trace, capacity, total,
-                                    getattr(cfg, "hot_sample", 1.0)).plan(keys()):
-                if not rp.iters:
-                    continue  # the final write-back of every resident row, after training
-                p = rp.iters[0]
-                v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k)
-                v.pre_evict[p.b] = _by_shard(rp.pre_evict_keys, k)
-                v.write_back[p.b] = _by_shard(p.evict_keys, k)
-                v.sync_now[p.b] = p.sync_now
-                v.unique_rows[p.b] = len(p.uniq)
-            out[pol] = v
+            out[pol] = _policy_volumes(t, pol, trace, info["cache_rows"])
         del trace
-    if any(s in systems for s in ("sync", "het", "local")):
-        say("sync, het, local")
-        sync, local, het = empty("sync"), empty("local"), empty("het", n)
-        sync.empty_fetch_message = k == 1
-        het.push_gradients = True
-        het_state = _HetState(total, n, cfg.staleness) if "het" in systems else None
-        for b, kb in enumerate(keys()):
-            uniq = np.unique(kb)
-            shards = _by_shard(uniq, k)
-            for v in (sync, local, het):
-                v.unique_rows[b] = len(uniq)
-            sync.read_fetch[b, 0] = shards
-            sync.write_back[b] = shards
-            local.sync_now[b] = len(uniq)
-            if het_state is not None:
-                for i, need in enumerate(het_state.step(kb, uniq)):
-                    het.read_fetch[b, i] = _by_shard(need, k)
-                het.write_back[b] = shards
-        for s, v in (("sync", sync), ("local", local), ("het", het)):
-            if s in systems:
-                out[s] = v
+    plain = [s for s in specs if s.planner == "none"]
+    if plain:
+        say(", ".join(s.name for s in plain))
+        out.update(_plain_volumes(t, plain))
     return {s: out[s] for s in systems}, info
+
+
+@dataclass
+class _Trace:
+    cfg: TraceConfig
+    keys: Callable[[], Iterator[np.ndarray]]
+    iterations: int
+    total: int
+
+    def empty(self, system: str, m: int = 1) -> Volumes:
+        i, k = self.iterations, self.cfg.servers
+        z = np.zeros((i, k), np.int64)
+        return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(),
+                       np.zeros((i, m, k), np.int64), z.copy(),
+                       np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64))
+
+
+def _oracle_volumes(t: _Trace) -> tuple[Volumes, int, int]:
+    """The lookahead oracle's rounds (bagpipe), its peak and round length."""
+    cfg, k = t.cfg, t.cfg.servers
+    oracle = Oracle(t.total, cfg.lookahead, cfg.round, cfg.trainers, None)
+    v = t.empty("bagpipe")
+    v.round_start[:] = False
+    v.prefetch_ahead = True
+    for rp in oracle.plan(t.keys()):
+        b0 = rp.iters[0].b
+        v.round_start[b0] = True
+        v.round_fetch[b0] = _by_shard(rp.fetch_keys, k)
+        for p in rp.iters:
+            v.write_back[p.b] = _by_shard(p.evict_keys, k)
+            v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
+            v.unique_rows[p.b] = len(p.uniq)
+    return v, oracle.peak_resident, oracle.C
+
+
+def _policy_volumes(t: _Trace, policy: str, trace, capacity: int) -> Volumes:
+    """lru/lfu/fae: misses fetched when the iteration starts, victims written back first."""
+    k = t.cfg.servers
+    v = t.empty(policy)
+    for rp in PolicyPlanner(policy, trace, capacity, t.total, getattr(t.cfg, "hot_sample", 1.0)).plan(t.keys()):
+        if not rp.iters:
+            continue  # the final write-back of every resident row, after training
+        p = rp.iters[0]
+        v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k)
+        v.pre_evict[p.b] = _by_shard(rp.pre_evict_keys, k)
+        v.write_back[p.b] = _by_shard(p.evict_keys, k)
+        v.sync_now[p.b] = p.sync_now
+        v.unique_rows[p.b] = len(p.uniq)
+    return v
+
+
+def _plain_volumes(t: _Trace, specs: list) -> dict[str, Volumes]:
+    """Systems without a planned cache: fetched every iteration and pushed (sync), cached
+    with a staleness bound and pushed (het), or every table local (local)."""
+    cfg, k, n = t.cfg, t.cfg.servers, t.cfg.trainers
+    out = {s.name: t.empty(s.name, n if s.store == "stale-cache" else 1) for s in specs}
+    stale = any(s.store == "stale-cache" for s in specs)
+    het_state = _HetState(t.total, n, cfg.staleness) if stale else None
+    for s in specs:
+        out[s.name].push_gradients = not s.replicated
+        out[s.name].empty_fetch_message = s.store == "none" and k == 1
+    for b, kb in enumerate(t.keys()):
+        uniq = np.unique(kb)
+        shards = _by_shard(uniq, k)
+        stale_needs = het_state.step(kb, uniq) if het_state is not None else []
+        for s in specs:
+            v = out[s.name]
+            v.unique_rows[b] = len(uniq)
+            if s.store == "tables":
+                v.sync_now[b] = len(uniq)
+            elif s.store == "none":
+                v.read_fetch[b, 0] = shards
+                v.write_back[b] = shards
+            else:
+                for i, need in enumerate(stale_needs):
+                    v.read_fetch[b, i] = _by_shard(need, k)
+                v.write_back[b] = shards
+    return out
 
 
 class _HetState:

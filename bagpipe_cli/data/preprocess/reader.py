@@ -9,19 +9,17 @@ row came from. Lines with the wrong number of fields are dropped by pyarrow's
 numbers. A block whose numbers do not convert is parsed again with those columns as raw
 bytes, and the caller validates them itself (the slow path, taken only for bad input).
 
-The raw bytes are hashed (sha256) as they are read, so a checksum costs no extra read.
+The raw bytes are hashed (sha256) as they are read (`stream`), so a checksum costs no
+extra read.
 """
 
 from __future__ import annotations
 
 import csv
-import gzip
 import hashlib
-import io
 import queue
 import sys
 import threading
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from bagpipe_cli.data.preprocess.stream import InputStream
 from bagpipe_cli.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -74,86 +73,6 @@ def is_parquet(path: Path) -> bool:
     return Path(path).suffix.lower() in PARQUET_SUFFIXES
 
 
-class _HashingReader(io.RawIOBase):
-    """A raw file that feeds every byte read to a hash and counts them."""
-
-    def __init__(self, f: io.BufferedReader, hasher: hashlib._Hash | None):
-        self.f = f
-        self.hasher = hasher
-        self.nbytes = 0
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, b) -> int:  # type: ignore[override]
-        n = self.f.readinto(b)
-        if n:
-            if self.hasher is not None:
-                self.hasher.update(memoryview(b)[:n])
-            self.nbytes += n
-        return n or 0
-
-
-def _is_gzip(path: Path) -> bool:
-    with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
-
-
-class _Stream:
-    """The decompressed bytes of a file, read in blocks; errors name the file."""
-
-    def __init__(self, path: Path, hasher: hashlib._Hash | None = None):
-        self.path = Path(path)
-        self.hasher = hasher
-        self._raw_file = open(self.path, "rb")  # noqa: SIM115 - closed in close()
-        self.gz = _is_gzip(self.path)
-        self._gz = gzip.GzipFile(fileobj=_HashingReader(self._raw_file, hasher)) if self.gz else None
-
-    def read(self, n: int) -> bytes:
-        if self._gz is None:
-            buf = self._raw_file.read(n)
-            if self.hasher is not None:
-                self.hasher.update(buf)
-            return buf
-        try:
-            return self._gz.read(n)
-        except EOFError as e:
-            raise DataError(f"{self.path}: truncated gzip file ({e})") from e
-        except (gzip.BadGzipFile, zlib.error) as e:
-            raise DataError(f"{self.path}: corrupt gzip file ({e})") from e
-
-    def readinto(self, view: memoryview) -> int:
-        """Fill `view` as far as the input goes; returns the bytes read (0 at the end)."""
-        got = 0
-        try:
-            while got < len(view):
-                f = self._gz if self._gz is not None else self._raw_file
-                n = f.readinto(view[got:])
-                if not n:
-                    break
-                if self._gz is None and self.hasher is not None:
-                    self.hasher.update(view[got : got + n])
-                got += n
-        except EOFError as e:
-            raise DataError(f"{self.path}: truncated gzip file ({e})") from e
-        except (gzip.BadGzipFile, zlib.error) as e:
-            raise DataError(f"{self.path}: corrupt gzip file ({e})") from e
-        return got
-
-    def close(self) -> None:
-        if self._gz is not None:
-            self._gz.close()
-        self._raw_file.close()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while buf := f.read(1 << 23):
-            h.update(buf)
-    return h.hexdigest()
-
-
 def read_header(path: Path, fmt: TextFormat) -> list[str]:
     """Column names from a text file's first line, or a Parquet file's schema."""
     path = Path(path)
@@ -162,7 +81,7 @@ def read_header(path: Path, fmt: TextFormat) -> list[str]:
             return list(pq.ParquetFile(path).schema_arrow.names)
         except (OSError, pa.ArrowException) as e:
             raise DataError(f"{path}: not a readable Parquet file ({e})") from e
-    s = _Stream(path)
+    s = InputStream(path)
     try:
         buf = b""
         while b"\n" not in buf:
@@ -193,7 +112,7 @@ def read_header(path: Path, fmt: TextFormat) -> list[str]:
     return names
 
 
-def _raw_blocks(s: _Stream, block_size: int, skip_header: bool) -> Iterator[tuple[memoryview, int]]:
+def _raw_blocks(s: InputStream, block_size: int, skip_header: bool) -> Iterator[tuple[memoryview, int]]:
     """(whole lines, number of lines) from a stream; the header line is skipped.
 
     Each block is a fresh buffer that the parser reads in place (no copies of the text
@@ -300,7 +219,7 @@ def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[
     columns as binary (text) for the caller to validate.
     """
     path = Path(path)
-    s = _Stream(path, hasher)
+    s = InputStream(path, hasher)
     line = 2 if fmt.header else 1
     got_any = False
     try:

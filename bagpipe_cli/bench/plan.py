@@ -1,0 +1,140 @@
+"""Planning a bench: a `BenchConfig` -> every distinct run, in the order one repeat runs them.
+
+A setting a system does not read (Bagpipe's lookahead for `sync`) is reset to its default
+for that system (`effective_config`), so it neither multiplies the system's runs nor
+changes its run id: runs are deduplicated by the hash of their effective config
+(`config_key`). Labels and slugs (`L16`, `net=slow`) name the runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+import typing
+from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
+
+from bagpipe_cli.bench.matrix import BenchConfig
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.registry import SYSTEM_SETTINGS, SYSTEMS
+from bagpipe_cli.errors import ConfigError
+
+# Settings that belong to a system rather than to the environment it runs in: the report
+# compares systems across them (Bagpipe at L=16 against sync in the same setting).
+SYSTEM_OWN_SETTINGS = SYSTEM_SETTINGS
+# Short names for run ids and labels.
+SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
+         "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
+         "iterations": "it", "optimizer": "opt", "dense_optimizer": "dopt", "staleness": "s",
+         "hot_sample": "hot"}
+
+
+def ignored_settings(system: str, cache_rows: int | None = None) -> set[str]:
+    """The `TrainConfig` settings `system` does not read (they are reset to defaults); every
+    setting is read by a system the registry does not know (never deduplicated wrongly)."""
+    s = SYSTEMS.get(system)
+    return s.ignored_settings(cache_rows) if s is not None else set()
+
+
+def train_fields() -> dict[str, Any]:
+    """Every `TrainConfig` field: name -> (type hint, default)."""
+    hints = typing.get_type_hints(TrainConfig)
+    return {f.name: (hints[f.name], f.default) for f in fields(TrainConfig)}
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    """One configuration of the matrix (repeated `repeat` times)."""
+
+    config: Any  # TrainConfig (effective: settings the system ignores are at their defaults)
+    dataset: str  # dataset name
+    setting: dict[str, str]  # matrix axis -> label ("net=slow"), axes not the system's own
+    variant: dict[str, str]  # matrix axis -> label ("L16"), the system's own settings
+    slug: str  # readable part of the run id
+    key: str  # short hash of the effective config
+
+    def run_id(self, repeat: int) -> str:
+        return f"{self.slug}-{self.key}-r{repeat}"
+
+    @property
+    def setting_label(self) -> str:
+        return ", ".join(self.setting.values()) or "-"
+
+    @property
+    def variant_label(self) -> str:
+        return ", ".join(self.variant.values())
+
+
+def slugify(s: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._]+", "-", str(s)).strip("-") or "x"
+
+
+def value_label(name: str, v: Any) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return slugify(f"{SHORT.get(name, name)}{'none' if v is None else v}")
+
+
+def config_key(cfg: Any) -> str:
+    """8 hex digits of the SHA-1 of the effective config (sorted JSON)."""
+    blob = json.dumps(asdict(cfg), sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:8]
+
+
+def effective_config(cfg: Any) -> Any:
+    """`cfg` with the settings its system ignores reset to their defaults."""
+    defaults = {k: d for k, (_, d) in train_fields().items()}
+    reset = {k: defaults[k] for k in ignored_settings(cfg.system, cfg.cache_rows) if k in defaults}
+    return replace(cfg, **reset)
+
+
+def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
+    """Every distinct effective configuration, in the order one repeat runs them.
+
+    Comparable runs are adjacent: for each dataset, model and matrix choice, every system.
+    """
+    varying = [a for a in cfg.matrix if len(a.choices) > 1]
+    seen: dict[str, PlannedRun] = {}
+    for ds, model, combo in itertools.product(cfg.datasets, cfg.models,
+                                              itertools.product(*[a.choices for a in cfg.matrix])):
+        settings: dict[str, Any] = dict(cfg.base)
+        for (_, s) in combo:
+            settings.update(s)
+        for system, own_combo in ((s, oc) for s in cfg.systems for oc in itertools.product(
+                *[a.choices for a in cfg.system_axes.get(s, ())])):
+            own_settings = dict(settings)
+            for (_, s) in own_combo:
+                own_settings.update(s)
+            try:
+                tc = TrainConfig(data=str(ds.path), system=system, model=model, **own_settings)
+                if tc.transport == "torch" and tc.procs is None:
+                    tc = replace(tc, procs=tc.world_size)  # a bench starts the ranks itself
+            except ConfigError as e:
+                raise ConfigError(f"{cfg.source}: {system}/{model} with {own_settings}: {e}") from None
+            if tc.warmup >= tc.iterations:
+                raise ConfigError(f"{cfg.source}: warmup {tc.warmup} must be below iterations "
+                                  f"{tc.iterations} (warm-up iterations are excluded from figures)")
+            eff = effective_config(tc)
+            key = config_key(eff)
+            if key in seen:
+                continue
+            ignored = ignored_settings(system, tc.cache_rows)
+            setting, variant = {}, {}
+            for axis, (label, s) in zip(cfg.matrix, combo, strict=True):
+                if axis not in varying or (s and set(s) <= ignored) or (not s and axis.settings <= ignored):
+                    continue
+                if axis.settings <= set(SYSTEM_OWN_SETTINGS):
+                    variant[axis.name] = axis.display(label)
+                else:
+                    setting[axis.name] = axis.display(label)
+            for axis, (label, _s) in zip(cfg.system_axes.get(system, ()), own_combo, strict=True):
+                if len(axis.choices) > 1:
+                    variant[axis.name] = axis.display(label)
+            parts = [system, model]
+            if len(cfg.datasets) > 1:
+                parts.append(ds.name)
+            parts += [slugify(x.split("=")[-1]) for x in [*variant.values(), *setting.values()]]
+            seen[key] = PlannedRun(eff, ds.name, setting, variant, slugify("-".join(parts)), key)
+    return list(seen.values())

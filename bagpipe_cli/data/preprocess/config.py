@@ -1,0 +1,80 @@
+"""What `bagpipe preprocess` is asked to do: `PreprocessConfig`, validated on creation."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from bagpipe_cli.data.preprocess.reader import is_parquet
+from bagpipe_cli.errors import ConfigError
+
+FORMATS = ("criteo", "avazu", "csv")
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """What `bagpipe preprocess` reads and how it encodes it."""
+
+    format: str  # "criteo", "avazu" or "csv" (csv also reads .parquet)
+    inputs: tuple[Path, ...]  # input files, read in this order (.gz is decompressed)
+    label: str | None = "label"  # label column (csv); criteo: "label" or None for --no-label
+    categorical: tuple[str, ...] = ()  # csv: categorical columns
+    dense: tuple[str, ...] = ()  # csv: dense (numeric) columns
+    sep: str = ","  # csv: field separator
+    hour: str = "split"  # avazu: "split" hour into hour_of_day + day_of_week, or "keep" it
+    min_count: int = 1  # values seen fewer times map to id 0
+    max_rows_per_table: int | None = None  # hash values into this many ids instead of a vocabulary
+    vocab_from: Path | None = None  # reuse the vocabularies (or hashing) of this dataset
+    on_bad_line: str = "error"  # "error": stop at the first bad line; "skip": drop and count
+    block_size: int = 16 << 20  # bytes of input per block (memory is a few blocks)
+    name: str = ""  # dataset name in meta.json
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "inputs", tuple(Path(p) for p in self.inputs))
+        if self.format not in FORMATS:
+            raise ConfigError(f"format {self.format!r}: choose one of {', '.join(FORMATS)}")
+        if not self.inputs:
+            raise ConfigError("INPUT: give at least one input file")
+        for p in self.inputs:
+            if not p.exists():
+                raise ConfigError(f"INPUT {p}: no such file")
+            if not p.is_file():
+                raise ConfigError(f"INPUT {p}: not a file")
+        if self.format == "csv":
+            if not self.label:
+                raise ConfigError("--label: give the label column")
+            if not self.categorical:
+                raise ConfigError("--categorical: give at least one categorical column")
+            cols = [self.label, *self.categorical, *self.dense]
+            dup = sorted({c for c in cols if cols.count(c) > 1})
+            if dup:
+                raise ConfigError(f"--categorical/--dense/--label: column(s) {', '.join(dup)} "
+                                  "given more than once")
+            if len(self.sep) != 1:
+                raise ConfigError(f"--sep must be one character (got {self.sep!r})")
+        elif any(is_parquet(p) for p in self.inputs):
+            raise ConfigError(f"INPUT: Parquet input needs `bagpipe preprocess csv`, not {self.format}")
+        if self.hour not in ("split", "keep"):
+            raise ConfigError(f"--hour {self.hour!r}: choose split or keep")
+        if self.min_count < 1:
+            raise ConfigError(f"--min-count must be >= 1 (got {self.min_count})")
+        if self.max_rows_per_table is not None and self.max_rows_per_table < 2:
+            raise ConfigError("--max-rows-per-table must be >= 2 (id 0 is reserved for missing)")
+        if self.vocab_from is not None:
+            object.__setattr__(self, "vocab_from", Path(self.vocab_from))
+            if self.min_count != 1:
+                raise ConfigError("--min-count cannot be combined with --vocab-from "
+                                  "(the saved vocabulary already fixes the ids)")
+            if self.max_rows_per_table is not None:
+                raise ConfigError("--max-rows-per-table cannot be combined with --vocab-from")
+        if self.on_bad_line not in ("error", "skip"):
+            raise ConfigError(f"--on-bad-line {self.on_bad_line!r}: choose error or skip")
+        if self.block_size < 1024:
+            raise ConfigError(f"--block-mb is too small ({self.block_size} bytes; at least 1 KiB)")
+
+    @property
+    def mode(self) -> str:
+        """How ids are assigned: "vocab" (count then encode), "hash" or "vocab-from"."""
+        if self.vocab_from is not None:
+            return "vocab-from"
+        return "hash" if self.max_rows_per_table is not None else "vocab"

@@ -1,0 +1,142 @@
+"""What a preprocessed dataset records about its encoding, and reading it back.
+
+`write_meta` saves the vocabularies (one Parquet file per table under `vocab/`) and
+writes meta.json with the source files and their checksums, the options, and `extra`:
+how ids were assigned, each table's column and vocabulary, the dense transform and the
+bad lines. `load_vocab` and `--vocab-from` (`load_saved_vocabs`) read them back.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bagpipe_cli.data.format import DatasetMeta, read_meta
+from bagpipe_cli.data.preprocess.config import PreprocessConfig
+from bagpipe_cli.data.preprocess.decoder import BadLines
+from bagpipe_cli.data.preprocess.layout import Layout
+from bagpipe_cli.data.preprocess.stream import file_sha256
+from bagpipe_cli.data.preprocess.vocab import Vocab
+from bagpipe_cli.data.writer import DatasetWriter
+from bagpipe_cli.errors import ConfigError, DataError
+
+VOCAB_DIR = "vocab"
+DENSE_TRANSFORM = "log(1 + max(x, 0)); missing or non-finite -> 0"
+HASH_RULE = "id = 1 + splitmix64(key) mod (R - 1); key: hex value (Criteo) or SipHash of the value"
+
+
+def load_saved_vocabs(cfg: PreprocessConfig, layout: Layout) -> tuple[list[Vocab] | None, int | None]:
+    """Vocabularies (or the hash size) saved in the --vocab-from dataset."""
+    src = cfg.vocab_from
+    assert src is not None
+    meta = read_meta(src)
+    enc = meta.extra.get("encoding") or {}
+    if enc.get("mode") == "hash":
+        return None, int(enc["max_rows_per_table"])
+    saved = {t["name"]: t for t in (meta.extra.get("vocab") or {}).get("tables", [])}
+    vocabs = []
+    for spec in layout.cats:
+        t = saved.get(spec.name)
+        if t is None:
+            raise ConfigError(f"--vocab-from {src}: no vocabulary for table {spec.name!r} "
+                              f"(it has: {', '.join(saved) or 'none'})")
+        if t.get("kind") != spec.vocab_kind:
+            raise ConfigError(f"--vocab-from {src}: table {spec.name!r} holds {t.get('kind')} "
+                              f"values, this input {spec.vocab_kind}")
+        vocabs.append(Vocab.load(src / VOCAB_DIR / t["file"], spec.name, spec.vocab_kind))
+    return vocabs, None
+
+
+def load_vocab(dataset: Path | str, table: str | int) -> Vocab:
+    """The saved vocabulary of one table (by name or position) of a preprocessed dataset."""
+    dataset = Path(dataset)
+    meta = read_meta(dataset)
+    tables = (meta.extra.get("vocab") or {}).get("tables", [])
+    if not tables:
+        raise DataError(f"{dataset}: no saved vocabularies (hashed or not preprocessed)")
+    found = [t for i, t in enumerate(tables) if table in (i, t["name"])]
+    if not found:
+        raise ConfigError(f"{dataset}: no table {table!r}")
+    t = found[0]
+    return Vocab.load(dataset / VOCAB_DIR / t["file"], t["name"], t["kind"])
+
+
+def write_meta(cfg: PreprocessConfig, w: DatasetWriter, tmp: Path, layout: Layout,
+            vocabs: list[Vocab] | None, hash_rows: int | None, files: list[dict[str, Any]],
+            bad: BadLines, hashers: list) -> DatasetMeta:
+    """Save the vocabularies and write meta.json."""
+    if vocabs is not None:
+        (tmp / VOCAB_DIR).mkdir()
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(lambda t: vocabs[t].save(tmp / VOCAB_DIR / _vocab_file(t)),
+                          range(len(vocabs))))
+    return w.finish(name=cfg.name or _default_name(cfg), source=_source(cfg, hashers),
+                    options=_options(cfg),
+                    extra=_extra(cfg, layout, vocabs, hash_rows, files, bad))
+
+
+def _vocab_file(t: int) -> str:
+    return f"cat_{t:03d}.parquet"
+
+
+def _default_name(cfg: PreprocessConfig) -> str:
+    return f"{cfg.format}-{cfg.inputs[0].name.split('.')[0]}"
+
+
+def _options(cfg: PreprocessConfig) -> dict[str, Any]:
+    d = asdict(cfg)
+    d["inputs"] = [str(p) for p in cfg.inputs]
+    d["vocab_from"] = str(cfg.vocab_from) if cfg.vocab_from is not None else None
+    d["categorical"] = list(cfg.categorical)
+    d["dense"] = list(cfg.dense)
+    return d
+
+
+def _source(cfg: PreprocessConfig, hashers: list) -> dict[str, Any]:
+    files = []
+    for p, h in zip(cfg.inputs, hashers, strict=True):
+        files.append({
+            "path": str(p.resolve()),
+            "bytes": os.path.getsize(p),
+            "sha256": h.hexdigest() if h is not None else file_sha256(p),
+        })
+    return {"kind": "preprocess", "format": cfg.format, "files": files}
+
+
+def _extra(cfg: PreprocessConfig, layout: Layout, vocabs: list[Vocab] | None, hash_rows: int | None,
+           files: list[dict[str, Any]], bad: BadLines) -> dict[str, Any]:
+    tables = []
+    for t, spec in enumerate(layout.cats):
+        d: dict[str, Any] = {"name": spec.name, "column": spec.column, "kind": spec.vocab_kind}
+        if spec.kind not in ("hex", "str"):
+            d["derived"] = spec.kind
+        if vocabs is not None:
+            d.update(file=_vocab_file(t), size=len(vocabs[t].values))
+            if cfg.mode == "vocab":
+                d["distinct"] = vocabs[t].distinct
+        tables.append(d)
+    if vocabs is not None:
+        encoding: dict[str, Any] = {
+            "mode": cfg.mode, "order": "decreasing count, ties by first appearance",
+            "min_count": cfg.min_count,
+        }
+        if cfg.vocab_from is not None:
+            encoding["vocab_from"] = str(cfg.vocab_from)
+    else:
+        encoding = {"mode": "hash", "max_rows_per_table": hash_rows, "rule": HASH_RULE}
+    extra: dict[str, Any] = {
+        "encoding": encoding,
+        "tables": tables,
+        "dense_transform": DENSE_TRANSFORM,
+        "files": files,
+        "bad_lines": {"mode": cfg.on_bad_line, "count": bad.count, "first": bad.first},
+    }
+    if vocabs is not None:
+        extra["vocab"] = {"dir": VOCAB_DIR, "row_to_id": "row i of a table's file has id i + 1; "
+                          "id 0 is missing/unknown", "tables": tables}
+    if cfg.format == "avazu":
+        extra["hour"] = cfg.hour
+    return extra

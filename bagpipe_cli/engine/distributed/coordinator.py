@@ -1,0 +1,154 @@
+"""Rank 0: the data loader + oracle. It plans every round, sends each trainer the round's plan
+and its slice of the batches one round ahead of use, writes the checkpoints, and at the end
+gathers every trainer's records and every server's shard into the run's TrainResult.
+
+A checkpoint at the boundary before iteration b: every trainer sends its new records (trainer
+0 also its resident rows and the dense state), every server its shard once it has served
+every trainer's requests before the boundary; rank 0 lays the resident rows over the shards
+and writes the checkpoint. On resume rank 0 reads it and sends each server its shard and
+each trainer the dense state (only rank 0 needs to see the checkpoint directory).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pandas as pd
+
+from bagpipe_cli.engine.checkpoint import (
+    Checkpoint,
+    Checkpointer,
+    checkpoint_due,
+    dataset_identity,
+    full_tables,
+)
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
+from bagpipe_cli.engine.feed import planned_rounds
+from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.oracle import RoundPlan
+from bagpipe_cli.engine.records import TrainResult, role_figures
+from bagpipe_cli.engine.result import finish_run
+from bagpipe_cli.engine.server import EmbeddingServer
+from bagpipe_cli.engine.setup import Planning, RunSetup, build_planner, open_resume
+from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.models import build_model
+
+
+class Coordinator:
+    """Rank 0 of a run laid out as `layout` (see the module docstring)."""
+
+    def __init__(self, s: RunSetup, layout: Layout, devices: list[str], faults: Faults,
+                 progress: ProgressFn | None = None):
+        self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
+        self.sent = {"bytes_sent": 0, "waiting_s": 0.0}  # blocked while a trainer is behind
+        self.ckpt: Checkpointer | None = None
+        self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
+
+    def _send(self, obj: Any, dst: int) -> None:
+        t = time.perf_counter()
+        self.sent["bytes_sent"] += send_obj(obj, dst, self.layout)
+        self.sent["waiting_s"] += time.perf_counter() - t
+
+    def run(self) -> TrainResult:
+        t_start = time.perf_counter()
+        s, lay = self.s, self.layout
+        ck = open_resume(s)
+        if ck is not None and len(ck.metrics) != lay.trainers:
+            raise ConfigError(f"--resume {ck.path}: the checkpoint has metrics of {len(ck.metrics)} "
+                              f"trainer(s), this run has {lay.trainers}")
+        start = ck.iteration if ck else 0
+        prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(lay.trainers)]
+        self.records = [list(p) for p in prior]
+        planning = build_planner(s, start)
+        self._initial_state(ck, planning, start)
+        if s.cfg.checkpoint_every:
+            self.ckpt = Checkpointer(s.cfg, dataset_identity(s.ds), start)
+        try:
+            self._feed(planning, start)
+        finally:
+            if self.ckpt is not None:
+                self.ckpt.close()
+        outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
+        shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
+        wall = time.perf_counter() - t_start
+        return self._result(planning, prior, outs, shards, wall, ck)
+
+    def _initial_state(self, ck: Checkpoint | None, planning: Planning, start: int) -> None:
+        """Each server's initial shard (the checkpoint's, or None: seeded), each trainer its
+        cache size, its first iteration and (resumed) the dense state."""
+        lay = self.layout
+        for k in range(lay.servers):
+            self._send(None if ck is None else {"weight": ck.weight[k::lay.servers].clone(),
+                                                "state": ck.state[k::lay.servers].clone()},
+                       lay.server_rank(k))
+        dense = {"dense": ck.dense, "optimizer": ck.dense_optimizer, "rng": ck.rng} if ck else {}
+        for r in lay.trainer_ranks:
+            self._send({"slots": planning.slots, "start": start, **dense}, r)
+        if ck is not None:
+            del ck.weight, ck.state
+
+    def _feed(self, planning: Planning, start: int) -> None:
+        """Plan and send every round; take the checkpoints inside the round before."""
+        s, lay = self.s, self.layout
+        per = s.cfg.batch_size // lay.trainers
+        done = start
+        prev = None
+        for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets, start):
+            for i, r in enumerate(lay.trainer_ranks):
+                sl = slice(i * per, (i + 1) * per)
+                self._send((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r)
+            # The trainers got this round while they train the previous one, which is when
+            # they reach its checkpoint boundaries.
+            if prev is not None:
+                self._checkpoints(prev)
+            prev = rp
+            done += len(rp.iters)
+            if self.progress and rp.iters:
+                self.progress(done - 1, {"loss": math.nan, "time": math.nan})
+        for r in lay.trainer_ranks:
+            self._send(None, r)
+        if prev is not None:
+            self._checkpoints(prev)
+
+    def _checkpoints(self, rp: RoundPlan) -> None:
+        """Rank 0's part of the checkpoints at boundaries inside round `rp`."""
+        lay = self.layout
+        for plan in rp.iters:
+            if self.ckpt is None or not checkpoint_due(self.s.cfg, plan.b, self.ckpt.start):
+                continue
+            parts = [recv_obj(r, lay) for r in lay.trainer_ranks]
+            t = time.perf_counter()
+            for i, part in enumerate(parts):
+                self.records[i].extend(part["records"])
+            shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
+            weight, state = full_tables(shards, [parts[0]["resident"]])
+            self.ckpt.save(plan.b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
+                           parts[0]["rng"], self.records, t)
+            self.faults.checkpoint_done()
+
+    def _result(self, planning: Planning, prior: list[list[dict]], outs: list[dict],
+                shards: list[dict], wall: float, ck: Checkpoint | None) -> TrainResult:
+        s, lay = self.s, self.layout
+        model = build_model(s.mcfg)
+        model.load_state_dict(outs[0]["dense"])
+        servers = [_shard(k, lay, sh) for k, sh in enumerate(shards)]
+        frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
+        roles = {"oracle": {"busy_s": planning.planner.seconds, **self.sent},
+                 **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
+                                                bytes_sent=o["bytes_sent"],
+                                                bytes_received=o["bytes_received"])
+                    for i, o in enumerate(outs)},
+                 **{f"server{k}": sh["stats"] for k, sh in enumerate(shards)}}
+        layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,
+                  "trainer_devices": self.devices, "backend": s.cfg.backend}
+        facts = {"runner": "distributed", "transport": "torch", "roles": roles,
+                 "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}
+        return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck)
+
+
+def _shard(k: int, layout: Layout, sent: dict[str, Any]) -> EmbeddingServer:
+    return EmbeddingServer.holding(k, layout.servers, sent["weight"], sent["state"])

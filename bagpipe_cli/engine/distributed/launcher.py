@@ -1,0 +1,129 @@
+"""Starting a job's ranks as local processes, and reporting one cause when a rank fails.
+
+Used by `--procs` (the engine's ranks) and by the TorchRec runner (its trainers): each rank
+is `command` with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set, as
+torchrun would set them, on loopback.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+
+from bagpipe_cli.engine.distributed.wire import RankFailure
+from bagpipe_cli.errors import BagpipeError
+
+
+class RankError(BagpipeError):
+    """A rank of a local job failed: its own error (exit code 2 for bad options or input)."""
+
+    def __init__(self, message: str, exit_code: int = 1):
+        super().__init__(message)
+        self.exit_code = exit_code if exit_code in (1, 2, 130) else 1
+
+
+def free_port() -> int:
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return sk.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """The environment of local rank `rank` (what torchrun sets, on loopback)."""
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            # c10d's own socket warnings; our errors say what failed
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+
+
+class _Job:
+    """The processes of one job and the one-line errors ("Error: ...") they printed."""
+
+    def __init__(self, command: list[str], world: int, on_line: Callable[[str], None] | None):
+        port = free_port()
+        self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
+        self.procs: list[subprocess.Popen] = []
+        self.readers: list[threading.Thread] = []
+        for rank in range(world):
+            out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
+            p = subprocess.Popen(command, env=rank_env(rank, world, port), stdout=out,
+                                 stderr=subprocess.PIPE, text=True)
+            self.procs.append(p)
+            self.readers.append(threading.Thread(target=self._relay, args=(rank, p.stderr), daemon=True))
+        if on_line is not None:
+            self.readers.append(threading.Thread(
+                target=lambda: [on_line(x) for x in self.procs[0].stdout], daemon=True))
+        for t in self.readers:
+            t.start()
+
+    def _relay(self, rank: int, stream) -> None:
+        for line in stream:
+            if line.startswith("Error: "):
+                self.errors.append((rank, line[len("Error: "):].rstrip("\n")))
+            else:
+                sys.stderr.write(line)
+
+    def wait(self, grace_s: float, run_timeout_s: float | None = None) -> tuple[int, int] | None:
+        """Wait for every process; after the first failure the others get `grace_s` to notice
+        before they are killed. Returns (rank, exit code) of the first failure, or None.
+        Past `run_timeout_s` every process is killed and RankFailure raised."""
+        failed: tuple[int, int] | None = None
+        deadline = None
+        end = None if run_timeout_s is None else time.monotonic() + run_timeout_s
+        try:
+            while any(p.poll() is None for p in self.procs):
+                for rank, p in enumerate(self.procs):
+                    if p.poll() not in (None, 0) and failed is None:
+                        failed = (rank, p.returncode)
+                        deadline = time.monotonic() + grace_s
+                if deadline is not None and time.monotonic() > deadline:
+                    break
+                if end is not None and time.monotonic() > end:
+                    raise RankFailure(f"the job ran past {run_timeout_s:g} s; its processes were killed")
+                time.sleep(0.05)
+        finally:
+            for p in self.procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait()
+            for t in self.readers:
+                t.join(timeout=5)
+        if failed is None:
+            failed = next(((r, p.returncode) for r, p in enumerate(self.procs) if p.returncode), None)
+        return failed
+
+    def cause(self, failed: tuple[int, int], name_of: Callable[[int], str]) -> BagpipeError:
+        """One error for the failed job: which rank died without an error of its own (killed,
+        crashed) and what another rank saw; else the first error a rank gave of its own (not
+        "lost contact with ...")."""
+        said = {r for r, _ in self.errors}
+        silent = [r for r, p in enumerate(self.procs) if p.returncode and r not in said]
+        if silent:
+            rank = failed[0] if failed[0] in silent else silent[0]
+            seen = next(((r, m) for r, m in self.errors if r != rank), None)
+            return RankFailure(f"{name_of(rank)} exited with code {self.procs[rank].returncode}"
+                               + (f"; {name_of(seen[0])}: {seen[1]}" if seen else ""))
+        rank, message = next(((r, m) for r, m in self.errors if not m.startswith("lost contact with")),
+                             self.errors[0])
+        return RankError(message, self.procs[rank].returncode)
+
+
+def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], timeout_s: float,
+                on_line: Callable[[str], None] | None = None, run_timeout_s: float | None = None) -> None:
+    """Run `command` as `world` local processes, one per rank, over loopback. Rank 0's stdout
+    lines go to `on_line` (the others' stdout is dropped); the ranks' stderr is passed through,
+    except their one-line errors ("Error: ..."), which are collected.
+
+    If a rank fails, the others get `timeout_s` plus a grace period to notice (they exit with
+    an error naming the lost role) before they are killed; then one error is raised
+    (`_Job.cause`). `name_of(rank)` names a rank in it. `run_timeout_s` bounds the whole job.
+    """
+    job = _Job(command, world, on_line)
+    failed = job.wait(timeout_s + 10, run_timeout_s)
+    if failed is not None:
+        raise job.cause(failed, name_of)

@@ -1,0 +1,100 @@
+"""Which rank plays which role, and where every trainer computes.
+
+Rank 0 is the data loader + oracle, ranks 1..K the embedding servers, ranks K+1..K+N the
+trainers (world size 1 + K + N).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.errors import ConfigError
+
+ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Which rank plays which role."""
+
+    servers: int
+    trainers: int
+
+    @classmethod
+    def of(cls, cfg: TrainConfig) -> Layout:
+        return cls(cfg.servers, cfg.trainers)
+
+    @property
+    def world(self) -> int:
+        return 1 + self.servers + self.trainers
+
+    def server_rank(self, k: int) -> int:
+        return 1 + k
+
+    def trainer_rank(self, i: int) -> int:
+        return 1 + self.servers + i
+
+    @property
+    def trainer_ranks(self) -> list[int]:
+        return [self.trainer_rank(i) for i in range(self.trainers)]
+
+    def role(self, rank: int) -> tuple[str, int]:
+        if rank == 0:
+            return "oracle", 0
+        if rank <= self.servers:
+            return "server", rank - 1
+        return "trainer", rank - 1 - self.servers
+
+    def name(self, rank: int) -> str:
+        if rank == TRAINERS:
+            return "the other trainers (collective)"
+        if rank == ALL_RANKS:
+            return "the other ranks (collective)"
+        role, i = self.role(rank)
+        return "oracle/loader (rank 0)" if role == "oracle" else f"{role} {i} (rank {rank})"
+
+
+def rank_facts() -> dict[str, Any]:
+    """What a rank can offer a trainer: its host, CUDA devices and whether torch has NCCL."""
+    return {"host": socket.gethostname(),
+            "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            "nccl": dist.is_available() and dist.is_nccl_available()}
+
+
+def trainer_devices(cfg: TrainConfig, layout: Layout, facts: list[dict[str, Any]]) -> list[str]:
+    """The device of every trainer, from every rank's `rank_facts()` (the same answer on every
+    rank). `--device cuda` gives the trainers on a host its GPUs in turn; NCCL needs one GPU
+    per trainer. Raises ConfigError naming the trainer that cannot run as asked."""
+    if cfg.device == "cpu":
+        return ["cpu"] * layout.trainers
+    out: list[str] = []
+    taken: dict[tuple[str, int], str] = {}
+    for i in range(layout.trainers):
+        f = facts[layout.trainer_rank(i)]
+        who = f"{layout.name(layout.trainer_rank(i))} on {f['host']}"
+        if f["cuda"] == 0:
+            raise ConfigError(f"--device {cfg.device}: {who} has no CUDA device "
+                              "(torch.cuda.is_available() is False); use --device cpu")
+        if cfg.device == "cuda":
+            before = sum(facts[layout.trainer_rank(j)]["host"] == f["host"] for j in range(i))
+            dev = before % f["cuda"]
+        else:
+            dev = int(cfg.device.split(":", 1)[1])
+            if dev >= f["cuda"]:
+                raise ConfigError(f"--device {cfg.device}: {who} has {f['cuda']} CUDA device(s)")
+        if cfg.backend == "nccl":
+            if not f["nccl"]:
+                raise ConfigError(f"--backend nccl: the torch of {who} has no NCCL; use --backend gloo")
+            if (f["host"], dev) in taken:
+                raise ConfigError(f"--backend nccl: {who} and {taken[(f['host'], dev)]} would share "
+                                  f"cuda:{dev}, and NCCL needs a GPU per trainer; use --backend gloo "
+                                  "or fewer trainers per machine")
+            taken[(f["host"], dev)] = who
+        out.append(f"cuda:{dev}")
+    return out

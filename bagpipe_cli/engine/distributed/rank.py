@@ -1,0 +1,139 @@
+"""One rank of a torch.distributed run: join the job, agree on devices, play the role.
+
+`run_rank(cfg)` is what every rank runs (torchrun sets RANK/WORLD_SIZE/MASTER_ADDR/
+MASTER_PORT); `spawn_train(cfg)` starts every rank as a local process (`--procs`) and
+returns rank 0's result.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import re
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.distributed.collectives import TorchCollective
+from bagpipe_cli.engine.distributed.coordinator import Coordinator
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.launcher import spawn_local
+from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
+from bagpipe_cli.engine.distributed.server import server_main
+from bagpipe_cli.engine.distributed.trainer import trainer_main
+from bagpipe_cli.engine.distributed.wire import RankFailure, comm
+from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.records import TrainResult
+from bagpipe_cli.engine.setup import prepare
+from bagpipe_cli.errors import BagpipeError, ConfigError
+from bagpipe_cli.io import atomic_file, json_default
+
+RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_rank(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | None:
+    """This process's rank of the job (from the environment). Returns the TrainResult on
+    rank 0, None elsewhere."""
+    layout = Layout.of(cfg)
+    for var in RANK_VARS:
+        if var not in os.environ:
+            raise ConfigError(f"--transport torch: environment variable {var} is not set; launch "
+                              "with torchrun or use --procs")
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world != layout.world:
+        raise ConfigError(f"world size {world} does not match 1 oracle + --servers {cfg.servers} "
+                          f"+ --trainers {cfg.trainers} = {layout.world} ranks")
+    torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
+    faults = Faults.for_rank(rank)
+    faults.arm()
+    if cfg.backend == "nccl":  # a timed-out NCCL wait raises (a one-line error), not an abort
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    _join(cfg, rank, world)
+    try:
+        return _play(cfg, layout, rank, faults, progress)
+    finally:
+        try:
+            dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - best effort on the way out
+            pass
+
+
+def _join(cfg: TrainConfig, rank: int, world: int) -> None:
+    try:
+        dist.init_process_group("gloo", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=cfg.timeout_s))
+    except RuntimeError as e:  # the rendezvous timed out, or MASTER_ADDR cannot be reached
+        m = re.search(r"(\d+)/(\d+) clients joined", str(e))
+        joined = f"only {m[1]} of {m[2]} ranks joined" if m else "not every rank joined"
+        raise RankFailure(
+            f"the job did not start: {joined} within --timeout "
+            f"{cfg.timeout_s:g} s at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}; start "
+            f"all {world} ranks (1 oracle + --servers + --trainers) with the same options") from None
+
+
+def _play(cfg: TrainConfig, layout: Layout, rank: int, faults: Faults,
+          progress: ProgressFn | None) -> TrainResult | None:
+    # Every rank learns every trainer's device (and every rank fails alike if one cannot run
+    # as asked) before the trainers' group is made.
+    facts: list[Any] = [None] * layout.world
+    comm(layout, ALL_RANKS, dist.all_gather_object, facts, rank_facts())
+    devices = trainer_devices(cfg, layout, facts)
+    role, idx = layout.role(rank)
+    device = torch.device(devices[idx] if role == "trainer" else "cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # before the trainers' group: NCCL binds to it
+    group = dist.new_group(layout.trainer_ranks, timeout=datetime.timedelta(seconds=cfg.timeout_s),
+                           backend=cfg.backend)
+    s = prepare(cfg)
+    if role == "oracle":
+        return Coordinator(s, layout, devices, faults, progress).run()
+    if role == "server":
+        server_main(s, layout, idx, faults)
+    else:
+        comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
+        trainer_main(s, layout, idx, TorchCollective(group, layout, device, comm_device), device, faults)
+    return None
+
+
+def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
+    """Run `cfg` over torch.distributed as local processes, one per rank, and return rank 0's
+    TrainResult."""
+    layout = Layout.of(cfg)
+    trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
+    with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
+        conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
+        conf.write_text(json.dumps(asdict(cfg), default=json_default))
+
+        def on_line(line: str) -> None:  # rank 0 reports each planned round
+            if progress and line.startswith("{"):
+                progress(json.loads(line)["iteration"], {"loss": math.nan, "time": math.nan})
+
+        entry = ("import sys; from bagpipe_cli.engine.distributed.rank import rank_main; "
+                 "sys.exit(rank_main(*sys.argv[1:]))")
+        spawn_local([sys.executable, "-c", entry, str(conf), str(out)], layout.world, layout.name,
+                    cfg.timeout_s, on_line)
+        return torch.load(out, weights_only=False)
+
+
+def rank_main(conf: str, out: str) -> int:
+    """One rank of `spawn_train`: rank 0 saves the TrainResult to `out`. Returns the exit code."""
+    try:
+        cfg = TrainConfig(**json.loads(Path(conf).read_text()))
+        result = run_rank(cfg, lambda b, rec: print(json.dumps({"iteration": b}), flush=True))
+        if result is not None:
+            with atomic_file(Path(out), "wb") as f:
+                torch.save(result, f)
+        return 0
+    except BagpipeError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        return 130

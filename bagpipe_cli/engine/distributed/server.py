@@ -1,0 +1,157 @@
+"""A server rank: one shard of the tables, serving the trainers in lockstep.
+
+Request k of trainer 0, of trainer 1, ..., then request k+1 of each: so request k of every
+trainer is served before request k+1 of any, which orders requests *across* trainers as the
+schedule does (a write-back of row x by one trainer lands before a later fetch of x by
+another). A pass of gradient pushes is summed in trainer order, then applied.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.wire import (
+    OP_CHECKPOINT,
+    OP_DONE,
+    OP_FETCH,
+    OP_GRAD,
+    OP_NAMES,
+    OP_WRITEBACK,
+    PLANNING_WAIT_S,
+    ScheduleError,
+    comm,
+    recv_obj,
+    send_obj,
+)
+from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.server import EmbeddingServer, init_servers
+from bagpipe_cli.engine.setup import RunSetup
+
+
+@dataclass
+class _Stats:
+    busy_s: float = 0.0
+    waiting_s: float = 0.0
+    bytes_sent: int = 0
+    requests: int = 0
+
+
+@dataclass
+class _Pass:
+    """One lockstep pass: request k of every trainer."""
+
+    op: int = 0
+    grads: list = field(default_factory=list)  # (local indices, gradients) per trainer
+
+
+class Server:
+    """Serves one shard to the trainers of `layout` (see the module docstring)."""
+
+    def __init__(self, shard: EmbeddingServer, layout: Layout, network: NetworkModel,
+                 opt: RowOptimizer, faults: Faults):
+        self.shard, self.layout, self.network, self.opt, self.faults = shard, layout, network, opt, faults
+        self.dim, self.sdim = shard.weight.shape[1], shard.state.shape[1]
+        self.stats = _Stats()
+
+    def serve(self) -> dict:
+        """Serve until every trainer is done; returns the server's figures."""
+        while True:
+            p = self._one_pass(self.stats.requests)
+            self.stats.requests += 1
+            if p.op == OP_DONE:
+                break
+            if p.op == OP_CHECKPOINT:
+                # Every trainer's requests before the checkpoint are served: this is the
+                # shard at the boundary.
+                send_obj({"weight": self.shard.weight, "state": self.shard.state}, 0, self.layout)
+                self.faults.checkpoint_done()
+            if p.grads:
+                self._apply(p.grads)
+        s = self.stats
+        return {"busy_s": s.busy_s, "waiting_s": s.waiting_s, "bytes_sent": s.bytes_sent,
+                "bytes_received": self.shard.bytes_received, "requests": s.requests}
+
+    def _one_pass(self, seq: int) -> _Pass:
+        p = _Pass()
+        first: tuple[int, int] | None = None
+        for i in range(self.layout.trainers):
+            src = self.layout.trainer_rank(i)
+            hdr = torch.empty(3, dtype=torch.int64)
+            t0 = time.perf_counter()
+            comm(self.layout, src, dist.recv, hdr, src)
+            t1 = time.perf_counter()
+            self.stats.waiting_s += t1 - t0
+            op, n, their_seq = int(hdr[0]), int(hdr[1]), int(hdr[2])
+            if first is None:
+                first = (op, their_seq)
+            if (op, their_seq) != first or their_seq != seq:
+                raise ScheduleError(
+                    f"server {self.shard.shard}: request {seq} of trainer {i} is "
+                    f"{OP_NAMES.get(op, op)} #{their_seq}, trainer 0's is {OP_NAMES.get(first[0])} "
+                    f"#{first[1]}; the trainers are out of step (a bug in bagpipe)")
+            p.op = op
+            if op not in (OP_DONE, OP_CHECKPOINT):
+                self._request(op, n, src, p)
+            self.stats.busy_s += time.perf_counter() - t1
+        return p
+
+    def _request(self, op: int, n: int, src: int, p: _Pass) -> None:
+        lay, net = self.layout, self.network
+        local = torch.empty(n, dtype=torch.int64)
+        if n:
+            comm(lay, src, dist.recv, local, src)
+        # An empty request only keeps the trainers in step: it costs no emulated transfer.
+        if op == OP_FETCH:
+            w, s = self.shard.gather(local)
+            if n:
+                net.wait(net.transfer_seconds(n * (self.dim + self.sdim) * 4))
+                comm(lay, src, dist.send, w, src)
+                if self.sdim:
+                    comm(lay, src, dist.send, s, src)
+                self.stats.bytes_sent += (w.numel() + s.numel()) * 4
+        elif op == OP_WRITEBACK:
+            if n:
+                rows, state = torch.empty(n, self.dim), torch.empty(n, self.sdim)
+                comm(lay, src, dist.recv, rows, src)
+                if self.sdim:
+                    comm(lay, src, dist.recv, state, src)
+                self.shard.write_back(local, rows, state)
+                net.wait(net.transfer_seconds(n * (self.dim + self.sdim) * 4))
+        elif op == OP_GRAD:
+            g = torch.empty(n, self.dim)
+            if n:
+                comm(lay, src, dist.recv, g, src)
+                net.wait(net.transfer_seconds(n * self.dim * 4))
+            p.grads.append((local, g))
+
+    def _apply(self, grads: list) -> None:
+        """Sum the trainers' gradients in trainer order, then one optimizer step per row."""
+        t1 = time.perf_counter()
+        keys = torch.unique(torch.cat([k for k, _ in grads]))
+        total = torch.zeros(len(keys), self.dim)
+        for k, g in grads:
+            if len(k):
+                total.index_add_(0, torch.searchsorted(keys, k), g)
+        if len(keys):
+            self.shard.apply_gradients(keys, total, self.opt)
+        self.stats.busy_s += time.perf_counter() - t1
+
+
+def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults) -> None:
+    """Server k: its shard (seeded, or a resumed run's from rank 0), served until done."""
+    init = recv_obj(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
+    if init is None:
+        # Initial values depend only on (seed, table, id): each server builds just its shard.
+        shard = init_servers(s.cardinalities, s.row_dim, layout.servers, s.cfg.seed,
+                             s.rowopt.init_state, only=k)[0]
+    else:
+        shard = EmbeddingServer.holding(k, layout.servers, init["weight"], init["state"])
+    stats = Server(shard, layout, s.network, s.rowopt, faults).serve()
+    send_obj({"weight": shard.weight, "state": shard.state, "stats": stats}, 0, layout)

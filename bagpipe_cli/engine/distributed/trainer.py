@@ -1,0 +1,81 @@
+"""A trainer rank: the training loop (engine/loop.py) for one trainer of N.
+
+Its rounds come from rank 0 (its slice of every batch, one round ahead of use), its rows
+from the server ranks (`TorchTransport`), its sums from the other trainers
+(`TorchCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
+also its resident rows, the dense model, its optimizer and the RNG state), then every
+server a CHECKPOINT request after its write-backs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from bagpipe_cli.engine.distributed.collectives import TorchCollective
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.transport import TorchTransport
+from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj, to_cpu
+from bagpipe_cli.engine.feed import Round
+from bagpipe_cli.engine.loop import TrainingLoop
+from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
+from bagpipe_cli.engine.trainers import TrainerSet
+
+
+def remote_rounds(layout: Layout) -> Iterator[Round]:
+    """The rounds rank 0 sends this trainer, until it sends None."""
+    while True:
+        msg = recv_obj(0, layout)
+        if msg is None:
+            return
+        rp, batches = msg
+        yield Round(rp, [d for d, _ in batches], [y for _, y in batches])
+
+
+def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective,
+                 device: torch.device, faults: Faults) -> None:
+    """Trainer i: its slice of every global batch, synchronised with the other trainers."""
+    cfg = s.cfg
+    model, dense_opt = build_dense(cfg, s.mcfg)
+    model.to(device)  # in place: the optimizer keeps the same parameters
+    info = recv_obj(0, layout, PLANNING_WAIT_S)
+    if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
+        restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
+    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network)
+    trainers = TrainerSet.one(i, layout.trainers)
+    system = build_system(s, info["slots"], transport, trainers, device)
+    hook = _checkpoint(layout, transport, faults) if cfg.checkpoint_every else None
+    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers,
+                        info["start"], device, checkpoint=hook)
+    records = loop.run(remote_rounds(layout))
+    system.flush()
+    transport.close()
+    out = {"records": records, "bytes_sent": transport.bytes_sent,
+           "bytes_received": transport.bytes_received, "device": str(device),
+           "written_back_at_end": system.written_back_at_end}
+    if i == 0:
+        out["dense"] = to_cpu(model.state_dict())
+    send_obj(out, 0, layout)
+
+
+def _checkpoint(layout: Layout, transport: TorchTransport,
+                faults: Faults) -> Callable[[int, TrainingLoop], None]:
+    sent = 0  # records already sent to rank 0 with a checkpoint
+
+    def take(b: int, loop: TrainingLoop) -> None:
+        nonlocal sent
+        msg: dict[str, Any] = {"records": loop.records[sent:]}
+        sent = len(loop.records)
+        if loop.trainers.first == 0:
+            msg["resident"] = loop.system.resident()
+            msg["dense"] = to_cpu(loop.model.state_dict())
+            msg["optimizer"] = to_cpu(loop.dense_opt.state_dict())
+            msg["rng"] = torch.get_rng_state()
+        send_obj(msg, 0, layout)
+        transport.checkpoint()  # after every write-back of this trainer
+        faults.checkpoint_done()
+
+    return take

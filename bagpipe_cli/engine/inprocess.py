@@ -1,0 +1,97 @@
+"""The in-process runtime: N logical trainers in one process over a local collective.
+
+    loader thread:   read batch b+L, plan it (feed.LoaderFeed) -> bounded queue of rounds
+    main thread:     the training loop (engine/loop.py) for every trainer: their slices'
+                     forward/backward in trainer order, the sums already complete
+    server workers:  one thread per embedding server, requests in FIFO order, the emulated
+                     network held there (engine/transport.py)
+    checkpoints:     at the boundary before iteration b (main thread): pending work lands,
+                     the servers' tables with the cache's resident rows over them are written
+                     with the dense state; training goes on with the same cache
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import pandas as pd
+import torch
+
+from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
+from bagpipe_cli.engine.collective import LocalCollective
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.feed import LoaderFeed, planned_rounds
+from bagpipe_cli.engine.loop import ProgressFn, TrainingLoop
+from bagpipe_cli.engine.records import TrainResult, role_figures
+from bagpipe_cli.engine.result import finish_run
+from bagpipe_cli.engine.server import EmbeddingServer, init_servers, servers_from_tables
+from bagpipe_cli.engine.setup import (
+    build_dense,
+    build_planner,
+    build_system,
+    open_resume,
+    prepare,
+    restore_dense,
+)
+from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.engine.transport import InProcessTransport
+
+
+def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
+    """Run `cfg` in this process and return its metrics, summary and final parameters."""
+    s = prepare(cfg)
+    ck = open_resume(s)
+    start = ck.iteration if ck else 0
+    model, dense_opt = build_dense(cfg, s.mcfg)
+    if ck is None:
+        servers = init_servers(s.cardinalities, s.row_dim, cfg.servers, cfg.seed, s.rowopt.init_state)
+    else:  # the checkpoint's true parameters; the cache starts empty
+        servers = servers_from_tables(ck.weight, ck.state, cfg.servers)
+        restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
+    transport = InProcessTransport(servers, s.network)
+    planning = build_planner(s, start)
+    trainers = TrainerSet.everyone(cfg.trainers)
+    system = build_system(s, planning.slots, transport, trainers, servers=servers)
+    collective = LocalCollective(cfg.trainers, s.network)
+    ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
+    prior = list(ck.metrics[0]) if ck else []
+    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers, start,
+                        checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
+                        progress=progress)
+    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start))
+    t_start = time.perf_counter()
+    try:
+        records = loop.run(feed)
+        system.flush()
+    finally:
+        feed.close()
+        transport.close()
+        collective.close()
+        if ckpt is not None:
+            ckpt.close()
+    wall = time.perf_counter() - t_start
+    frame = pd.DataFrame(prior + records)
+    roles = {"oracle": {"busy_s": planning.planner.seconds},
+             "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
+                                      bytes_received=transport.bytes_received, device="cpu"),
+             **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
+    layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
+              "trainer_devices": ["cpu"] * cfg.trainers, "backend": None}
+    facts = {"runner": "inproc", "transport": "inproc", "roles": roles,
+             "rows_written_back_at_end": system.written_back_at_end}
+    return finish_run(s, planning, [frame], wall, model, servers, layout, facts, ckpt, ck)
+
+
+def _checkpoint(ckpt: Checkpointer, servers: list[EmbeddingServer],
+                prior: list[dict]) -> Callable[[int, TrainingLoop], None]:
+    def take(b: int, loop: TrainingLoop) -> None:
+        t = time.perf_counter()
+        # Pending work has landed: the true tables are the servers' with the resident rows
+        # over them (the cache keeps them).
+        loop.system.flush()
+        weight, state = full_tables(servers, [loop.system.resident()])
+        ckpt.save(b, weight, state, loop.model.state_dict(), loop.dense_opt.state_dict(),
+                  torch.get_rng_state(), [prior + loop.records], t)
+
+    return take

@@ -1,0 +1,241 @@
+"""The training loop: one for every runtime.
+
+A process runs some of the run's N data-parallel trainers (`TrainerSet`): all of them
+in-process, one on a torch.distributed trainer rank. The loop is the same in both; what
+differs is passed in: the feed of rounds, the embedding system (over an in-process or a
+torch transport), the collective (local, or all-gathers) and what a checkpoint does.
+
+    per round:      take the round from the feed (and the next one's plan, to prefetch it);
+                    settle every pending sync_later sum; system.begin_round (victims written
+                    back, the round's rows inserted, the next round's prefetch started)
+    per iteration:  checkpoint if due; settle the sync_later sums of b-2; read the rows; the
+                    forward/backward of each trainer slice; one all-reduce on the critical path
+                    (dense gradients, sync_now rows, the loss) and the asynchronous one of the
+                    sync_later rows; dense optimizer; row updates and evictions (replicated
+                    systems) or gradient pushes (sync, het); the metrics record
+
+Gradient convention: the loss is the mean over the *global* batch; each trainer's slice
+contributes sum(BCE)/B, and partial gradients (dense and embedding) are *summed* across
+trainers in trainer order, which equals the gradient of the global mean.
+
+LRPP (bagpipe, N > 1): sync_now rows are all-reduced on the critical path; no_sync rows are
+updated by their one user only; sync_later rows are all-reduced in the background and
+applied (then, if evicted, written back) before iteration b+2 reads its rows and before the
+next round's rows are inserted: b+1 does not read them, and a row's next fetch is issued at
+a later round start. With one trainer there is nothing to synchronise: every row is
+updated at once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from bagpipe_cli.engine.checkpoint import checkpoint_due
+from bagpipe_cli.engine.collective import Collective
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.feed import Round
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
+from bagpipe_cli.engine.records import Step, iteration_record
+from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
+from bagpipe_cli.engine.trainers import TrainerSet
+
+ProgressFn = Callable[[int, dict[str, Any]], None]
+
+
+def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,
+                   index: torch.Tensor, n_rows: int, slices: list[slice], n_tables: int,
+                   batch_size: int, times: dict[str, float]) -> tuple[list[float], list[torch.Tensor]]:
+    """Forward/backward of trainer slices (sample ranges); their losses and row-gradient partials.
+
+    `values` [accesses, dim] are the rows each access reads and `index` their positions among
+    the `n_rows` rows; a slice's partial is the sum, per row, of its accesses' gradients (in
+    sample order). Dense gradients accumulate in the parameters' `.grad` (in slice order).
+    """
+    losses, partials = [], []
+    for sl in slices:
+        t = time.perf_counter()
+        pos = slice(sl.start * n_tables, sl.stop * n_tables)
+        emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
+        logits = model(dense[sl], emb)
+        loss = F.binary_cross_entropy_with_logits(logits, labels[sl], reduction="sum") / batch_size
+        t1 = time.perf_counter()
+        times["forward"] += t1 - t
+        loss.backward()
+        partials.append(torch.zeros(n_rows, values.shape[1], device=values.device).index_add_(
+            0, index[pos], emb.grad.view(-1, values.shape[1])))
+        times["backward"] += time.perf_counter() - t1
+        losses.append(float(loss.detach()))
+    return losses, partials
+
+
+def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """p0 + p1 + ... in trainer order: the one summation order every runtime uses."""
+    if len(parts) == 1:
+        return parts[0]
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total
+
+
+@dataclass
+class _Later:
+    """The asynchronous sum of an iteration's sync_later gradients, applied (and its evicted
+    rows written back) when settled."""
+
+    plan: IterPlan
+    idx: np.ndarray  # positions in U_b
+    sum: Future
+    evicted: Rows  # this process's share of the evicted sync_later rows
+
+
+@dataclass
+class _Sync:
+    """How an iteration's row gradients were synchronised (replicated systems)."""
+
+    now: np.ndarray  # positions in U_b, summed on the critical path (their sums: now_grad)
+    now_grad: torch.Tensor
+    mine: np.ndarray  # no_sync rows this process's trainers use alone
+    later: np.ndarray
+    later_sum: Future | None
+    classes: np.ndarray | None  # the LRPP classes eviction follows (None: all were synced now)
+
+
+class TrainingLoop:
+    """Trains the trainers of one process over a feed of rounds (see the module docstring)."""
+
+    def __init__(self, cfg: TrainConfig, model: torch.nn.Module, dense_opt: torch.optim.Optimizer,
+                 system: EmbeddingSystem, rowopt: RowOptimizer, collective: Collective,
+                 trainers: TrainerSet, start: int = 0, device: torch.device | str = "cpu",
+                 checkpoint: Callable[[int, TrainingLoop], None] | None = None,
+                 progress: ProgressFn | None = None):
+        self.cfg, self.model, self.dense_opt, self.system = cfg, model, dense_opt, system
+        self.rowopt, self.collective, self.trainers, self.start = rowopt, collective, trainers, start
+        self.device = torch.device(device)
+        self.checkpoint, self.progress = checkpoint, progress
+        self.params = list(model.parameters())
+        self.per = cfg.batch_size // cfg.trainers
+        self.slices = [slice(k * self.per, (k + 1) * self.per) for k in range(trainers.count)]
+        self.records: list[dict[str, Any]] = []
+        self._pending: list[_Later] = []
+
+    def run(self, rounds: Iterable[Round]) -> list[dict[str, Any]]:
+        """Train every round of `rounds`; returns this process's metrics records."""
+        it = iter(rounds)
+        t0 = time.perf_counter()
+        cur = next(it, None)
+        while cur is not None:
+            nxt = next(it, None)
+            data = time.perf_counter() - t0
+            t = time.perf_counter()
+            self.settle()  # before this round's rows move into freed slots
+            settled = time.perf_counter() - t
+            waited = self.system.begin_round(cur.plan, nxt.plan if nxt is not None else None)
+            head = {"data": data, "sync": settled, "prefetch_wait": waited,
+                    "seconds": time.perf_counter() - t0}
+            for plan, dense, labels in zip(cur.plan.iters, cur.dense, cur.labels, strict=True):
+                self._iteration(plan, dense, labels, head)
+                head = None
+            t0 = time.perf_counter()
+            cur = nxt
+        self.settle()
+        return self.records
+
+    def settle(self, upto: int | None = None) -> None:
+        """Apply the pending sync_later sums of iterations <= `upto` (all: None), in order,
+        then write back their evicted rows."""
+        while self._pending and (upto is None or self._pending[0].plan.b <= upto):
+            item = self._pending.pop(0)
+            self.system.update_rows(item.plan, item.idx, item.sum.result(), self.rowopt)
+            self.system.write_back_slots(*item.evicted)  # sent even when empty (lockstep)
+
+    def _iteration(self, plan: IterPlan, dense: np.ndarray, labels: np.ndarray,
+                   head: dict[str, float] | None) -> None:
+        if self.checkpoint is not None and checkpoint_due(self.cfg, plan.b, self.start):
+            self.settle()  # now every resident row has its true value
+            self.checkpoint(plan.b, self)
+        t_it = time.perf_counter()
+        step = Step(plan, torch.from_numpy(dense).to(self.device),
+                    torch.from_numpy(labels).to(self.device))
+        if head is not None:  # the round's start belongs to its first iteration
+            for k in ("data", "sync", "prefetch_wait"):
+                step.times[k] += head[k]
+        t = time.perf_counter()
+        self.settle(plan.b - 2)  # the sync_later sums of b-2 land before b reads its rows
+        step.times["sync"] += time.perf_counter() - t
+        keys, index = self.system.view(plan)
+        index_t = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64)).to(self.device)
+        values = self.system.read(step, keys, index_t)
+        losses, partials = slice_partials(self.model, step.dense, step.labels, values, index_t,
+                                          len(keys), self.slices, len(plan.inverse) // self.cfg.batch_size,
+                                          self.cfg.batch_size, step.times)
+        grad = ordered_sum(partials)
+        t = time.perf_counter()
+        loss, sync = self._synchronise(step, keys, grad, losses)
+        step.times["sync"] += time.perf_counter() - t
+        t = time.perf_counter()
+        self.dense_opt.step()
+        self.dense_opt.zero_grad(set_to_none=True)
+        if sync is None:
+            self.system.push(step, keys, grad, self.rowopt)
+        else:
+            self._update(step, grad, sync, first_of_round=head is not None)
+        if self.device.type == "cuda":  # the GPU's queued work belongs to this iteration's time
+            torch.cuda.synchronize(self.device)
+        step.times["optimizer"] = time.perf_counter() - t
+        seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
+        rec = iteration_record(step, loss, seconds)
+        self.records.append(rec)
+        if self.progress is not None:
+            self.progress(plan.b, rec)
+
+    def _idx(self, a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
+
+    def _synchronise(self, step: Step, keys: np.ndarray, grad: torch.Tensor,
+                     losses: list[float]) -> tuple[float, _Sync | None]:
+        """The critical all-reduce and the start of the asynchronous one; (loss, how rows
+        were synchronised, or None for a pushing system)."""
+        plan = step.plan
+        dense = [p.grad for p in self.params]
+        if not self.system.replicated:  # row gradients go to the servers
+            step.sync_counts = (0, 0, len(plan.uniq))
+            return self.collective.allreduce_(dense, losses), None
+        lrpp = self.system.classes(plan)
+        step.sync_counts = ((plan.sync_now, plan.sync_later, plan.no_sync) if lrpp is not None
+                            else (len(keys), 0, 0))
+        cls = lrpp if self.collective.size > 1 else None  # one trainer: nothing to wait for
+        none = np.empty(0, np.int64)
+        if cls is None:
+            now, later, mine, now_grad = np.arange(len(keys)), none, none, grad
+        else:
+            now = np.flatnonzero(cls == SYNC_NOW)
+            later = np.flatnonzero(cls == SYNC_LATER)
+            mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
+            now_grad = grad[self._idx(now)]
+        loss = self.collective.allreduce_([*dense, now_grad], losses)
+        later_sum = self.collective.start_sum(grad[self._idx(later)]) if len(later) else None
+        return loss, _Sync(now, now_grad, mine, later, later_sum, cls)
+
+    def _update(self, step: Step, grad: torch.Tensor, sync: _Sync, first_of_round: bool) -> None:
+        """Row updates (synchronised and private rows), then this process's evictions."""
+        plan = step.plan
+        if len(sync.mine):
+            idx = np.concatenate([sync.now, sync.mine])
+            g = torch.cat([sync.now_grad, grad[self._idx(sync.mine)]])
+        else:
+            idx, g = sync.now, sync.now_grad
+        self.system.update_rows(plan, idx, g, self.rowopt)
+        written, deferred = self.system.evict(plan, sync.classes)
+        if sync.later_sum is not None:
+            self._pending.append(_Later(plan, sync.later, sync.later_sum, deferred))
+        step.rows_written_back = written + (self.system.pre_evicted if first_of_round else 0)

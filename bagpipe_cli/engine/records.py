@@ -1,0 +1,181 @@
+"""What a run records: one definition of every `metrics.csv` column and `summary.json` key.
+
+Every runner (in-process, torch.distributed, TorchRec) writes exactly these columns and keys,
+and trainer processes' records are merged by one rule per column (`merge_records`). The
+README's tables are these definitions.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from bagpipe_cli.engine.oracle import IterPlan
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of metrics.csv (one row per iteration)."""
+
+    name: str
+    merge: str  # how trainer processes' values combine: "max" (time), "sum" (traffic), "first"
+    doc: str
+
+
+TIME_KEYS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
+COLUMNS = (
+    Column("iteration", "first", "global iteration b (batch b of the training rows)"),
+    Column("loss", "first", "mean BCE over the global batch (every trainer has the same value)"),
+    Column("time", "max", "seconds of the iteration; a round's first iteration also carries "
+                          "the round's start (receiving its plan, settling, inserting its rows)"),
+    Column("data", "max", "seconds waiting for the round's batches and plan from the loader "
+                          "(a round's first iteration)"),
+    Column("prefetch_wait", "max", "seconds waiting for rows from the servers: the round's "
+                                   "prefetched or fetched rows, and sync/het's per-iteration fetch"),
+    Column("forward", "max", "seconds of the forward passes of the process's trainer slices"),
+    Column("backward", "max", "seconds of their backward passes (row gradients included)"),
+    Column("sync", "max", "seconds synchronising gradients between trainers: the critical "
+                          "all-reduce (dense, sync_now rows, loss), starting the sync_later one, "
+                          "and settling earlier sync_later sums (wait, apply, write back)"),
+    Column("optimizer", "max", "seconds of the dense optimizer, row updates, and queueing "
+                               "write-backs and gradient pushes"),
+    Column("unique_rows", "first", "|U_b|: distinct embedding rows of the global batch"),
+    Column("rows_fetched", "sum", "rows transferred from the servers for this iteration, summed "
+                                  "over trainer processes (a row every trainer fetches counts once each)"),
+    Column("rows_written_back", "sum", "rows (or row gradients) sent back to the servers, summed "
+                                       "over trainer processes"),
+    Column("cache_hits", "first", "rows of U_b already on the trainer"),
+    Column("sync_now", "first", "rows of U_b whose gradients are all-reduced on the critical path"),
+    Column("sync_later", "first", "rows of U_b all-reduced asynchronously (LRPP)"),
+    Column("no_sync", "first", "rows of U_b never all-reduced: private to one trainer (LRPP) or "
+                               "pushed to the servers (sync, het)"),
+    Column("stale_reads", "sum", "het: accesses that read a copy older than the servers'"),
+)
+COLUMN_NAMES = tuple(c.name for c in COLUMNS)
+
+
+@dataclass
+class Step:
+    """Per-iteration state in flight: the plan, the process's samples, and what it counted."""
+
+    plan: IterPlan
+    dense: torch.Tensor  # [local samples, D]
+    labels: torch.Tensor  # [local samples]
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    rows_fetched: int = 0
+    rows_written_back: int = 0
+    cache_hits: int = 0
+    stale_reads: int = 0
+    sync_counts: tuple[int, int, int] = (0, 0, 0)  # (sync_now, sync_later, no_sync) rows
+
+
+def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
+    """One row of metrics.csv (every column of COLUMNS, in order)."""
+    now, later, none = step.sync_counts
+    rec = {"iteration": step.plan.b, "loss": loss, "time": seconds, **step.times,
+           "unique_rows": len(step.plan.uniq), "rows_fetched": step.rows_fetched,
+           "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
+           "sync_now": now, "sync_later": later, "no_sync": none, "stale_reads": step.stale_reads}
+    return {c: rec[c] for c in COLUMN_NAMES}
+
+
+def merge_records(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """One metrics frame from every trainer process's (the same iterations in each): the
+    run is as slow as its slowest trainer, traffic is summed, the rest is trainer 0's."""
+    out = frames[0][list(COLUMN_NAMES)].copy()
+    if len(frames) > 1:
+        for c in COLUMNS:
+            if c.merge != "first":
+                stack = np.stack([f[c.name].to_numpy() for f in frames])
+                out[c.name] = stack.max(axis=0) if c.merge == "max" else stack.sum(axis=0)
+    return out
+
+
+# summary.json: every runner writes every key (None where it does not apply).
+SUMMARY_KEYS = {
+    "system": "the system trained",
+    "model": "the dense model",
+    "iterations": "iterations recorded",
+    "measured_iterations": "iterations after --warmup (the speed figures' sample)",
+    "samples_per_s": "global-batch samples per second over the measured iterations",
+    "median_iter_ms": "median iteration time", "p10_iter_ms": "10th percentile",
+    "p90_iter_ms": "90th percentile",
+    "median_time_ms": "median of every time column (ms)",
+    "rows_fetched": "total of the column", "rows_written_back": "total of the column",
+    "cache_hits": "total of the column", "unique_rows": "total of the column",
+    "final_loss": "loss of the last iteration", "final_loss_mean10": "mean loss of the last 10",
+    "wall_s": "seconds from the start of training to the last write-back",
+    "eval_auc": "AUC on the held-out tail", "eval_logloss": "log loss on the held-out tail",
+    "oracle_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
+    "peak_resident_rows": "bagpipe's peak resident rows (None without a planned cache)",
+    "cache_rows": "the cache's capacity in rows (None without a cache)",
+    "network_emulated": "whether --net-gbps/--net-latency-us delayed transfers",
+    "train_rows": "training rows", "eval_rows": "held-out rows",
+    "rows_written_back_at_end": "rows still cached when training ended, written back then",
+    "runner": "inproc, distributed or torchrec",
+    "transport": "inproc or torch (torch.distributed)",
+    "world_size": "processes of the run (1 in-process)",
+    "backend": "the trainers' collective backend (None in-process)",
+    "trainer_devices": "the device of every trainer",
+    "roles": "per role (oracle, each trainer process, each server): busy_s, waiting_s, "
+             "bytes_sent, bytes_received",
+    "checkpoints": "checkpoints written", "checkpoint_every": "--checkpoint-every",
+    "checkpoint_ms": "milliseconds of each checkpoint", "checkpoint_ms_median": "their median",
+    "checkpoint_overhead_pct": "median checkpoint / (every x median iteration), in %",
+    "checkpoint_dir": "where they are (None: a temporary folder, removed)",
+    "last_checkpoint": "the newest one",
+    "resumed_from": "{checkpoint, iteration, skipped} when --resume was given",
+}
+
+
+def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, warmup: int,
+              wall: float) -> dict[str, Any]:
+    """Speed and totals; the first `warmup` iterations are excluded from speed figures."""
+    m = metrics.iloc[warmup:] if len(metrics) > warmup else metrics
+    it = m["time"].to_numpy()
+
+    def pct(q: float) -> float:
+        return 1e3 * float(np.percentile(it, q)) if len(it) else math.nan
+
+    return {
+        "system": system, "model": model, "iterations": int(len(metrics)),
+        "measured_iterations": int(len(m)),
+        "samples_per_s": float(batch_size * len(it) / it.sum()) if len(it) and it.sum() > 0 else math.nan,
+        "median_iter_ms": 1e3 * float(np.median(it)) if len(it) else math.nan, "p10_iter_ms": pct(10), "p90_iter_ms": pct(90),
+        "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
+        **{k: int(metrics[k].sum()) for k in ("rows_fetched", "rows_written_back", "cache_hits",
+                                               "unique_rows")},
+        "final_loss": float(metrics["loss"].iloc[-1]),
+        "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),
+        "wall_s": wall,
+    }
+
+
+def complete_summary(summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` with every SUMMARY_KEYS key (None where absent), in schema order."""
+    unknown = set(summary) - set(SUMMARY_KEYS)
+    if unknown:
+        raise ValueError(f"summary keys outside the schema: {sorted(unknown)}")
+    return {k: summary.get(k) for k in SUMMARY_KEYS}
+
+
+def role_figures(frame: pd.DataFrame, **extra: Any) -> dict[str, Any]:
+    """A trainer process's busy and waiting seconds from its own records."""
+    return {"busy_s": float(frame[["forward", "backward", "optimizer"]].sum().sum()),
+            "waiting_s": float(frame["prefetch_wait"].sum() + frame["sync"].sum()), **extra}
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: per-iteration metrics, a summary, and the final parameters."""
+
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    model: torch.nn.Module
+    tables: list[torch.Tensor]

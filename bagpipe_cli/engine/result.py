@@ -1,0 +1,63 @@
+"""A finished run as a `TrainResult`: merged metrics, the summary, config.json, the tables.
+
+The in-process runtime and rank 0 of a distributed run both end here, so every runner's
+summary has the same keys (`records.SUMMARY_KEYS`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pandas as pd
+import torch
+
+from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
+from bagpipe_cli.engine.evaluation import evaluate
+from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
+from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables
+from bagpipe_cli.engine.setup import Planning, RunSetup, run_config
+
+
+def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
+                       median_iter_ms: float) -> dict[str, Any]:
+    """Summary fields of checkpointing (timings) and of resuming (from where)."""
+    out: dict[str, Any] = {"checkpoints": 0, "checkpoint_every": 0}
+    if ckpt is not None:
+        out.update(ckpt.summary(median_iter_ms))
+    if ck is not None:
+        out["resumed_from"] = {"checkpoint": str(ck.path), "iteration": ck.iteration,
+                               "skipped": ck.skipped}
+    return out
+
+
+def planner_summary(planning: Planning) -> dict[str, Any]:
+    p = planning.planner
+    return {"oracle_ms_per_batch": p.ms_per_batch if p is not None else math.nan,
+            "peak_resident_rows": planning.peak, "cache_rows": planning.capacity}
+
+
+def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall: float,
+               model: torch.nn.Module, servers: list[EmbeddingServer], layout: dict[str, Any],
+               facts: dict[str, Any], ckpt: Checkpointer | None, ck: Checkpoint | None) -> TrainResult:
+    """The result of a run: `frames` are the trainer processes' records (trainer order),
+    `servers` the final shards, `facts` the runner's own summary keys (runner, roles, ...)."""
+    cfg = s.cfg
+    metrics = merge_records(frames)
+    summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, wall)
+    summary.update(evaluate(model, [sv.weight for sv in servers], s.ds, s.offsets, s.train_rows,
+                            s.eval_rows))
+    summary.update(planner_summary(planning))
+    summary.update({"network_emulated": s.network.emulated, "train_rows": s.train_rows,
+                    "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
+                    "backend": layout["backend"], "world_size": layout["world"], **facts})
+    summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
+    runner = {"name": facts["runner"], "launch": _launch(cfg)}
+    return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
+                       assemble_tables(servers, s.cardinalities))
+
+
+def _launch(cfg) -> str:
+    if cfg.transport == "inproc":
+        return "in-process"
+    return "local processes (--procs)" if cfg.procs is not None else "external launcher (torchrun)"

@@ -1,0 +1,36 @@
+"""`run(cfg)`: the one entry point of a training run, whatever runs it.
+
+- an external system (the registry names its runner: TorchRec) -> that runner;
+- `--transport inproc` -> the in-process engine (`engine/inprocess.py`);
+- `--transport torch` with `--procs` -> every rank as a local process (`spawn_train`);
+- `--transport torch` without -> this process is one rank of a torchrun job (`run_rank`):
+  rank 0 returns the result, the other ranks None.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.distributed import run_rank, spawn_train
+from bagpipe_cli.engine.inprocess import train_in_process
+from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.records import TrainResult
+from bagpipe_cli.engine.registry import spec
+
+
+def run(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | None:
+    """Train `cfg`; `progress(b, record)` is called as iterations finish."""
+    s = spec(cfg.system)
+    if s.external:
+        module, fn = s.runner.split(":")
+        return getattr(importlib.import_module(module), fn)(cfg, progress)
+    if cfg.transport == "torch":
+        return spawn_train(cfg, progress) if cfg.procs is not None else run_rank(cfg, progress)
+    if cfg.threads is not None:
+        # On a busy machine fewer compute threads than cores leave room for the oracle and
+        # server threads (OpenMP teams slow down badly when a core is taken from them).
+        torch.set_num_threads(cfg.threads)
+    return train_in_process(cfg, progress)

@@ -1,0 +1,19 @@
+"""Saving a trained model: the dense state_dict and one full tensor per embedding table."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from bagpipe_cli.engine.records import TrainResult
+from bagpipe_cli.io import atomic_file
+
+
+def save_model(result: TrainResult, path: Path, table_names: list[str]) -> None:
+    """Dense state_dict and one full tensor per embedding table (after all write-backs)."""
+    obj = {"dense": result.model.state_dict(),
+           "tables": dict(zip(table_names, result.tables, strict=True)),
+           "config": result.config}
+    with atomic_file(Path(path), "wb") as f:
+        torch.save(obj, f)

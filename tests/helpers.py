@@ -1,0 +1,51 @@
+"""Helpers shared by the tests: the one "same parameters" check, and running real processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def parameters(run: Any) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
+    """(tables, dense state_dict) of a TrainResult, or of a model saved by --save-model."""
+    if isinstance(run, dict):
+        return list(run["tables"].values()), run["dense"]
+    return list(run.tables), run.model.state_dict()
+
+
+def assert_same_parameters(a: Any, b: Any, losses: bool = True) -> None:
+    """Bitwise the same tables and dense parameters (and, for two TrainResults, the same loss
+    curve over the same iterations). `a`, `b`: TrainResults or paths/dicts of saved models."""
+    a, b = (torch.load(x) if isinstance(x, str | Path) else x for x in (a, b))
+    (ta, da), (tb, db) = parameters(a), parameters(b)
+    assert len(ta) == len(tb)
+    for t, (x, y) in enumerate(zip(ta, tb, strict=True)):
+        assert torch.equal(x, y), f"table {t} differs"
+    assert list(da) == list(db)
+    for k in da:
+        assert torch.equal(da[k], db[k]), f"dense parameter {k} differs"
+    if losses and not isinstance(a, dict) and not isinstance(b, dict):
+        assert a.metrics["iteration"].tolist() == b.metrics["iteration"].tolist()
+        assert a.metrics["loss"].tolist() == b.metrics["loss"].tolist()
+
+
+def bagpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """`python -m bagpipe_cli ARGS` as a real process."""
+    return subprocess.run([sys.executable, "-m", "bagpipe_cli", *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
+    """Each process's (stdout, stderr); any left running (a failed test) is killed."""
+    try:
+        return [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
