@@ -32,7 +32,7 @@ torch.set_num_threads(kw.pop("threads_"))
 r = train(TrainConfig(**kw))
 import bagpipe_cli
 print(json.dumps({"samples_per_s": r.summary["samples_per_s"], "loss": r.metrics["loss"].tolist(),
-                  "package": bagpipe_cli.__file__}))
+                  "ms": r.summary["median_time_ms"], "package": bagpipe_cli.__file__}))
 """
 SETTINGS = {"no-net": {}, "1Gbps": {"net_gbps": 1.0, "net_latency_us": 50.0}}
 
@@ -48,8 +48,9 @@ def checkout(rev: str, tmp: Path) -> Path:
 
 def run_once(tree: Path, kw: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
+    # cwd: `python -c` puts the working directory first on sys.path
     out = subprocess.run([sys.executable, "-c", RUN, json.dumps(kw)], capture_output=True,
-                         text=True, env=env, timeout=900)
+                         text=True, env=env, cwd=tree, timeout=900)
     if out.returncode:
         raise SystemExit(f"run failed in {tree}: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -118,6 +119,16 @@ def report(args, results: dict) -> None:
             mn = statistics.median(x["samples_per_s"] for x in new)
             same = old[0]["loss"] == new[0]["loss"]
             print(f"  {system:8s} {setting:7s} {mo:10,.0f} {mn:10,.0f} {mn / mo:7.2f}x  {same}")
+    print("\nmedian ms per iteration of each phase (median over repeats), old -> new:")
+    for system in args.systems.split(","):
+        for setting in SETTINGS:
+            old, new = results[(system, setting, "old")], results[(system, setting, "new")]
+            parts = []
+            for k in old[0]["ms"]:
+                a = statistics.median(x["ms"][k] for x in old)
+                b = statistics.median(x["ms"][k] for x in new)
+                parts.append(f"{k} {a:.2f}->{b:.2f}")
+            print(f"  {system:8s} {setting:7s} " + ", ".join(parts))
 
 
 if __name__ == "__main__":

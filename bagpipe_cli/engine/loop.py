@@ -102,10 +102,9 @@ class _Later:
 class _Sync:
     """How an iteration's row gradients were synchronised (replicated systems)."""
 
-    now: np.ndarray  # positions in U_b, summed on the critical path (their sums: now_grad)
-    now_grad: torch.Tensor
-    mine: np.ndarray  # no_sync rows this process's trainers use alone
-    later: np.ndarray
+    idx: np.ndarray | None  # positions in U_b updated now (None: every row, in order) ...
+    grad: torch.Tensor  # ... and their gradients: synchronised sums, then private rows' own
+    later: np.ndarray  # positions summed in the background
     later_sum: Future | None
     classes: np.ndarray | None  # the LRPP classes eviction follows (None: all were synced now)
 
@@ -188,7 +187,7 @@ class TrainingLoop:
         if sync is None:
             self.system.push(step, keys, grad, self.rowopt)
         else:
-            self._update(step, grad, sync, first_of_round=head is not None)
+            self._update(step, sync, first_of_round=head is not None)
         if self.device.type == "cuda":  # the GPU's queued work belongs to this iteration's time
             torch.cuda.synchronize(self.device)
         step.times["optimizer"] = time.perf_counter() - t
@@ -214,27 +213,25 @@ class TrainingLoop:
         step.sync_counts = ((plan.sync_now, plan.sync_later, plan.no_sync) if lrpp is not None
                             else (len(keys), 0, 0))
         cls = lrpp if self.collective.size > 1 else None  # one trainer: nothing to wait for
-        none = np.empty(0, np.int64)
         if cls is None:
-            now, later, mine, now_grad = np.arange(len(keys)), none, none, grad
-        else:
-            now = np.flatnonzero(cls == SYNC_NOW)
-            later = np.flatnonzero(cls == SYNC_LATER)
-            mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
-            now_grad = grad[self._idx(now)]
-        loss = self.collective.allreduce_([*dense, now_grad], losses)
-        later_sum = self.collective.start_sum(grad[self._idx(later)]) if len(later) else None
-        return loss, _Sync(now, now_grad, mine, later, later_sum, cls)
+            loss = self.collective.allreduce_([*dense, grad], losses)
+            return loss, _Sync(None, grad, np.empty(0, np.int64), None, None)
+        now = np.flatnonzero(cls == SYNC_NOW)
+        mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
+        later = np.flatnonzero(cls == SYNC_LATER)
+        # One gather in the order [sync_now | this process's no_sync | sync_later]: the first
+        # part is summed in place on the critical path, the last in the background.
+        order = np.concatenate([now, mine, later])
+        g = grad[self._idx(order)]
+        loss = self.collective.allreduce_([*dense, g[:len(now)]], losses)
+        n = len(now) + len(mine)
+        later_sum = self.collective.start_sum(g[n:]) if len(later) else None
+        return loss, _Sync(order[:n], g[:n], later, later_sum, cls)
 
-    def _update(self, step: Step, grad: torch.Tensor, sync: _Sync, first_of_round: bool) -> None:
+    def _update(self, step: Step, sync: _Sync, first_of_round: bool) -> None:
         """Row updates (synchronised and private rows), then this process's evictions."""
         plan = step.plan
-        if len(sync.mine):
-            idx = np.concatenate([sync.now, sync.mine])
-            g = torch.cat([sync.now_grad, grad[self._idx(sync.mine)]])
-        else:
-            idx, g = sync.now, sync.now_grad
-        self.system.update_rows(plan, idx, g, self.rowopt)
+        self.system.update_rows(plan, sync.idx, sync.grad, self.rowopt)
         written, deferred = self.system.evict(plan, sync.classes)
         if sync.later_sum is not None:
             self._pending.append(_Later(plan, sync.later, sync.later_sum, deferred))

@@ -74,9 +74,10 @@ class EmbeddingSystem(ABC):
         """Per row of U_b: SYNC_NOW / SYNC_LATER / NO_SYNC (LRPP), or None: all SYNC_NOW."""
         return None
 
-    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        """Apply the row optimizer to the rows at positions `idx` of U_b; `grad` holds their
-        summed gradients, in `idx` order."""
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        """Apply the row optimizer to the rows at positions `idx` of U_b (None: every row, in
+        order); `grad` holds their summed gradients, in `idx` order."""
         raise NotImplementedError(f"{type(self).__name__} does not update rows here")
 
     def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
@@ -132,6 +133,7 @@ class CacheSystem(EmbeddingSystem):
         self.prefetch_ahead = prefetch_ahead
         self.lrpp = lrpp
         self._inflight: dict[int, RowsFuture] = {}
+        self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's rows, state)
         # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
         self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
 
@@ -168,15 +170,21 @@ class CacheSystem(EmbeddingSystem):
         step.rows_fetched = p.fetched if self.trainers.all else p.fetched_by(self.trainers.first,
                                                                               self.trainers.count)
         step.cache_hits = len(p.uniq) - p.fetched
-        rows, _ = self.cache.read(p.slots)
+        rows, state = self.cache.read(p.slots)
+        self._read = (p.b, rows, state)  # nothing writes these slots before b's update
         return rows.index_select(0, index)
 
     def classes(self, plan: IterPlan) -> np.ndarray | None:
         return plan.row_class if self.lrpp else None
 
-    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        slots = plan.slots[idx]
-        rows, state = self.cache.read(slots)
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        if idx is None and self._read is not None and self._read[0] == plan.b:
+            slots, rows, state = plan.slots, self._read[1], self._read[2]
+        else:
+            slots = plan.slots if idx is None else plan.slots[idx]
+            rows, state = self.cache.read(slots)
+        self._read = None
         self.cache.write(slots, *opt.step(rows, state, grad))
 
     def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
@@ -222,6 +230,7 @@ class LocalSystem(EmbeddingSystem):
                  servers: list[EmbeddingServer] | None = None, device: str | torch.device = "cpu"):
         super().__init__(transport, trainers, device)
         self.servers = servers
+        self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's index, rows)
         if servers is not None:
             weight, state = gather_shards(servers)
         else:
@@ -233,12 +242,20 @@ class LocalSystem(EmbeddingSystem):
 
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         step.cache_hits = len(keys)
-        return self.weight.index_select(0, self._idx(keys)).index_select(0, index)
-
-    def update_rows(self, plan: IterPlan, idx: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        keys = plan.uniq[idx]
         t = self._idx(keys)
-        rows, state = opt.step(self.weight.index_select(0, t), self.state.index_select(0, t), grad)
+        rows = self.weight.index_select(0, t)
+        self._read = (step.plan.b, t, rows)  # nothing writes these rows before b's update
+        return rows.index_select(0, index)
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        if idx is None and self._read is not None and self._read[0] == plan.b:
+            _, t, rows = self._read
+        else:
+            t = self._idx(plan.uniq if idx is None else plan.uniq[idx])
+            rows = self.weight.index_select(0, t)
+        self._read = None
+        rows, state = opt.step(rows, self.state.index_select(0, t), grad)
         self.weight.index_copy_(0, t, rows)
         if self.state.shape[1]:
             self.state.index_copy_(0, t, state)
