@@ -21,8 +21,11 @@ RUN_SCHEMA_VERSION = 1
 
 
 def write_run(out: Path, config: dict[str, Any], metrics: pd.DataFrame, summary: dict[str, Any],
-              overwrite: bool = False, extra_files: dict[str, Any] | None = None) -> Path:
-    """Write one run folder atomically: config.json (with environment), metrics.csv, summary.json.
+              overwrite: bool = False, extra_files: dict[str, Any] | None = None,
+              trainer_metrics: pd.DataFrame | None = None) -> Path:
+    """Write one run folder atomically: config.json (with environment), metrics.csv,
+    summary.json, and metrics_trainers.csv (each trainer process's own records) when a run
+    had several.
 
     `extra_files` maps file names to callables `fn(path)` that write more files into the folder.
     """
@@ -31,6 +34,8 @@ def write_run(out: Path, config: dict[str, Any], metrics: pd.DataFrame, summary:
         write_json(tmp / "config.json", {"schema_version": RUN_SCHEMA_VERSION, **config,
                                          "environment": env})
         metrics.to_csv(tmp / "metrics.csv", index=False)
+        if trainer_metrics is not None:
+            trainer_metrics.to_csv(tmp / "metrics_trainers.csv", index=False)
         write_json(tmp / "summary.json", {"schema_version": RUN_SCHEMA_VERSION, **summary,
                                           "environment": env})
         for name, fn in (extra_files or {}).items():

@@ -47,7 +47,8 @@ def test_train_options_are_the_config_fields():
         if not f.metadata["cli"]:
             continue
         p = params[f.name]
-        assert p.opts == [field_option(f)] and p.default == f.default, f.name
+        default = ",".join(map(str, f.default)) if isinstance(f.default, tuple) else f.default
+        assert p.opts == [field_option(f)] and p.default == default, f.name
         assert p.help == f.metadata["help"]
     assert params["timeout_s"].opts == ["--timeout"]
     assert isinstance(params["model"].type, click.Choice)

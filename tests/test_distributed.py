@@ -329,3 +329,38 @@ def test_a_run_records_the_same_columns_and_keys_in_process_and_over_procs(tiny_
     sb = json.loads((tmp_path / "procs" / "summary.json").read_text())
     assert (sa["runner"], sa["world_size"], sa["transport"]) == ("inproc", 1, "inproc")
     assert (sb["runner"], sb["world_size"], sb["transport"]) == ("distributed", 4, "torch")
+
+
+def _can_shape() -> bool:
+    import shutil
+
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+@pytest.mark.skipif(not _can_shape(), reason="--net-shape needs root, ip and tc")
+def test_a_kernel_shaped_network_gives_the_same_parameters(tiny_dataset, tmp_path):
+    """--net-shape: every rank in its own network namespace behind a rate-limited link; the
+    job is the same job (sync's parameters), and its namespaces are gone afterwards."""
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    r = _run(tmp_path, tiny_dataset, "shaped", "--system", "bagpipe", "--procs", "4",
+             "--net-gbps", "1", "--net-shape")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_parameters(tmp_path / "shaped.pt", train(TrainConfig(data=str(tiny_dataset),
+                                                                     system="sync", **KW)))
+    s = json.loads((tmp_path / "shaped" / "summary.json").read_text())
+    assert s["network_shaping"] == "kernel" and s["network_emulated"] is True
+    assert subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout == before
+
+
+def test_net_shape_is_refused_clearly(tiny_dataset, tmp_path, monkeypatch):
+    r = _run(tmp_path, tiny_dataset, "x", "--net-shape", "--net-gbps", "1")
+    assert r.returncode == 2 and "--net-shape shapes the links of the local processes" in r.stderr
+    from click.testing import CliRunner
+
+    from bagpipe_cli.cli import cli
+
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    out = CliRunner().invoke(cli, ["train", str(tiny_dataset), *ARGS, "--procs", "4", "--net-shape",
+                                   "--net-gbps", "1", "--out", str(tmp_path / "y")])
+    assert out.exit_code == 2 and "--net-shape needs root" in out.output
+    assert not (tmp_path / "y").exists()

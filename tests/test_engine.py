@@ -124,6 +124,8 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
         (["--net-gbps", "0"], "--net-gbps"),
         (["--batch-size", "100000"], "--batch-size"),
         (["--threads", "0"], "--threads"),
+        (["--bottom-mlp", "64,x"], "--bottom-mlp"),
+        (["--top-mlp", "0"], "--top-mlp"),
     ],
 )
 def test_train_bad_options(tiny_dataset, tmp_path, args, option):
@@ -317,3 +319,12 @@ def test_sync_lists_on_a_hand_worked_trace():
     # U_1 = {1,4,5}: trainer 0 uses {1,4}, trainer 1 {5}; none is used again -> all no_sync
     assert (p1.sync_now, p1.sync_later, p1.no_sync) == (0, 0, 3)
     assert [p.fetched for p in plans] == [3, 2, 1]
+
+
+def test_mlp_sizes_reach_the_model(tiny_dataset):
+    r = train(TrainConfig(data=str(tiny_dataset), batch_size=256, iterations=3, eval_rows=1000,
+                          bottom_mlp=[8], top_mlp=(12, 6)))
+    shapes = [tuple(p.shape) for n, p in r.model.named_parameters() if n.endswith("weight")]
+    assert shapes[:2] == [(8, 4), (16, 8)]  # 4 dense features -> 8 -> E = 16
+    assert shapes[-3:] == [(12, shapes[-3][1]), (6, 12), (1, 6)]
+    assert r.config["train"]["bottom_mlp"] == (8,) and r.config["model"]["top_mlp"] == (12, 6)

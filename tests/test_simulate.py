@@ -281,7 +281,11 @@ def test_shipped_paper_scenario_is_valid():
     from bagpipe_cli.simulate.cluster import load_cluster
 
     cf = load_cluster(Path(__file__).parents[1] / "benchmarks" / "paper-scenario.yaml")
-    assert (cf.trainers, cf.batch_size, cf.lookahead, cf.net_gbps) == (8, 16384, 200, 10.0)
+    # the artifact's setting: 8 trainers at 10 Gbit/s, one server at 25, batch 16384, L=200, C=50
+    assert (cf.trainers, cf.servers, cf.batch_size, cf.lookahead, cf.round) == (8, 1, 16384, 200, 50)
+    assert (cf.net_gbps, cf.trainer_gbps, cf.emb_dim, cf.cache_rows) == (25.0, 10.0, 48, 15_000_000)
+    assert (cf.bottom_mlp, cf.top_mlp) == ([512, 256, 64], [1024, 1024, 1024, 256, 128])
+    assert cf.runtime == "distributed" and cf.optimizer == "sgd"
     assert cf.synth["preset"] == "criteo-kaggle" and cf.reported["speedup_max"] == 5.6
 
 
@@ -290,18 +294,44 @@ def test_simulate_help_has_example():
     assert r.exit_code == 0 and "Examples:" in r.output and "--validate" in r.output
 
 
-def test_validate_refuses_distributed_runs_only(tmp_path):
-    """The model is of the in-process engine: torch.distributed runs are not predicted."""
-    import shutil
-    from pathlib import Path
+@pytest.fixture(scope="module")
+def procs_runs(tmp_path_factory, tiny_dataset):
+    """Real --procs runs (2 trainers, 2 servers, an emulated network) of four systems."""
+    root = tmp_path_factory.mktemp("procsruns")
+    for system in ("sync", "bagpipe", "lru", "het"):
+        r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", system, "--trainers", "2",
+                                     "--servers", "2", "--procs", "5", "--batch-size", "512",
+                                     "--iterations", "16", "--warmup", "3", "--lookahead", "8",
+                                     "--staleness", "2", "--optimizer", "adagrad", "--eval-rows", "2000",
+                                     "--net-gbps", "0.2", "--net-latency-us", "50",
+                                     "--out", str(root / system)])
+        assert r.exit_code == 0, r.output
+    return root
 
-    src = Path(__file__).parent / "data" / "bench-example" / "runs"
-    run = next(p for p in sorted(src.iterdir()) if p.is_dir())
-    dst = tmp_path / "runs" / run.name
-    shutil.copytree(run, dst)
-    cfg = json.loads((dst / "config.json").read_text())
-    cfg["train"]["transport"] = "torch"
-    (dst / "config.json").write_text(json.dumps(cfg))
-    r = CliRunner().invoke(cli, ["simulate", "--validate", str(tmp_path / "runs")])
-    assert r.exit_code == 2
-    assert "ran over torch.distributed; the model predicts and calibrates from in-process runs only" in r.output
+
+@pytest.mark.slow
+def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
+    """Over torch.distributed each trainer fetches and pushes what it needs: the model's
+    volumes of the distributed runtime are the rows the run's trainers moved."""
+    from bagpipe_cli.simulate.volumes import trace_volumes
+
+    for system in ("sync", "bagpipe", "lru", "het"):
+        r = read_measured(procs_runs / system)
+        assert r.trace.runtime == "distributed" and not r.cluster.collectives_on_network
+        v = trace_volumes(r.trace, [system])[0][system]
+        m = pd.read_csv(procs_runs / system / "metrics.csv")
+        fetched = v.read_fetch.sum(axis=(1, 2)) + v.round_fetch.sum(axis=1)
+        assert fetched.sum() == m["rows_fetched"].sum(), system
+        assert (v.write_back.sum() + v.pre_evict.sum()) == m["rows_written_back"].sum(), system
+        assert v.messages == 2 and v.all_gather
+        if system in ("sync", "het"):
+            assert fetched.tolist() == m["rows_fetched"].tolist(), system
+
+
+@pytest.mark.slow
+def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
+    r = CliRunner().invoke(cli, ["simulate", "--validate", str(procs_runs), "--out", str(tmp_path / "v")])
+    assert r.exit_code == 0, r.output
+    df = pd.read_csv(tmp_path / "v" / "validate.csv")
+    assert len(df) == 4 and (df["predicted_ms"] > 0).all()
+    assert df["setting"].str.contains("procs").all()

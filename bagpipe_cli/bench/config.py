@@ -199,6 +199,15 @@ def _setting(key: str, v: Any, tf: dict[str, Any], where: str, what: str) -> Any
         allowed = ", ".join(k for k in tf if k not in RESERVED_FIELDS)
         raise ConfigError(f"{where}: unknown key {what!r}; training settings are: {allowed}")
     hint = tf[key][0]
+    if typing.get_origin(hint) is tuple:  # layer sizes: a list of positive integers
+        if isinstance(v, list) and v and all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                            for x in v):
+            return tuple(v)
+        raise ConfigError(f"{where}: {what} must be a list of positive integers (got {v!r})")
+    if hint is bool:
+        if isinstance(v, bool):
+            return v
+        raise ConfigError(f"{where}: {what} must be true or false (got {v!r})")
     args = typing.get_args(hint) or (hint,)
     if v is None:
         if type(None) in args:

@@ -133,7 +133,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
             config = {**res.config, "bench": {"name": cfg.name, "run_id": rid, "repeat": r,
                                               "dataset": p.dataset, "setting": p.setting,
                                               "variant": p.variant, "key": p.key}}
-            write_run(folder, config, res.metrics, res.summary)
+            write_run(folder, config, res.metrics, res.summary, trainer_metrics=res.trainer_metrics)
             done += 1
             row = _index_row(p, r, folder, res.summary, "done")
             rows.append(row)

@@ -14,6 +14,16 @@ from bagpipe_cli.engine.config import field_option
 _TYPES = {int: int, float: float, str: str}
 
 
+def _sizes(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """"512,256,64" -> (512, 256, 64)."""
+    if isinstance(value, tuple):
+        return value
+    try:
+        return tuple(int(x) for x in str(value).split(",") if x.strip())
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated layer sizes, got {value!r}") from None
+
+
 def _click_type(hint: Any, choices: tuple[str, ...] | None) -> Any:
     if choices:
         return click.Choice(choices)
@@ -31,6 +41,14 @@ def config_options(cls: type) -> Callable[[Callable], Callable]:
             if not f.metadata.get("cli", False):
                 continue
             default = None if f.default is MISSING else f.default
+            if hints[f.name] is bool:
+                fn = click.option(field_option(f), f.name, is_flag=True, default=default,
+                                  help=f.metadata["help"])(fn)
+                continue
+            if typing.get_origin(hints[f.name]) is tuple:
+                fn = click.option(field_option(f), f.name, default=",".join(map(str, default)),
+                                  show_default=True, callback=_sizes, help=f.metadata["help"])(fn)
+                continue
             fn = click.option(field_option(f), f.name, type=_click_type(hints[f.name], f.metadata["choices"]),
                               default=default, show_default=default is not None,
                               help=f.metadata["help"])(fn)

@@ -19,8 +19,9 @@ from bagpipe_cli.engine.registry import role
 from bagpipe_cli.io import atomic_dir, check_output_dir
 from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
 from bagpipe_cli.simulate.cluster import ensure_dataset, load_cluster
-from bagpipe_cli.simulate.model import SYSTEMS
+from bagpipe_cli.simulate.model import COLLECTIVES, SYSTEMS
 from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
+from bagpipe_cli.simulate.volumes import RUNTIMES
 
 EPILOG = """\b
 Examples:
@@ -44,6 +45,14 @@ Examples:
 @click.option("--servers", type=int, help="K embedding servers, one link each [default: 1].")
 @click.option("--net-gbps", type=float, help="Link bandwidth in Gbit/s [default: infinite].")
 @click.option("--net-latency-us", type=float, help="Per-message latency in us [default: 0].")
+@click.option("--trainer-gbps", type=float, help="The trainers' links, for their collectives "
+                                                 "[default: --net-gbps].")
+@click.option("--runtime", type=click.Choice(RUNTIMES), default=None,
+              help="distributed: a process per trainer, each fetching and pushing its own rows; "
+                   "inproc: one process for every trainer [default: distributed].")
+@click.option("--collective", type=click.Choice(COLLECTIVES), default=None,
+              help="How trainers sum gradients: allreduce (ring, as NCCL/DDP), allgather (the "
+                   "engine's bitwise sums) [default: auto, the runtime's].")
 @click.option("--compute-ms", type=float,
               help="Compute per iteration on one trainer (forward, backward, optimizer), in ms.")
 @click.option("--calibrate", "calibrate_paths", multiple=True, type=click.Path(path_type=Path),
@@ -66,7 +75,8 @@ Examples:
 @overwrite_option
 @translate_errors
 def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tuple[Path, ...],
-             trainers, servers, net_gbps, net_latency_us, compute_ms, calibrate_paths, systems, model,
+             trainers, servers, net_gbps, net_latency_us, trainer_gbps, runtime, collective,
+             compute_ms, calibrate_paths, systems, model,
              batch_size, iterations, warmup, lookahead, round_, cache_rows, staleness, emb_dim,
              optimizer, sweep_trainers, sweep_gbps, out: Path | None, overwrite: bool) -> None:
     """Predict iteration times and speed-ups of every system on a cluster from SOURCE's trace.
@@ -89,7 +99,8 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
         sys_list = [s.strip().lower() for s in systems.split(",") if s.strip()]
     cfg = build_config(
         str(source) if source else None, cf, trainers=trainers, servers=servers, net_gbps=net_gbps,
-        net_latency_us=net_latency_us, compute_ms=compute_ms,
+        net_latency_us=net_latency_us, trainer_gbps=trainer_gbps, runtime=runtime,
+        collective=collective, compute_ms=compute_ms,
         calibrate=tuple(map(str, calibrate_paths)) or None, systems=sys_list, model=model,
         batch_size=batch_size, iterations=iterations, warmup=warmup, lookahead=lookahead,
         round=round_, cache_rows=cache_rows, staleness=staleness, emb_dim=emb_dim,
@@ -109,8 +120,10 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
 def _print_result(result) -> None:
     cfg, cl = result.config, result.config.cluster
     net = f"{cl.net_gbps:g} Gbit/s" if cl.net_gbps else "infinite bandwidth"
+    if cl.trainer_gbps:
+        net += f" (trainers {cl.trainer_gbps:g} Gbit/s)"
     title = (f"{cfg.name}: {cl.trainers} trainers, {cl.servers} servers, {net}, "
-             f"{cl.net_latency_us:g} us; batch {cfg.batch_size:,}, L={cfg.lookahead}, "
+             f"{cl.net_latency_us:g} us, {cfg.runtime}; batch {cfg.batch_size:,}, L={cfg.lookahead}, "
              f"{result.trace['iterations']:,} iterations traced")
     tab = Table(title=title, caption="ms per iteration, means after warm-up; fetch, sync: exposed "
                 "waits; iter = compute + fetch + sync; vs sync: speed-up of the mean")
@@ -126,6 +139,12 @@ def _print_result(result) -> None:
     if src.get("kind") == "calibrated":
         console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
                       f"(x{src['scale']:.3g} for {cfg.batch_size // cl.trainers:,} samples per trainer)")
+    ref = next((p for p in result.predictions if role(p.system) == "reference"), None)
+    if ref is not None and ref.mean_ms > 0:
+        share = (ref.exposed_fetch_ms + ref.exposed_sync_ms) / ref.mean_ms
+        note = cfg.reported.get("embedding_share") if cfg.reported else None
+        console.print(f"{ref.system} waits for embedding rows and synchronisation {share:.0%} of its "
+                      f"iteration" + (f" (reported: {note})" if note else ""))
     bag = next((p for p in result.predictions if role(p.system) == "ours"), None)
     if bag is not None:
         rep = cfg.reported or {}

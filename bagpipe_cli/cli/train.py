@@ -63,7 +63,8 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         result = run(cfg, progress=on_iter)
     if result is None:  # a non-zero rank of a torch.distributed job: rank 0 writes the run
         return
-    write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite)
+    write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
+              trainer_metrics=result.trainer_metrics)
     if save_model is not None:
         write_model(result, save_model, [t.name for t in open_dataset(data).meta.tables])
     console.print(_summary_table(cfg, result.summary, out))
@@ -79,7 +80,9 @@ def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
         t.add_row("cache rows (peak)", f"{s['cache_rows']:,} ({s['peak_resident_rows']:,})")
         t.add_row("oracle", f"{s['oracle_ms_per_batch']:.2f} ms/batch")
     t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
-    t.add_row("network", "emulated" if s["network_emulated"] else "not emulated")
+    network = {"kernel": f"shaped by the kernel to {cfg.net_gbps} Gbit/s",
+               "sleep": "emulated (a sleep per transfer)"}.get(s["network_shaping"], "not emulated")
+    t.add_row("network", network)
     if s["checkpoints"]:
         t.add_row("checkpoints", f"{s['checkpoints']} x {s['checkpoint_ms_median']:.1f} ms "
                                  f"({s['checkpoint_overhead_pct']:.1f}% of training) -> {cfg.checkpoint_dir}")

@@ -237,6 +237,8 @@ def check_compatible(cfg: TrainConfig, ck: Checkpoint, dataset: dict[str, Any], 
             continue
         # A field newer than the checkpoint had its default's behaviour then.
         mine, theirs = getattr(cfg, f.name), ck.config.get(f.name, f.default)
+        if isinstance(theirs, list):  # a tuple setting, as JSON stores it
+            theirs = tuple(theirs)
         if mine != theirs:
             opt = option_name(f.name)
             raise CheckpointError(f"{option} {ck.path}: the checkpoint was made with {opt} {theirs}, "

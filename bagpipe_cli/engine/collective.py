@@ -13,6 +13,7 @@ order), then asks a `Collective` for the sum over *all* trainers:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
@@ -52,10 +53,10 @@ def add_floats(values: list[float]) -> float:
 class LocalCollective(Collective):
     """All trainers in one process (see the module docstring)."""
 
-    def __init__(self, size: int, network: NetworkModel):
+    def __init__(self, size: int, network: NetworkModel, on_start: Callable[[], None] | None = None):
         self.size = size
         self.network = network
-        self._worker = Worker("collectives")
+        self._worker = Worker("collectives", on_start)
 
     def allreduce_(self, tensors: list[torch.Tensor], values: list[float]) -> float:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)

@@ -12,6 +12,7 @@ from typing import Any
 
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import EMB_OPTIMIZERS, RowOptimizer
+from bagpipe_cli.engine.placement import PLACEMENTS
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import MODELS
@@ -56,6 +57,10 @@ class TrainConfig:
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
                                      "--cache-rows hot rows.")
     emb_dim: int = setting(16, "E: embedding dimension.")
+    bottom_mlp: tuple[int, ...] = setting((64, 32), "DLRM's bottom MLP hidden sizes, e.g. 512,256,64 "
+                                                    "(an output layer of E follows).")
+    top_mlp: tuple[int, ...] = setting((64, 32), "Top (DLRM) / deep (WDL, DeepFM, DCN) MLP hidden "
+                                                 "sizes, e.g. 1024,1024,1024,256,128.")
     optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).", choices=EMB_OPTIMIZERS)
     lr: float = setting(0.1, "Embedding learning rate.")
     dense_optimizer: str = setting("sgd", "Dense optimizer.", choices=DENSE_OPTIMIZERS)
@@ -67,6 +72,9 @@ class TrainConfig:
     net_gbps: float | None = setting(None, "Emulate a network of this bandwidth (Gbit/s) between "
                                            "trainers and servers, and among trainers.")
     net_latency_us: float = setting(0.0, "Emulated latency per message (microseconds).")
+    net_shape: bool = setting(False, "With --procs: run every rank in a network namespace of its "
+                                     "own whose link the kernel rate-limits to --net-gbps (tc "
+                                     "token bucket; needs root) instead of sleeping per transfer.")
     eval_rows: int | None = setting(None, "Held-out tail rows for AUC [default: 10%, at most 50,000].")
     warmup: int = setting(5, "Iterations excluded from the speed figures.")
     transport: str = setting("inproc", "inproc: one process; torch: torch.distributed ranks "
@@ -79,8 +87,11 @@ class TrainConfig:
                                  "GPUs in turn) or cuda:K; servers and the oracle stay on the CPU.")
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS)
-    threads: int | None = setting(None, "torch compute threads [default: torch's; 1 per rank "
-                                        "over torch.distributed].")
+    threads: int | None = setting(None, "torch compute threads [default: from --placement].")
+    placement: str = setting("auto", "auto: keep cores for the oracle/loader and the servers, give "
+                                     "the trainers' torch threads the rest, pinned where the OS "
+                                     "allows; off: leave it to the OS and torch's default.",
+                             choices=PLACEMENTS)
     checkpoint_every: int = setting(0, "Checkpoint every N iterations (0: never).")
     checkpoint_dir: str | None = setting(None, "Where checkpoints go [default: <--out>.ckpt].")
     checkpoint_keep: int = setting(2, "Newest good checkpoints kept.")
@@ -89,6 +100,13 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         s = spec(self.system)
+        for name in ("bottom_mlp", "top_mlp"):  # lists (YAML, JSON) become tuples: hashable
+            sizes = tuple(getattr(self, name))
+            if not sizes or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                    for x in sizes):
+                raise ConfigError(f"{option_name(name)}: layer sizes must be positive integers "
+                                  f"(got {getattr(self, name)!r})")
+            object.__setattr__(self, name, sizes)
         _choice(self, "model", tuple(MODELS))
         for name in ("batch_size", "iterations", "emb_dim", "trainers", "servers", "lookahead",
                      "checkpoint_keep"):
@@ -102,7 +120,7 @@ class TrainConfig:
             raise ConfigError(f"--batch-size {self.batch_size} is not divisible by --trainers "
                               f"{self.trainers}")
         for name, choices in (("dense_optimizer", DENSE_OPTIMIZERS), ("transport", TRANSPORTS),
-                              ("backend", BACKENDS)):
+                              ("backend", BACKENDS), ("placement", PLACEMENTS)):
             _choice(self, name, choices)
         if not 0 < self.hot_sample <= 1:
             raise ConfigError(f"--hot-sample must be in (0, 1] (got {self.hot_sample})")
@@ -133,6 +151,9 @@ class TrainConfig:
                 raise ConfigError(f"--procs {self.procs}: a run with --servers {self.servers} and "
                                   f"--trainers {self.trainers} needs 1 + {self.servers} + "
                                   f"{self.trainers} = {self.world_size} processes")
+        if self.net_shape and (self.procs is None or self.net_gbps is None):
+            raise ConfigError("--net-shape shapes the links of the local processes of a --procs "
+                              "run to --net-gbps: add --procs and --net-gbps")
         if self.device != "cpu" and (self.transport != "torch" or s.external):
             raise ConfigError(f"--device {self.device}: trainers run on a GPU in torch.distributed "
                               "runs of the engine's systems; use --procs or --transport torch")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -74,13 +74,17 @@ class LoaderFeed:
     """The data loader + oracle thread: plans rounds ahead into a bounded queue; iterating
     yields its Rounds (an error on the thread is raised here)."""
 
-    def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4):
+    def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4,
+                 on_start: Callable[[], None] | None = None):
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
+        self._on_start = on_start
         self._thread = threading.Thread(target=self._run, args=(rounds,), name="oracle", daemon=True)
         self._thread.start()
 
     def _run(self, rounds) -> None:
+        if self._on_start is not None:
+            self._on_start()  # e.g. pin this thread to the helper cores
         try:
             for rp, batches in rounds:
                 if not self._put(Round(rp, [b.dense for b in batches], [b.labels for b in batches])):

@@ -2,7 +2,9 @@
 
     loader thread:   read batch b+L, plan it (feed.LoaderFeed) -> bounded queue of rounds
     main thread:     the training loop (engine/loop.py) for every trainer: their slices'
-                     forward/backward in trainer order, the sums already complete
+                     forward/backward in trainer order, the sums already complete; it and
+                     torch's threads on the compute cores, the other threads on the
+                     reserved ones (engine/placement.py)
     server workers:  one thread per embedding server, requests in FIFO order, the emulated
                      network held there (engine/transport.py)
     checkpoints:     at the boundary before iteration b (main thread): pending work lands,
@@ -23,6 +25,7 @@ from bagpipe_cli.engine.collective import LocalCollective
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.feed import LoaderFeed, planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn, TrainingLoop
+from bagpipe_cli.engine.placement import Pinned, Placement, available_cores, plan_in_process
 from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
 from bagpipe_cli.engine.server import EmbeddingServer, init_servers, servers_from_tables
@@ -40,6 +43,13 @@ from bagpipe_cli.engine.transport import InProcessTransport
 
 def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
     """Run `cfg` in this process and return its metrics, summary and final parameters."""
+    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, available_cores()))
+    with pinned as placement:
+        return _train(cfg, pinned, placement, progress)
+
+
+def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
+           progress: ProgressFn | None) -> TrainResult:
     s = prepare(cfg)
     ck = open_resume(s)
     start = ck.iteration if ck else 0
@@ -49,17 +59,18 @@ def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> Tr
     else:  # the checkpoint's true parameters; the cache starts empty
         servers = servers_from_tables(ck.weight, ck.state, cfg.servers)
         restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
-    transport = InProcessTransport(servers, s.network)
+    transport = InProcessTransport(servers, s.network, on_start=pinned.helper)
     planning = build_planner(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
     system = build_system(s, planning.slots, transport, trainers, servers=servers)
-    collective = LocalCollective(cfg.trainers, s.network)
+    collective = LocalCollective(cfg.trainers, s.network, on_start=pinned.helper)
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
     prior = list(ck.metrics[0]) if ck else []
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers, start,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress)
-    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start))
+    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start),
+                      on_start=pinned.helper)
     t_start = time.perf_counter()
     try:
         records = loop.run(feed)
@@ -77,7 +88,8 @@ def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> Tr
                                       bytes_received=transport.bytes_received, device="cpu"),
              **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
     layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
-              "trainer_devices": ["cpu"] * cfg.trainers, "backend": None}
+              "trainer_devices": ["cpu"] * cfg.trainers, "backend": None,
+              "placement": [placement.to_json()]}
     facts = {"runner": "inproc", "transport": "inproc", "roles": roles,
              "rows_written_back_at_end": system.written_back_at_end}
     return finish_run(s, planning, [frame], wall, model, servers, layout, facts, ckpt, ck)

@@ -89,7 +89,8 @@ class RoundPlan:
             return self.fetch_keys, self.fetch_slots
         owner = self.fetch_owner
         m = (owner < 0) | ((owner >= i) & (owner < i + count))
-        return self.fetch_keys[m], self.fetch_slots[m]
+        slots = self.fetch_slots[m] if len(self.fetch_slots) else self.fetch_slots  # no cache plan
+        return self.fetch_keys[m], slots
 
 
 def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:

@@ -115,6 +115,7 @@ SUMMARY_KEYS = {
     "peak_resident_rows": "bagpipe's peak resident rows (None without a planned cache)",
     "cache_rows": "the cache's capacity in rows (None without a cache)",
     "network_emulated": "whether --net-gbps/--net-latency-us delayed transfers",
+    "network_shaping": "how: sleep (per transfer) or kernel (--net-shape: rate-limited links)",
     "train_rows": "training rows", "eval_rows": "held-out rows",
     "rows_written_back_at_end": "rows still cached when training ended, written back then",
     "runner": "inproc, distributed or torchrec",
@@ -179,3 +180,5 @@ class TrainResult:
     summary: dict[str, Any]
     model: torch.nn.Module
     tables: list[torch.Tensor]
+    # every trainer process's own records (a `trainer` column first), when there are several
+    trainer_metrics: pd.DataFrame | None = None

@@ -48,13 +48,24 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
     summary.update(evaluate(model, [sv.weight for sv in servers], s.ds, s.offsets, s.train_rows,
                             s.eval_rows))
     summary.update(planner_summary(planning))
-    summary.update({"network_emulated": s.network.emulated, "train_rows": s.train_rows,
+    emulated = cfg.net_gbps is not None or cfg.net_latency_us > 0
+    summary.update({"network_emulated": emulated,
+                    "network_shaping": ("kernel" if cfg.net_shape else "sleep") if emulated else None,
+                    "train_rows": s.train_rows,
                     "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
                     "backend": layout["backend"], "world_size": layout["world"], **facts})
     summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
     runner = {"name": facts["runner"], "launch": _launch(cfg)}
     return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
-                       assemble_tables(servers, s.cardinalities))
+                       assemble_tables(servers, s.cardinalities), trainer_records(frames))
+
+
+def trainer_records(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
+    """Every trainer process's records in one frame (None for a single process)."""
+    if len(frames) < 2:
+        return None
+    return pd.concat([f.assign(trainer=i) for i, f in enumerate(frames)], ignore_index=True)[
+        ["trainer", *frames[0].columns]]
 
 
 def _launch(cfg) -> str:

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import importlib
 
-import torch
-
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.distributed import run_rank, spawn_train
 from bagpipe_cli.engine.inprocess import train_in_process
@@ -29,8 +27,4 @@ def run(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | N
         return getattr(importlib.import_module(module), fn)(cfg, progress)
     if cfg.transport == "torch":
         return spawn_train(cfg, progress) if cfg.procs is not None else run_rank(cfg, progress)
-    if cfg.threads is not None:
-        # On a busy machine fewer compute threads than cores leave room for the oracle and
-        # server threads (OpenMP teams slow down badly when a core is taken from them).
-        torch.set_num_threads(cfg.threads)
     return train_in_process(cfg, progress)

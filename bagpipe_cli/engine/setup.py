@@ -84,10 +84,13 @@ def prepare(cfg: TrainConfig) -> RunSetup:
     if ds.labels is None:
         raise ConfigError(f"dataset {cfg.data} has no labels; training needs a labeled dataset")
     train_rows, eval_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)
-    mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim)
+    mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim,
+                       bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
+    # With --net-shape the kernel limits the bandwidth; only the latency is slept.
+    network = NetworkModel(None if cfg.net_shape else cfg.net_gbps, cfg.net_latency_us)
     return RunSetup(cfg, spec(cfg.system), ds, train_rows, eval_rows,
                     table_offsets(ds.meta.cardinalities), mcfg, row_dim(mcfg),
-                    RowOptimizer(cfg.optimizer, cfg.lr), NetworkModel(cfg.net_gbps, cfg.net_latency_us))
+                    RowOptimizer(cfg.optimizer, cfg.lr), network)
 
 
 def build_dense(cfg: TrainConfig, mcfg: ModelConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

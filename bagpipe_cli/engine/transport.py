@@ -78,9 +78,10 @@ class Transport(ABC):
 class Worker:
     """A thread serving requests in FIFO order, then holding the link for the transfer time."""
 
-    def __init__(self, name: str):
+    def __init__(self, name: str, on_start: Callable[[], None] | None = None):
         self.q: queue.Queue = queue.Queue()
         self.busy_s = 0.0
+        self._on_start = on_start
         self.t = threading.Thread(target=self._run, name=name, daemon=True)
         self.t.start()
 
@@ -90,6 +91,8 @@ class Worker:
         return f
 
     def _run(self) -> None:
+        if self._on_start is not None:
+            self._on_start()  # e.g. pin this thread to the helper cores
         while True:
             item = self.q.get()
             if item is None:
@@ -113,11 +116,12 @@ class Worker:
 class InProcessTransport(Transport):
     """Servers as worker threads in this process; optional network emulation per link."""
 
-    def __init__(self, servers: list[EmbeddingServer], network: NetworkModel | None = None):
+    def __init__(self, servers: list[EmbeddingServer], network: NetworkModel | None = None,
+                 on_start: Callable[[], None] | None = None):
         self.servers = servers
         self.num_servers = len(servers)
         self.network = network or NetworkModel()
-        self._workers = [Worker(f"server-{s.shard}") for s in servers]
+        self._workers = [Worker(f"server-{s.shard}", on_start) for s in servers]
         self.dim = servers[0].weight.shape[1]
         self.state_dim = servers[0].state.shape[1]
 

@@ -66,7 +66,7 @@ from bagpipe_cli.engine.records import (
     role_figures,
     summarize,
 )
-from bagpipe_cli.engine.result import checkpoint_summary
+from bagpipe_cli.engine.result import checkpoint_summary, trainer_records
 from bagpipe_cli.engine.setup import RunSetup, build_dense, prepare, run_config
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.external.torchrec_parts import (
@@ -267,10 +267,13 @@ def _result(s: RunSetup, everyone: list[list[dict]], full: list[torch.Tensor], d
         "roles": {f"trainer{i}": role_figures(f) for i, f in enumerate(frames)},
         **checkpoint_summary(None, None, summary["median_iter_ms"])})
     layout = {"world": world, "servers": 0, "trainers": world, "trainer_devices": ["cpu"] * world,
-              "backend": "gloo"}
+              "backend": "gloo", "placement": [{"rank": r, "role": "trainer",
+                                                "torch_threads": torch.get_num_threads()}
+                                               for r in range(world)]}
     config = run_config(s, layout, {
         "name": "torchrec", "launch": "local processes", "sharding": sharding if world > 1 else "local",
         "procs": world, "version": torchrec.__version__, "pipeline": pipeline,
         "torch_threads_per_proc": torch.get_num_threads(),
         "embedding_optimizer": emb_optimizer_name(cfg)})
-    return TrainResult(config, metrics, complete_summary(summary), dense_model, full)
+    return TrainResult(config, metrics, complete_summary(summary), dense_model, full,
+                       trainer_records(frames))

@@ -35,7 +35,7 @@ from bagpipe_cli.simulate.model import (
     predict,
 )
 from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
-from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+from bagpipe_cli.simulate.volumes import RUNTIMES, TraceConfig, trace_volumes
 
 SCHEMA_VERSION = 1
 DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
@@ -60,6 +60,9 @@ class SimulateConfig:
     cache_rows: int | None = None  # lru/lfu/fae capacity (default: bagpipe's peak)
     staleness: int = 0  # het
     emb_dim: int = 16  # E
+    bottom_mlp: tuple[int, ...] | None = None  # the dense model's hidden sizes (None: the package's)
+    top_mlp: tuple[int, ...] | None = None
+    runtime: str = "distributed"  # a process per trainer, each fetching its own rows; or inproc
     optimizer: str = "adagrad"  # sgd | adagrad (adagrad moves a 1-float state with every row)
     compute_ms: float | None = None  # compute per iteration on one trainer
     calibrate: tuple[str, ...] = ()  # or: runs to calibrate compute from
@@ -92,6 +95,16 @@ class SimulateConfig:
                               f"{self.cluster.trainers}")
         if self.emb_dim < 1:
             raise ConfigError(f"--emb-dim must be >= 1 (got {self.emb_dim})")
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"--runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
+        for k in ("bottom_mlp", "top_mlp"):
+            if getattr(self, k) is not None:
+                object.__setattr__(self, k, tuple(getattr(self, k)))
+
+    @property
+    def model_config(self) -> dict[str, Any]:
+        """The dense model's sizes beyond the dataset's (ModelConfig keyword arguments)."""
+        return {k: getattr(self, k) for k in ("bottom_mlp", "top_mlp") if getattr(self, k) is not None}
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -113,41 +126,25 @@ def build_config(source: str | None, cluster_file: ClusterFile | None = None, **
     vals: dict[str, Any] = {}
     for k in ("trainers", "servers", "net_gbps", "net_latency_us", "compute_ms", "calibrate",
               "batch_size", "iterations", "warmup", "lookahead", "round", "cache_rows", "staleness",
-              "emb_dim", "optimizer", "model", "systems", "name"):
+              "emb_dim", "optimizer", "model", "systems", "name", "trainer_gbps", "runtime",
+              "collective", "bottom_mlp", "top_mlp"):
         v = options.get(k)
         vals[k] = v if v is not None else getattr(cf, k, None)
     data = source or cf.data
     if data is None:
         raise ConfigError("give DATA (a dataset or profile directory) or --cluster FILE")
-    data_path = Path(data)
-    src = str(data_path)
-    if (data_path / "profile.json").is_file():
-        try:
-            prof = json.loads((data_path / "profile.json").read_text())
-            ds_path = prof["dataset"]["path"]
-            pcfg = prof["config"]
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataError(f"{data_path}/profile.json: cannot read ({e}); rerun bagpipe profile") from None
-        if not (Path(ds_path) / "meta.json").is_file():
-            raise DataError(f"{data_path}: the profile's dataset {ds_path} is gone; the model needs "
-                            "the batch trace (write-backs, sync lists), not only per_batch.csv")
-        src = f"profile {data_path} of {ds_path}"
-        data_path = Path(ds_path)
-        if vals["batch_size"] is None:
-            vals["batch_size"] = pcfg.get("batch_size")
-        if vals["lookahead"] is None and pcfg.get("lookaheads"):
-            vals["lookahead"] = pcfg["lookaheads"][0]
-    elif not data_path.exists():
-        raise ConfigError(f"{data_path}: no such dataset or profile directory")
+    data_path, src = _source(Path(data), vals)
     calib = vals["calibrate"]
     if isinstance(calib, (str, Path)):
         calib = (str(calib),)
     cluster = Cluster(int(vals["trainers"] or 1), int(vals["servers"] or 1), vals["net_gbps"],
-                      float(vals["net_latency_us"] or 0.0))
+                      float(vals["net_latency_us"] or 0.0), trainer_gbps=vals["trainer_gbps"],
+                      collective=vals["collective"] or "auto")
     defaults = SimulateConfig.__dataclass_fields__
     pick = {k: (vals[k] if vals[k] is not None else defaults[k].default)
             for k in ("batch_size", "iterations", "warmup", "lookahead", "round", "cache_rows",
-                      "staleness", "emb_dim", "optimizer", "model", "compute_ms")}
+                      "staleness", "emb_dim", "optimizer", "model", "compute_ms", "runtime",
+                      "bottom_mlp", "top_mlp")}
     sweep = cf.sweep or {}
     return SimulateConfig(
         data=str(data_path), cluster=cluster,
@@ -161,6 +158,29 @@ def build_config(source: str | None, cluster_file: ClusterFile | None = None, **
         name=vals["name"] or cf.name or data_path.name, reported=dict(cf.reported or {}),
         **pick,
     )
+
+
+def _source(data_path: Path, vals: dict[str, Any]) -> tuple[Path, str]:
+    """(dataset directory, a description): a profile folder gives its dataset, and its batch
+    size and first lookahead where `vals` has none."""
+    if not (data_path / "profile.json").is_file():
+        if not data_path.exists():
+            raise ConfigError(f"{data_path}: no such dataset or profile directory")
+        return data_path, str(data_path)
+    try:
+        prof = json.loads((data_path / "profile.json").read_text())
+        ds_path = prof["dataset"]["path"]
+        pcfg = prof["config"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{data_path}/profile.json: cannot read ({e}); rerun bagpipe profile") from None
+    if not (Path(ds_path) / "meta.json").is_file():
+        raise DataError(f"{data_path}: the profile's dataset {ds_path} is gone; the model needs "
+                        "the batch trace (write-backs, sync lists), not only per_batch.csv")
+    if vals["batch_size"] is None:
+        vals["batch_size"] = pcfg.get("batch_size")
+    if vals["lookahead"] is None and pcfg.get("lookaheads"):
+        vals["lookahead"] = pcfg["lookaheads"][0]
+    return Path(ds_path), f"profile {data_path} of {ds_path}"
 
 
 @dataclass
@@ -227,11 +247,12 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
     tc = TraceConfig(data=cfg.data, batch_size=cfg.batch_size, iterations=cfg.iterations,
                      lookahead=cfg.lookahead, round=cfg.round, cache_rows=cfg.cache_rows,
                      staleness=cfg.staleness, trainers=cfg.cluster.trainers,
-                     servers=cfg.cluster.servers, eval_rows=0)
+                     servers=cfg.cluster.servers, eval_rows=0, runtime=cfg.runtime)
     compute, csrc = _compute(cfg)
     say("tracing")
     vols, info = trace_volumes(tc, cfg.systems, lambda s: say(f"tracing {s}"))
-    mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim)
+    mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim,
+                       **cfg.model_config)
     warmup = cfg.warmup if cfg.warmup is not None else max(1, info["iterations"] // 10)
     if warmup >= info["iterations"]:
         raise ConfigError(f"--warmup {warmup} leaves none of the {info['iterations']} iterations")
@@ -255,10 +276,12 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
             continue
         say(f"sweeping trainers: {n}")
         vn = dict(vols)
-        # Volumes traced again per trainer count: het's per-trainer caches. Bagpipe's split of
+        # Volumes traced again per trainer count: every system's when each trainer fetches its
+        # own rows (distributed), else het's per-trainer caches. Bagpipe's split of
         # the non-critical rows into sync_later / no_sync also depends on N, but it only
         # loads the asynchronous collective link; the sweep keeps the configured N's.
-        redo = [s for s in cfg.systems if spec(s).store == "stale-cache"]
+        redo = [s for s in cfg.systems
+                if cfg.runtime == "distributed" or spec(s).store == "stale-cache"]
         if n != n0 and redo:
             vn.update(trace_volumes(replace(tc, trainers=n), redo)[0])
         cl = replace(cfg.cluster, trainers=n)

@@ -111,25 +111,34 @@ def read_measured(folder: Path) -> MeasuredRun:
         raise DataError(f"{Path(folder) / 'metrics.csv'}: cannot read: {e}") from None
     warmup = int(train.get("warmup", 0))
     m = metrics.iloc[warmup:] if len(metrics) > warmup else metrics
+    distributed = train.get("transport") == "torch"
+    # A --procs run's collectives cross loopback, not the sleep-emulated network: they take
+    # what they took; with --net-shape they cross the shaped links, which the model has.
+    on_network = not distributed or bool(train.get("net_shape"))
     trace = TraceConfig(
         data=str(data), batch_size=int(train["batch_size"]), iterations=int(train["iterations"]),
         lookahead=int(train.get("lookahead", 16)), round=train.get("round"),
         cache_rows=train.get("cache_rows"), staleness=int(train.get("staleness", 0)),
         trainers=int(train.get("trainers", 1)), servers=int(train.get("servers", 1)),
-        eval_rows=train.get("eval_rows"),
+        eval_rows=train.get("eval_rows"), runtime="distributed" if distributed else "inproc",
     )
     cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
-                      train.get("net_gbps"), float(train.get("net_latency_us") or 0.0))
+                      train.get("net_gbps"), float(train.get("net_latency_us") or 0.0),
+                      collectives_on_network=on_network)
     work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
                     state_dim=state_dim(train.get("optimizer", "sgd")),
                     dense_bytes=dense_bytes(mcfg), warmup=warmup)
     setting = _setting(train)
     bench = config.get("bench") or {}
     emulated = bool(summary.get("network_emulated", cluster.network.emulated))
+    if distributed:
+        compute = _distributed_compute(Path(folder), metrics, summary, warmup, _round_len(train),
+                                       emulated, on_network)
+    else:
+        compute = compute_of(metrics, warmup, _round_len(train), emulated)
     return MeasuredRun(
         path=Path(folder), run_id=str(bench.get("run_id", Path(folder).name)), system=system,
-        setting=setting, trace=trace, cluster=cluster, workload=work,
-        compute=compute_of(metrics, warmup, _round_len(train), emulated),
+        setting=setting, trace=trace, cluster=cluster, workload=work, compute=compute,
         measured_median_ms=float(summary.get("median_iter_ms", math.nan)),
         measured_mean_ms=1e3 * float(m["time"].mean()) if len(m) else math.nan,
         network_emulated=emulated,
@@ -137,9 +146,38 @@ def read_measured(folder: Path) -> MeasuredRun:
     )
 
 
-def _distributed(folder: Path) -> bool:
+def _distributed_compute(folder: Path, metrics: pd.DataFrame, summary: dict[str, Any], warmup: int,
+                         round_len: int, emulated: bool, on_network: bool) -> ComputeTimes:
+    """A torch.distributed run's compute: the timers of its last trainer (the last a server
+    serves in a lockstep pass, so its waits for rows are the ones the model predicts and its
+    wait in the collectives holds no one else's fetch), its collectives as measured when they
+    did not cross the modelled network, and the servers' CPU per iteration."""
+    frame = metrics
+    per = folder / "metrics_trainers.csv"
+    if per.is_file():
+        try:
+            t = pd.read_csv(per)
+        except (OSError, ValueError) as e:
+            raise DataError(f"{per}: cannot read: {e}") from None
+        frame = t[t["trainer"] == t["trainer"].max()].drop(columns="trainer").reset_index(drop=True)
+    c = compute_of(frame, warmup, round_len, emulated)
+    m = frame.iloc[warmup:] if len(frame) > warmup else frame
+    if not on_network:
+        c = replace(c, sync_ms=1e3 * float(np.median(m["sync"])) if len(m) else 0.0)
+    roles = summary.get("roles") or {}
+    iters = max(1, len(frame))
+    servers = [r for k, r in roles.items() if k.startswith("server")]
+    cpu = [(r["busy_s"] - r.get("network_s", 0.0)) / iters for r in servers]
+    c = replace(c, server_ms=1e3 * float(np.mean(cpu)) if cpu else 0.0)
+    # Every process of a --procs run shares this machine's cores.
+    cores = {x for p in (config_placements(folder) or []) for x in p.get("compute", [])}
+    demand = sum(r.get("cpu_s", 0.0) for r in roles.values())
+    return replace(c, cpu_bound_ms=1e3 * demand / iters / len(cores) if cores else 0.0)
+
+
+def config_placements(folder: Path) -> list[dict] | None:
     config, _ = read_run(folder)
-    return (config.get("train") or {}).get("transport") == "torch"
+    return (config.get("layout") or {}).get("placement")
 
 
 def _setting(train: dict[str, Any]) -> str:
@@ -154,24 +192,21 @@ def _setting(train: dict[str, Any]) -> str:
     else:
         parts.append("no-net")
     parts.append(f"N{train.get('trainers', 1)}K{train.get('servers', 1)} B{train.get('batch_size')}")
+    if train.get("transport") == "torch":
+        parts.append("procs" + (" shaped" if train.get("net_shape") else ""))
     return " ".join(parts)
 
 
 def measured_runs(*paths: Path) -> list[MeasuredRun]:
-    """Every in-process run under `paths` (run folders, bench folders or parents).
+    """Every run under `paths` (run folders, bench folders or parents), in-process or over
+    torch.distributed (its trainers fetch and push what each needs: `TraceConfig.runtime`).
 
     An emulated-network run's `fetch_cpu_ms` (the CPU share of its waits for rows, which
     its timers cannot separate from the emulated transfer) comes from its no-network twins
     (same settings but the network): their median, scaled by the ratio of the two runs'
     forward+backward times (the machine's load when each ran).
     """
-    folders = find_runs(*paths)
-    # The model is of the in-process engine; a torch.distributed run moves other volumes
-    # (docs/performance-model.md), so it is neither predicted nor used to calibrate.
-    runs = [read_measured(f) for f in folders if not _distributed(f)]
-    if folders and not runs:
-        raise DataError(f"the {len(folders)} run(s) under {', '.join(map(str, paths))} ran over "
-                        "torch.distributed; the model predicts and calibrates from in-process runs only")
+    runs = [read_measured(f) for f in find_runs(*paths)]
     twins: dict[tuple, list[MeasuredRun]] = {}
     for r in runs:
         if not r.network_emulated:

@@ -6,14 +6,20 @@
     synth: {preset: criteo-kaggle, rows: 4000000, seed: 0}   # generated if `data` is missing
     trainers: 8
     servers: 4
-    net_gbps: 25
+    net_gbps: 25                     # every embedding server's link
     net_latency_us: 10
+    trainer_gbps: 10                 # every trainer's link (collectives) [default: net_gbps]
+    runtime: distributed             # a process per trainer (default); or inproc
+    collective: allreduce            # dense + row gradients: allreduce (ring, as DDP/NCCL) or
+                                     #   allgather (the engine's bitwise sums) [default: the runtime's]
     compute_ms: 5.0                  # per iteration on one trainer; or `calibrate: RESULTS`
     batch_size: 16384                # global batch
     lookahead: 200
     emb_dim: 48
     optimizer: adagrad
     model: dlrm
+    bottom_mlp: [512, 256, 64]       # hidden layer sizes [default: the package's small MLPs]
+    top_mlp: [1024, 1024, 1024, 256, 128]
     systems: [sync, bagpipe, lru, lfu, fae, het, local]
     sweep: {trainers: [1, 2, 4, 8, 16], net_gbps: [1, 10, 25, 100]}
     reported: {speedup_max: 5.6, source: "BagPipe, SOSP 2023"}   # shown next to the prediction
@@ -51,6 +57,11 @@ class ClusterFile:
     servers: int | None = None
     net_gbps: float | None = None
     net_latency_us: float | None = None
+    trainer_gbps: float | None = None
+    runtime: str | None = None
+    collective: str | None = None
+    bottom_mlp: list[int] | None = None
+    top_mlp: list[int] | None = None
     compute_ms: float | None = None
     calibrate: str | None = None
     batch_size: int | None = None
@@ -70,6 +81,7 @@ class ClusterFile:
 
 
 _TYPES = {"trainers": int, "servers": int, "net_gbps": float, "net_latency_us": float,
+          "trainer_gbps": float,
           "compute_ms": float, "batch_size": int, "iterations": int, "warmup": int,
           "lookahead": int, "round": int, "cache_rows": int, "staleness": int, "emb_dim": int,
           "eval_rows": int}
@@ -123,6 +135,10 @@ def load_cluster(path: Path) -> ClusterFile:
         elif key == "reported":
             if not isinstance(value, dict):
                 raise ConfigError(f"--cluster {path}: reported must be a mapping")
+        elif key in ("bottom_mlp", "top_mlp"):
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
+                                                      and v > 0 for v in value):
+                raise ConfigError(f"--cluster {path}: {key} must be a list of layer sizes (got {value!r})")
         else:
             value = str(value)
         setattr(out, key, value)

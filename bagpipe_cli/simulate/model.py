@@ -30,6 +30,7 @@ from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
 from bagpipe_cli.errors import ConfigError
 
 SYSTEMS = ENGINE_SYSTEMS  # the model replays the engine's systems
+COLLECTIVES = ("auto", "allreduce", "allgather")
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,11 @@ class ComputeTimes:
     optimizer_ms: float = 0.0  # dense + row optimizer, cache updates; write-backs are queued at its end
     other_ms: float = 0.0  # untimed work, most of it when rows are read (het assembles them)
     fetch_cpu_ms: float = 0.0  # CPU of receiving a fetch (gather, cache insert), at each wait for rows
+    sync_ms: float = 0.0  # measured collectives, for a cluster whose collectives are not modelled
+    server_ms: float = 0.0  # a server's CPU per iteration (serving, applying pushes), which
+    #   holds its link like a transfer (calibrated from a torch.distributed run's servers)
+    cpu_bound_ms: float = 0.0  # no iteration is shorter: the CPU every process of the run needs
+    #   per iteration over the cores they share (a --procs run on one machine)
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
@@ -68,19 +74,31 @@ class Cluster:
 
     trainers: int = 1  # N data-parallel trainers
     servers: int = 1  # K embedding-server shards, one link each
-    net_gbps: float | None = None  # bandwidth of every link (None: infinite)
+    net_gbps: float | None = None  # bandwidth of every server's link (None: infinite)
     net_latency_us: float = 0.0  # per-message latency
+    trainer_gbps: float | None = None  # the trainers' links, for their collectives (None: net_gbps)
+    collectives_on_network: bool = True  # False: the trainers' collectives take ComputeTimes.sync_ms
+    #   (a --procs run with the sleep emulation: its collectives cross loopback, not the model)
+    collective: str = "auto"  # allreduce (ring) | allgather | auto (the runtime's: Volumes.all_gather)
 
     def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVES:
+            raise ConfigError(f"collective {self.collective!r}: choose one of {', '.join(COLLECTIVES)}")
         if self.trainers < 1:
             raise ConfigError(f"trainers must be >= 1 (got {self.trainers})")
         if self.servers < 1:
             raise ConfigError(f"servers must be >= 1 (got {self.servers})")
         NetworkModel(self.net_gbps, self.net_latency_us)  # validates
+        NetworkModel(self.trainer_gbps, self.net_latency_us)
 
     @property
     def network(self) -> NetworkModel:
         return NetworkModel(self.net_gbps, self.net_latency_us)
+
+    @property
+    def trainer_network(self) -> NetworkModel:
+        gbps = self.trainer_gbps if self.trainer_gbps is not None else self.net_gbps
+        return NetworkModel(gbps, self.net_latency_us)
 
 
 @dataclass
@@ -105,6 +123,8 @@ class Volumes:
     prefetch_ahead: bool = False  # bagpipe: round r+1 is fetched when round r starts
     push_gradients: bool = False  # sync, het: write_back carries gradients (no optimizer state)
     empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
+    messages: int = 1  # latencies per transfer on a link (distributed: one per trainer)
+    all_gather: bool = False  # trainers all-gather (distributed) rather than all-reduce
 
     def totals(self) -> dict[str, int]:
         return {
@@ -158,10 +178,18 @@ class Prediction:
 class _Links:
     """K FIFO links: `send` returns when a message submitted at `t` has been transferred."""
 
-    def __init__(self, k: int, net: NetworkModel, row_bytes: int):
+    def __init__(self, k: int, net: NetworkModel, row_bytes: int, messages: int = 1):
         self.free = np.zeros(k)
         self.busy = np.zeros(k)
         self.net, self.row_bytes = net, row_bytes
+        # a transfer of `messages` requests served one after another: a latency each
+        self.extra = (messages - 1) * net.transfer_seconds(0)
+
+    def occupy(self, t: float, seconds: float) -> None:
+        """Every server works `seconds` from `t` on (in FIFO order with its transfers)."""
+        if seconds > 0:
+            self.free = np.maximum(self.free, t) + seconds
+            self.busy += seconds
 
     def send(self, t: float, rows: np.ndarray, always: bool = False) -> float:
         """Submit one message per shard with rows (every shard if `always`); completion time."""
@@ -169,7 +197,7 @@ class _Links:
         for k, n in enumerate(rows):
             if n == 0 and not always:
                 continue
-            d = self.net.transfer_seconds(int(n) * self.row_bytes)
+            d = self.net.transfer_seconds(int(n) * self.row_bytes) + self.extra
             start = max(t, self.free[k])
             self.free[k] = start + d
             self.busy[k] += d
@@ -191,14 +219,18 @@ class _Replay:
         self.vol, self.work = vol, work
         self.net = cluster.network
         self.n = cluster.trainers
-        self.links = _Links(cluster.servers, self.net, work.row_bytes)
-        self.push = _Links(cluster.servers, self.net, work.grad_bytes)  # pushed gradients, same links
+        self.cluster = cluster
+        self.server_s = compute.server_ms * 1e-3
+        self.links = _Links(cluster.servers, self.net, work.row_bytes, vol.messages)
+        self.push = _Links(cluster.servers, self.net, work.grad_bytes, vol.messages)  # same links
         self.push.free = self.links.free  # one link per server: fetches, write-backs and pushes share it
         self.push.busy = self.links.busy
         s = 1e-3  # ms -> s
         self.c_data, self.c_fb, self.c_opt, self.c_other, self.c_fcpu = (
             compute.data_ms * s, compute.fwd_bwd_ms * s, compute.optimizer_ms * s,
             compute.other_ms * s, compute.fetch_cpu_ms * s)
+        self.c_sync = compute.sync_ms * s
+        self.cpu_bound = compute.cpu_bound_ms * s
         I = vol.iterations  # noqa: E741 - the paper's symbol
         self.times = np.zeros(I)
         self.fetch_wait = np.zeros(I)
@@ -260,13 +292,26 @@ class _Replay:
                 fetched = True
         self._compute(b, self.c_other + (self.c_fcpu if fetched else 0.0))
 
+    def _collective(self, nbytes: int) -> float:
+        """A sum of `nbytes` per trainer over the trainers' links: a ring all-reduce, or the
+        distributed runtime's all-gather (each trainer receives every other one's bytes)."""
+        net, n = self.cluster.trainer_network, self.n
+        kind = self.cluster.collective
+        if kind == "allgather" or (kind == "auto" and self.vol.all_gather):
+            return (n - 1) * net.transfer_seconds(nbytes) if n > 1 and net.emulated else 0.0
+        return net.allreduce_seconds(nbytes, n)
+
     def sync(self, b: int) -> None:
-        vol, work, net, n = self.vol, self.work, self.net, self.n
-        d = net.allreduce_seconds(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes, n)
+        vol, work = self.vol, self.work
+        if not self.cluster.collectives_on_network:  # as measured, sync_later included
+            self.t += self.c_sync
+            self.sync_wait[b] += self.c_sync
+            return
+        d = self._collective(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes)
         self.t += d
         self.sync_wait[b] += d
         if vol.sync_later[b]:
-            d = net.allreduce_seconds(int(vol.sync_later[b]) * work.grad_bytes, n)
+            d = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
             self.coll_free = max(self.t, self.coll_free) + d
             self.later_done[b] = self.coll_free
 
@@ -275,12 +320,14 @@ class _Replay:
         self._compute(b, self.c_opt)
         if vol.write_back[b].any():
             (self.push if vol.push_gradients else self.links).send(self.t, vol.write_back[b])
+        self.links.occupy(self.t, self.server_s)  # the servers' own work for this iteration
 
     def prediction(self) -> Prediction:
         I = self.vol.iterations  # noqa: E741 - the paper's symbol
         m = slice(self.work.warmup, None) if I > self.work.warmup else slice(None)
         total = self.t if self.t > 0 else 1.0
-        times = self.times
+        # No iteration is faster than the machine's cores get through every process's CPU.
+        times = np.maximum(self.times, self.cpu_bound)
         return Prediction(
             system=self.vol.system,
             median_ms=1e3 * float(np.median(times[m])) if I else math.nan,

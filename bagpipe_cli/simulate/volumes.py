@@ -23,6 +23,8 @@ from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.simulate.model import SYSTEMS, Volumes
 
+RUNTIMES = ("inproc", "distributed")
+
 
 @dataclass(frozen=True)
 class TraceConfig:
@@ -38,8 +40,13 @@ class TraceConfig:
     trainers: int = 1  # N
     servers: int = 1  # K
     eval_rows: int | None = None  # held-out tail, as `bagpipe train` (default 10%, <= 50,000)
+    # inproc: one process for every trainer (what it fetches, it fetches once);
+    # distributed: a process per trainer (torch.distributed), each fetching what it needs
+    runtime: str = "inproc"
 
     def __post_init__(self) -> None:
+        if self.runtime not in RUNTIMES:
+            raise ConfigError(f"runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
         for opt, v in [("batch_size", self.batch_size), ("lookahead", self.lookahead),
                        ("trainers", self.trainers), ("servers", self.servers)]:
             if v < 1:
@@ -116,12 +123,25 @@ class _Trace:
     iterations: int
     total: int
 
+    @property
+    def distributed(self) -> bool:
+        return self.cfg.runtime == "distributed"
+
     def empty(self, system: str, m: int = 1) -> Volumes:
         i, k = self.iterations, self.cfg.servers
         z = np.zeros((i, k), np.int64)
+        # Distributed: a server serves the trainers' requests one after another (lockstep),
+        # so a transfer is every trainer's rows on that server, with a latency each.
         return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(),
                        np.zeros((i, m, k), np.int64), z.copy(),
-                       np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64))
+                       np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64),
+                       messages=self.cfg.trainers if self.distributed else 1,
+                       all_gather=self.distributed)
+
+    def slices(self, keys: np.ndarray) -> list[np.ndarray]:
+        """The unique keys of each trainer's samples."""
+        per = len(keys) // self.cfg.trainers
+        return [np.unique(keys[i * per:(i + 1) * per]) for i in range(self.cfg.trainers)]
 
 
 def _oracle_volumes(t: _Trace) -> tuple[Volumes, int, int]:
@@ -131,10 +151,14 @@ def _oracle_volumes(t: _Trace) -> tuple[Volumes, int, int]:
     v = t.empty("bagpipe")
     v.round_start[:] = False
     v.prefetch_ahead = True
+    n = cfg.trainers
     for rp in oracle.plan(t.keys()):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
-        v.round_fetch[b0] = _by_shard(rp.fetch_keys, k)
+        if t.distributed:  # each trainer fetches the round but the others' private rows
+            v.round_fetch[b0] = sum(_by_shard(rp.fetch_for(i)[0], k) for i in range(n))
+        else:
+            v.round_fetch[b0] = _by_shard(rp.fetch_keys, k)
         for p in rp.iters:
             v.write_back[p.b] = _by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
@@ -150,7 +174,8 @@ def _policy_volumes(t: _Trace, policy: str, trace, capacity: int) -> Volumes:
         if not rp.iters:
             continue  # the final write-back of every resident row, after training
         p = rp.iters[0]
-        v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k)
+        # Distributed: the cache is replicated, every trainer fetches the round's misses.
+        v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k) * (t.cfg.trainers if t.distributed else 1)
         v.pre_evict[p.b] = _by_shard(rp.pre_evict_keys, k)
         v.write_back[p.b] = _by_shard(p.evict_keys, k)
         v.sync_now[p.b] = p.sync_now
@@ -162,7 +187,8 @@ def _plain_volumes(t: _Trace, specs: list) -> dict[str, Volumes]:
     """Systems without a planned cache: fetched every iteration and pushed (sync), cached
     with a staleness bound and pushed (het), or every table local (local)."""
     cfg, k, n = t.cfg, t.cfg.servers, t.cfg.trainers
-    out = {s.name: t.empty(s.name, n if s.store == "stale-cache" else 1) for s in specs}
+    per_trainer = n if not t.distributed else 1
+    out = {s.name: t.empty(s.name, per_trainer if s.store == "stale-cache" else 1) for s in specs}
     stale = any(s.store == "stale-cache" for s in specs)
     het_state = _HetState(t.total, n, cfg.staleness) if stale else None
     for s in specs:
@@ -170,8 +196,11 @@ def _plain_volumes(t: _Trace, specs: list) -> dict[str, Volumes]:
         out[s.name].empty_fetch_message = s.store == "none" and k == 1
     for b, kb in enumerate(t.keys()):
         uniq = np.unique(kb)
-        shards = _by_shard(uniq, k)
+        # What each process fetches and pushes: U_b in-process, its own samples' rows apart.
+        shards = (sum(_by_shard(x, k) for x in t.slices(kb)) if t.distributed else _by_shard(uniq, k))
         stale_needs = het_state.step(kb, uniq) if het_state is not None else []
+        if t.distributed and stale_needs:  # the server serves the trainers' fetches in turn
+            stale_needs = [np.concatenate(stale_needs)]
         for s in specs:
             v = out[s.name]
             v.unique_rows[b] = len(uniq)

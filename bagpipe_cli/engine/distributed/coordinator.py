@@ -41,9 +41,10 @@ from bagpipe_cli.models import build_model
 class Coordinator:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
-    def __init__(self, s: RunSetup, layout: Layout, devices: list[str], faults: Faults,
-                 progress: ProgressFn | None = None):
+    def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],
+                 faults: Faults, progress: ProgressFn | None = None):
         self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
+        self.placements = placements
         self.sent = {"bytes_sent": 0, "waiting_s": 0.0}  # blocked while a trainer is behind
         self.ckpt: Checkpointer | None = None
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
@@ -67,6 +68,7 @@ class Coordinator:
         self._initial_state(ck, planning, start)
         if s.cfg.checkpoint_every:
             self.ckpt = Checkpointer(s.cfg, dataset_identity(s.ds), start)
+        cpu = time.process_time()  # the feed's, not the planning pass's
         try:
             self._feed(planning, start)
         finally:
@@ -75,6 +77,7 @@ class Coordinator:
         outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
         shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
         wall = time.perf_counter() - t_start
+        self.sent["cpu_s"] = time.process_time() - cpu
         return self._result(planning, prior, outs, shards, wall, ck)
 
     def _initial_state(self, ck: Checkpoint | None, planning: Planning, start: int) -> None:
@@ -139,12 +142,14 @@ class Coordinator:
         frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
         roles = {"oracle": {"busy_s": planning.planner.seconds, **self.sent},
                  **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
+                                                cpu_s=o["cpu_s"],
                                                 bytes_sent=o["bytes_sent"],
                                                 bytes_received=o["bytes_received"])
                     for i, o in enumerate(outs)},
                  **{f"server{k}": sh["stats"] for k, sh in enumerate(shards)}}
         layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,
-                  "trainer_devices": self.devices, "backend": s.cfg.backend}
+                  "trainer_devices": self.devices, "backend": s.cfg.backend,
+                  "placement": self.placements}
         facts = {"runner": "distributed", "transport": "torch", "roles": roles,
                  "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}
         return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck)

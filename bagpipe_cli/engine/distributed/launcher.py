@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
+from bagpipe_cli.engine.distributed.netshape import ShapedNetwork
 from bagpipe_cli.engine.distributed.wire import RankFailure
 from bagpipe_cli.errors import BagpipeError
 
@@ -44,15 +45,18 @@ def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
 class _Job:
     """The processes of one job and the one-line errors ("Error: ...") they printed."""
 
-    def __init__(self, command: list[str], world: int, on_line: Callable[[str], None] | None):
+    def __init__(self, command: list[str], world: int, on_line: Callable[[str], None] | None,
+                 shaped: ShapedNetwork | None = None):
         port = free_port()
         self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
         self.procs: list[subprocess.Popen] = []
         self.readers: list[threading.Thread] = []
         for rank in range(world):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
-            p = subprocess.Popen(command, env=rank_env(rank, world, port), stdout=out,
-                                 stderr=subprocess.PIPE, text=True)
+            cmd, env = command, rank_env(rank, world, port)
+            if shaped is not None:  # the rank in its namespace, rank 0 at its address there
+                cmd, env = shaped.command(rank, command), {**env, **shaped.env(rank)}
+            p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
             self.procs.append(p)
             self.readers.append(threading.Thread(target=self._relay, args=(rank, p.stderr), daemon=True))
         if on_line is not None:
@@ -114,16 +118,18 @@ class _Job:
 
 
 def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], timeout_s: float,
-                on_line: Callable[[str], None] | None = None, run_timeout_s: float | None = None) -> None:
+                on_line: Callable[[str], None] | None = None, run_timeout_s: float | None = None,
+                shaped: ShapedNetwork | None = None) -> None:
     """Run `command` as `world` local processes, one per rank, over loopback. Rank 0's stdout
     lines go to `on_line` (the others' stdout is dropped); the ranks' stderr is passed through,
     except their one-line errors ("Error: ..."), which are collected.
 
     If a rank fails, the others get `timeout_s` plus a grace period to notice (they exit with
     an error naming the lost role) before they are killed; then one error is raised
-    (`_Job.cause`). `name_of(rank)` names a rank in it. `run_timeout_s` bounds the whole job.
+    (`_Job.cause`). `name_of(rank)` names a rank in it. `run_timeout_s` bounds the whole job;
+    with `shaped` every rank runs in its namespace of that shaped network.
     """
-    job = _Job(command, world, on_line)
+    job = _Job(command, world, on_line, shaped)
     failed = job.wait(timeout_s + 10, run_timeout_s)
     if failed is not None:
         raise job.cause(failed, name_of)

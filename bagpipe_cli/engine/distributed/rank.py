@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import tempfile
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,12 @@ from bagpipe_cli.engine.distributed.coordinator import Coordinator
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.launcher import spawn_local
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
+from bagpipe_cli.engine.distributed.netshape import ShapedNetwork
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import RankFailure, comm
 from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.placement import Placement, available_cores, pin, plan_rank
 from bagpipe_cli.engine.records import TrainResult
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import BagpipeError, ConfigError
@@ -51,14 +53,14 @@ def run_rank(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResul
     if world != layout.world:
         raise ConfigError(f"world size {world} does not match 1 oracle + --servers {cfg.servers} "
                           f"+ --trainers {cfg.trainers} = {layout.world} ranks")
-    torch.set_num_threads(cfg.threads or max(1, int(os.environ.get("BAGPIPE_THREADS", "1"))))
+    placement = _place(cfg, layout, rank, world)
     faults = Faults.for_rank(rank)
     faults.arm()
     if cfg.backend == "nccl":  # a timed-out NCCL wait raises (a one-line error), not an abort
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     _join(cfg, rank, world)
     try:
-        return _play(cfg, layout, rank, faults, progress)
+        return _play(cfg, layout, rank, placement, faults, progress)
     finally:
         try:
             dist.destroy_process_group()
@@ -79,12 +81,26 @@ def _join(cfg: TrainConfig, rank: int, world: int) -> None:
             f"all {world} ranks (1 oracle + --servers + --trainers) with the same options") from None
 
 
-def _play(cfg: TrainConfig, layout: Layout, rank: int, faults: Faults,
+def _place(cfg: TrainConfig, layout: Layout, rank: int, world: int) -> Placement:
+    """This rank's cores and torch threads among the ranks on its machine (torchrun's
+    LOCAL_RANK / LOCAL_WORLD_SIZE; without them every rank is taken to be on this one),
+    applied to the whole process before any thread starts."""
+    local = int(os.environ.get("LOCAL_RANK", rank))
+    here = range(rank - local, rank - local + int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    roles = [layout.role(r)[0] for r in here]
+    p = plan_rank(cfg.placement, cfg.threads, roles, local, available_cores())
+    pinned = p.policy != "off" and pin(p.compute)
+    torch.set_num_threads(p.torch_threads)
+    return replace(p, pinned=pinned)
+
+
+def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, faults: Faults,
           progress: ProgressFn | None) -> TrainResult | None:
     # Every rank learns every trainer's device (and every rank fails alike if one cannot run
-    # as asked) before the trainers' group is made.
+    # as asked) before the trainers' group is made; rank 0 also records every placement.
     facts: list[Any] = [None] * layout.world
-    comm(layout, ALL_RANKS, dist.all_gather_object, facts, rank_facts())
+    comm(layout, ALL_RANKS, dist.all_gather_object, facts,
+         {**rank_facts(), "placement": placement.to_json()})
     devices = trainer_devices(cfg, layout, facts)
     role, idx = layout.role(rank)
     device = torch.device(devices[idx] if role == "trainer" else "cpu")
@@ -94,7 +110,8 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, faults: Faults,
                            backend=cfg.backend)
     s = prepare(cfg)
     if role == "oracle":
-        return Coordinator(s, layout, devices, faults, progress).run()
+        placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
+        return Coordinator(s, layout, devices, placements, faults, progress).run()
     if role == "server":
         server_main(s, layout, idx, faults)
     else:
@@ -118,8 +135,12 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
 
         entry = ("import sys; from bagpipe_cli.engine.distributed.rank import rank_main; "
                  "sys.exit(rank_main(*sys.argv[1:]))")
-        spawn_local([sys.executable, "-c", entry, str(conf), str(out)], layout.world, layout.name,
-                    cfg.timeout_s, on_line)
+        command = [sys.executable, "-c", entry, str(conf), str(out)]
+        if cfg.net_shape:
+            with ShapedNetwork(layout.world, cfg.net_gbps) as net:
+                spawn_local(command, layout.world, layout.name, cfg.timeout_s, on_line, shaped=net)
+        else:
+            spawn_local(command, layout.world, layout.name, cfg.timeout_s, on_line)
         return torch.load(out, weights_only=False)
 
 

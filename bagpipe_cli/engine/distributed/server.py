@@ -37,10 +37,12 @@ from bagpipe_cli.engine.setup import RunSetup
 
 @dataclass
 class _Stats:
-    busy_s: float = 0.0
+    busy_s: float = 0.0  # serving, the emulated transfers included
     waiting_s: float = 0.0
     bytes_sent: int = 0
-    requests: int = 0
+    requests: int = 0  # lockstep passes
+    loaded: int = 0  # passes in which some request had rows
+    network_s: float = 0.0  # of busy_s: the emulated transfers (sleeps)
 
 
 @dataclass
@@ -48,6 +50,7 @@ class _Pass:
     """One lockstep pass: request k of every trainer."""
 
     op: int = 0
+    rows: int = 0  # over every trainer's request
     grads: list = field(default_factory=list)  # (local indices, gradients) per trainer
 
 
@@ -62,6 +65,7 @@ class Server:
 
     def serve(self) -> dict:
         """Serve until every trainer is done; returns the server's figures."""
+        cpu = time.process_time()
         while True:
             p = self._one_pass(self.stats.requests)
             self.stats.requests += 1
@@ -75,8 +79,9 @@ class Server:
             if p.grads:
                 self._apply(p.grads)
         s = self.stats
-        return {"busy_s": s.busy_s, "waiting_s": s.waiting_s, "bytes_sent": s.bytes_sent,
-                "bytes_received": self.shard.bytes_received, "requests": s.requests}
+        return {"cpu_s": time.process_time() - cpu, "busy_s": s.busy_s, "waiting_s": s.waiting_s, "bytes_sent": s.bytes_sent,
+                "bytes_received": self.shard.bytes_received, "requests": s.requests,
+                "loaded_requests": s.loaded, "network_s": s.network_s}
 
     def _one_pass(self, seq: int) -> _Pass:
         p = _Pass()
@@ -97,13 +102,20 @@ class Server:
                     f"{OP_NAMES.get(op, op)} #{their_seq}, trainer 0's is {OP_NAMES.get(first[0])} "
                     f"#{first[1]}; the trainers are out of step (a bug in bagpipe)")
             p.op = op
+            p.rows += n
             if op not in (OP_DONE, OP_CHECKPOINT):
                 self._request(op, n, src, p)
             self.stats.busy_s += time.perf_counter() - t1
+        self.stats.loaded += p.rows > 0
         return p
 
+    def _wait(self, nbytes: int) -> None:
+        t = time.perf_counter()
+        self.network.wait(self.network.transfer_seconds(nbytes))
+        self.stats.network_s += time.perf_counter() - t
+
     def _request(self, op: int, n: int, src: int, p: _Pass) -> None:
-        lay, net = self.layout, self.network
+        lay = self.layout
         local = torch.empty(n, dtype=torch.int64)
         if n:
             comm(lay, src, dist.recv, local, src)
@@ -111,7 +123,7 @@ class Server:
         if op == OP_FETCH:
             w, s = self.shard.gather(local)
             if n:
-                net.wait(net.transfer_seconds(n * (self.dim + self.sdim) * 4))
+                self._wait(n * (self.dim + self.sdim) * 4)
                 comm(lay, src, dist.send, w, src)
                 if self.sdim:
                     comm(lay, src, dist.send, s, src)
@@ -123,12 +135,12 @@ class Server:
                 if self.sdim:
                     comm(lay, src, dist.recv, state, src)
                 self.shard.write_back(local, rows, state)
-                net.wait(net.transfer_seconds(n * (self.dim + self.sdim) * 4))
+                self._wait(n * (self.dim + self.sdim) * 4)
         elif op == OP_GRAD:
             g = torch.empty(n, self.dim)
             if n:
                 comm(lay, src, dist.recv, g, src)
-                net.wait(net.transfer_seconds(n * self.dim * 4))
+                self._wait(n * self.dim * 4)
             p.grads.append((local, g))
 
     def _apply(self, grads: list) -> None:

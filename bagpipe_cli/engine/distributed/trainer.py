@@ -9,6 +9,7 @@ server a CHECKPOINT request after its write-backs.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,10 +51,12 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     hook = _checkpoint(layout, transport, faults) if cfg.checkpoint_every else None
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers,
                         info["start"], device, checkpoint=hook)
+    cpu = time.process_time()
     records = loop.run(remote_rounds(layout))
+    cpu = time.process_time() - cpu
     system.flush()
     transport.close()
-    out = {"records": records, "bytes_sent": transport.bytes_sent,
+    out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu,
            "bytes_received": transport.bytes_received, "device": str(device),
            "written_back_at_end": system.written_back_at_end}
     if i == 0:

@@ -1,0 +1,129 @@
+"""Where a run's roles compute: which cores the trainer's torch threads get, and which the
+oracle/loader and the servers get, so that on one machine the trainer's compute stays its own.
+
+On a cluster the oracle and the servers run on machines of their own; on one machine they
+share the cores with the trainers. With `--placement auto` (the default):
+
+- in-process: the oracle/loader, server and collective threads get `reserved_cores(n)`
+  cores of the n this process may use (1 of 2..9, 2 of 10..17, ...), the main thread and
+  torch's intra-op threads the rest; torch gets as many threads as it has cores;
+- over torch.distributed: the ranks on one machine split its cores: the trainer ranks get
+  an equal share each (as many torch threads as cores), the oracle and server ranks what is
+  left, at least one core when there is one to spare (else they share every core);
+- threads and processes are pinned to their cores where the OS allows (Linux
+  `sched_setaffinity`), and `--threads` still sets torch's thread count.
+
+`--placement off` leaves threads to the OS and torch's default (the engine before this).
+What was decided, and whether pinning held, is recorded in config.json (`layout.placement`).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+PLACEMENTS = ("auto", "off")
+
+
+def available_cores() -> tuple[int, ...]:
+    """The cores this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return tuple(sorted(os.sched_getaffinity(0)))
+    return tuple(range(os.cpu_count() or 1))
+
+
+def reserved_cores(n: int) -> int:
+    """Cores kept for the oracle/loader and server threads of an in-process run of n cores."""
+    return 0 if n < 2 else 1 + (n - 2) // 8
+
+
+@dataclass(frozen=True)
+class Placement:
+    """One process's cores: `compute` for the trainer's torch threads (its main thread),
+    `helpers` for the oracle/loader, server and collective threads (in-process)."""
+
+    policy: str
+    role: str  # "in-process", "oracle", "server", "trainer"
+    compute: tuple[int, ...]
+    helpers: tuple[int, ...]
+    torch_threads: int
+    pinned: bool = False  # set once the OS accepted the affinity
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["compute"], d["helpers"] = list(self.compute), list(self.helpers)
+        return d
+
+
+def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...]) -> Placement:
+    """The placement of an in-process run on `cores`."""
+    if policy == "off":
+        return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
+    r = reserved_cores(len(cores))
+    compute, helpers = (cores[:-r], cores[-r:]) if r else (cores, cores)
+    return Placement(policy, "in-process", compute, helpers, threads or len(compute))
+
+
+def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,
+              cores: tuple[int, ...]) -> Placement:
+    """The placement of local rank `me` among the ranks `roles` ("oracle", "server",
+    "trainer", in local-rank order) that share this machine's `cores`."""
+    role = roles[me]
+    if policy == "off":
+        return Placement(policy, role, cores, cores, threads or 1)
+    trainers = [i for i, r in enumerate(roles) if r == "trainer"]
+    spare = 1 if len(roles) > len(trainers) and len(cores) > len(trainers) else 0
+    per = max(1, (len(cores) - spare) // max(1, len(trainers)))
+    left = cores[per * len(trainers):]  # what the trainers do not take goes to the others
+    if role != "trainer":
+        helper_cores = left or cores
+        return Placement(policy, role, helper_cores, helper_cores, threads or 1)
+    j = trainers.index(me)
+    if per * len(trainers) <= len(cores):
+        mine = cores[j * per:(j + 1) * per]
+    else:  # more trainers than cores: they take turns on them
+        mine = (cores[j % len(cores)],)
+    return Placement(policy, role, mine, mine, threads or len(mine))
+
+
+def pin(cores: tuple[int, ...]) -> bool:
+    """Pin the calling thread (and the threads it starts later) to `cores`; False where the
+    OS does not allow it."""
+    if not hasattr(os, "sched_setaffinity"):
+        return False
+    try:
+        os.sched_setaffinity(0, cores)
+    except OSError:
+        return False
+    return True
+
+
+class Pinned:
+    """Apply a placement to this thread and torch for a block; unpin the thread afterwards
+    (an in-process run must not leave the caller's thread pinned)."""
+
+    def __init__(self, placement: Placement):
+        self.placement = placement
+        self._saved: tuple[int, ...] = ()
+
+    def __enter__(self) -> Placement:
+        p = self.placement
+        self._saved = available_cores()
+        pinned = p.policy != "off" and pin(p.compute)
+        torch.set_num_threads(p.torch_threads)
+        self.placement = Placement(p.policy, p.role, p.compute, p.helpers, p.torch_threads, pinned)
+        return self.placement
+
+    def __exit__(self, *exc: object) -> None:
+        # The caller's thread is unpinned again; torch keeps the run's thread count (what
+        # the run's environment records, as --threads always did).
+        if self.placement.pinned:
+            pin(self._saved)
+
+    def helper(self) -> None:
+        """Called first on every helper thread: pin it to the helper cores."""
+        if self.placement.pinned:
+            pin(self.placement.helpers)

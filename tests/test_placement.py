@@ -1,0 +1,67 @@
+"""Placement: which cores the trainer's torch threads and the oracle/server roles get."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+from click.testing import CliRunner
+
+from bagpipe_cli.cli import cli
+from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.placement import available_cores, plan_in_process, plan_rank, reserved_cores
+
+LINUX = hasattr(os, "sched_setaffinity")
+
+
+def test_in_process_keeps_cores_for_the_oracle_and_servers():
+    assert [reserved_cores(n) for n in (1, 2, 9, 10, 17, 18)] == [0, 1, 1, 2, 2, 3]
+    p = plan_in_process("auto", None, (0, 1))
+    assert (p.compute, p.helpers, p.torch_threads) == ((0,), (1,), 1)
+    p = plan_in_process("auto", None, tuple(range(16)))
+    assert p.compute == tuple(range(14)) and p.helpers == (14, 15) and p.torch_threads == 14
+    assert plan_in_process("auto", 3, (0, 1)).torch_threads == 3  # --threads still wins
+    one = plan_in_process("auto", None, (5,))
+    assert one.compute == one.helpers == (5,)
+    off = plan_in_process("off", None, (0, 1))
+    assert off.compute == off.helpers == (0, 1)
+
+
+def test_ranks_share_a_machine():
+    roles = ["oracle", "server", "trainer", "trainer"]
+    got = [plan_rank("auto", None, roles, r, tuple(range(16))) for r in range(4)]
+    assert [p.compute for p in got] == [(14, 15), (14, 15), tuple(range(7)), tuple(range(7, 14))]
+    assert [p.torch_threads for p in got] == [1, 1, 7, 7]
+    # two cores, two trainers: a core each; the oracle and server share both
+    got = [plan_rank("auto", None, roles, r, (0, 1)) for r in range(4)]
+    assert [p.compute for p in got] == [(0, 1), (0, 1), (0,), (1,)]
+    # more trainers than cores: they take turns
+    got = [plan_rank("auto", None, ["trainer"] * 3, r, (0, 1)) for r in range(3)]
+    assert [p.compute for p in got] == [(0,), (1,), (0,)]
+    assert plan_rank("off", 2, roles, 2, (0, 1)).compute == (0, 1)
+
+
+@pytest.mark.skipif(not LINUX, reason="pinning is Linux's sched_setaffinity")
+def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset):
+    before = available_cores()
+    r = train(TrainConfig(data=str(tiny_dataset), batch_size=256, iterations=5, eval_rows=1000))
+    assert available_cores() == before
+    (p,) = r.config["layout"]["placement"]
+    assert p["policy"] == "auto" and p["role"] == "in-process"
+    assert p["pinned"] is True
+    assert tuple(p["compute"]) == plan_in_process("auto", None, before).compute
+
+
+@pytest.mark.slow
+def test_ranks_record_their_placement(tiny_dataset, tmp_path):
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--trainers", "2", "--procs", "4",
+                                 "--batch-size", "256", "--iterations", "6", "--eval-rows", "1000",
+                                 "--out", str(tmp_path / "o")])
+    assert r.exit_code == 0, r.output
+    layout = json.loads((tmp_path / "o" / "config.json").read_text())["layout"]
+    roles = [p["role"] for p in layout["placement"]]
+    assert roles == ["oracle", "server", "trainer", "trainer"]
+    assert [p["rank"] for p in layout["placement"]] == [0, 1, 2, 3]
+    expect = [plan_rank("auto", None, roles, k, available_cores()).compute for k in range(4)]
+    assert [tuple(p["compute"]) for p in layout["placement"]] == expect
