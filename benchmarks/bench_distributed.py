@@ -38,14 +38,18 @@ def main() -> None:
     ap.add_argument("--systems", default="sync,bagpipe", help="comma-separated; sync is always run")
     ap.add_argument("--device", default="cpu", help="where the trainers compute (cpu, cuda, cuda:K)")
     ap.add_argument("--backend", default="gloo", help="the trainers' collectives (gloo, nccl)")
+    ap.add_argument("--net-shape", action="store_true",
+                    help="also run with the links shaped by the kernel (--net-shape, needs root)")
     a = ap.parse_args()
     systems = ["sync"] + [s for s in a.systems.split(",") if s and s != "sync"]
     trainers = 2
     tmp = Path(tempfile.mkdtemp(prefix="bench-dist-"))
     data = tmp / "data"
     generate(SynthConfig(preset="criteo-kaggle", scale=0.01, rows=a.rows, seed=0), data)
-    settings = {"no network": [], "emulated": ["--net-gbps", str(a.net_gbps), "--net-latency-us",
-                                               str(a.net_latency_us)]}
+    emulated = ["--net-gbps", str(a.net_gbps), "--net-latency-us", str(a.net_latency_us)]
+    settings = {"no network": [], "emulated": emulated}
+    if a.net_shape:  # the same bandwidth, TCP shaped by tc on every rank's link
+        settings["shaped"] = [*emulated, "--net-shape"]
     sps: dict[tuple[str, str], list[float]] = {}
     last: dict[tuple[str, str], tuple[dict, pd.DataFrame]] = {}
     for rep in range(a.repeat):
@@ -65,7 +69,9 @@ def main() -> None:
                       file=sys.stderr)
     print(f"\ndistributed benchmark: 1 oracle + 1 server + {trainers} trainers over gloo (loopback), "
           f"batch {a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat}; "
-          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us; trainers on {a.device}, {a.backend}")
+          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us (a sleep per server transfer)"
+          + ("; shaped = the same rate on every rank's link by tc, the latency slept"
+             if a.net_shape else "") + f"; trainers on {a.device}, {a.backend}")
     print(f"{'setting':12s}" + "".join(f"{s:>12s}" for s in systems)
           + "".join(f"{s + '/sync':>15s}" for s in systems[1:]))
     for setting in settings:

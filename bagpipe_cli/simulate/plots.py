@@ -55,9 +55,12 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
     net = ("no network delay" if cl.net_gbps is None and not cl.net_latency_us
            else f"{'unlimited' if cl.net_gbps is None else format(cl.net_gbps, 'g')} Gbit/s, "
                 f"{cl.net_latency_us:g} us")
+    if cl.trainer_gbps is not None:
+        net += f"; trainers' links {cl.trainer_gbps:g} Gbit/s"
     fixed = net if sweep == "trainers" else f"{cl.trainers} trainers"
-    fig.suptitle(f"{cfg.name}: batch {cfg.batch_size:,}, L={cfg.lookahead}, {cl.servers} servers, "
-                 f"{fixed}", fontsize=11)
+    servers = f"{cl.servers} server" + ("s" if cl.servers != 1 else "")
+    fig.suptitle(f"{cfg.name} ({cfg.runtime}): batch {cfg.batch_size:,}, L={cfg.lookahead}, "
+                 f"{servers}, {fixed}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
 
@@ -69,4 +72,6 @@ def plot_speedup_vs_trainers(result: SimulateResult, path: Path) -> None:
 
 def plot_speedup_vs_bandwidth(result: SimulateResult, path: Path) -> None:
     """Speed-up over sync and iteration time vs link bandwidth."""
-    _plot(result, path, "net_gbps", "net_gbps", "link bandwidth (Gbit/s)", False)
+    label = ("embedding servers' link bandwidth (Gbit/s)" if result.config.cluster.trainer_gbps
+             is not None else "link bandwidth (Gbit/s)")
+    _plot(result, path, "net_gbps", "net_gbps", label, False)
