@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import os
 import platform
+import resource
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import numpy
-import torch
 
 from bagpipe_cli import __version__
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MiB (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _git(*args: str) -> str | None:
@@ -26,6 +31,7 @@ def _git(*args: str) -> str | None:
 
 def environment() -> dict[str, Any]:
     """torch/python versions, CPU/GPU, threads, git revision and dirty flag, host."""
+    import torch  # here, so that peak_rss_mb's users need not load torch
     status = _git("status", "--porcelain", "--untracked-files=no")
     cpu = platform.processor() or platform.machine()
     try:

@@ -25,7 +25,9 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile import ProfileConfig, run_profile
+from bagpipe_cli.profile import trace as trace_mod
 from bagpipe_cli.profile.policies import (
+    next_use,
     simulate_bagpipe,
     simulate_belady,
     simulate_fae,
@@ -34,7 +36,14 @@ from bagpipe_cli.profile.policies import (
     simulate_none,
 )
 from bagpipe_cli.profile.skew import SortedCounts
-from bagpipe_cli.profile.trace import Trace, batch_trace, table_offsets
+from bagpipe_cli.profile.trace import (
+    DiskArray,
+    SpillDir,
+    Trace,
+    TraceWriter,
+    batch_trace,
+    table_offsets,
+)
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "real"
 CRITEO_HEAD = REAL / "criteo_kaggle_train_head1999.tsv"
@@ -258,6 +267,61 @@ def test_policies_match_references(tc, extra, lookahead):
     assert simulate_bagpipe(tr, 10**9).fetched_rows == distinct
     assert bag.peak_resident_rows <= distinct
     assert simulate_lru(tr, max(cap, distinct)).fetched_rows == distinct
+    # The same trace spilled to disk gives the same results.
+    sp = spilled(batches, counts, tr.num_rows)
+    assert sp.spilled and sp.accesses == tr.accesses
+    for name, fn in [("lru", simulate_lru), ("lfu", simulate_lfu), ("belady", simulate_belady),
+                     ("fae", simulate_fae)]:
+        a, b = fn(tr, cap), fn(sp, cap)
+        assert (a.fetched_rows, a.peak_resident_rows) == (b.fetched_rows, b.peak_resident_rows), name
+        assert a.fetched_per_batch.tolist() == b.fetched_per_batch.tolist(), name
+
+
+def test_long_trace_matches_references():
+    """Enough batches that the queue is compacted and its runs merge many times."""
+    rng = np.random.default_rng(7)
+    batches, counts = [], []
+    for _ in range(160):
+        ids = np.minimum(rng.zipf(1.2, 90), 4000)
+        d: dict[int, int] = {}
+        for i in ids:
+            d[int(i)] = d.get(int(i), 0) + 1
+        batches.append(list(d))
+        counts.append(list(d.values()))
+    tr = Trace.from_batches(batches, counts)
+    assert tr.unique_accesses > 2 * 120 + 4096  # past the compaction threshold
+    for name, fn in [("lru", simulate_lru), ("lfu", simulate_lfu), ("belady", simulate_belady)]:
+        r = fn(tr, 120)
+        assert (r.fetched_rows, r.peak_resident_rows) == ref_cache(batches, 120, name, counts), name
+
+
+def spilled(batches, counts, num_rows: int) -> Trace:
+    w = TraceWriter(num_rows, spill_entries=0)  # every batch is written out
+    for u, c in zip(batches, counts, strict=True):
+        w.add(np.asarray(u), np.asarray(c))
+    return w.finish()
+
+
+def test_spilled_trace_reads_and_cleans_up():
+    batches = [[5, 1, 7], [2], [1, 9, 3, 4], [6, 0]]
+    counts = [[1, 2, 1], [4], [1, 1, 3, 1], [2, 2]]
+    sp = spilled(batches, counts, 10)
+    folder = sp.keys.path.parent
+    assert sp.spilled and folder.is_dir()
+    assert [sp.batch(b).tolist() for b in range(4)] == batches
+    assert [sp.batch_counts(b).tolist() for b in range(4)] == counts
+    got = [(b0, b1, k.tolist()) for b0, b1, k, _ in sp.chunks(entries=4)]
+    assert got == [(0, 2, [5, 1, 7, 2]), (2, 3, [1, 9, 3, 4]), (3, 4, [6, 0])]
+    assert [u.tolist() for u in sp.prefix(2)] == batches[:2]
+    mem = Trace.from_batches(batches, counts)
+    assert next_use(sp)[0:10].tolist() == next_use(mem).tolist() == [4, 2, 4, 4, 4, 4, 4, 4, 4, 4]
+    d = DiskArray(SpillDir(), "x", np.int64, 5)
+    d[1:4] = np.array([7, 8, 9])
+    assert d[0:5].tolist() == [0, 7, 8, 9, 0]
+    del sp, d
+    import gc
+    gc.collect()
+    assert not folder.exists()  # the temporary folder goes with the last array using it
 
 
 # --------------------------------------------------------------------------- trace and skew
@@ -280,6 +344,16 @@ def test_batch_trace_matches_reference(tiny):
         assert tr.batch(b).tolist() == batches[b]
         assert tr.batch_counts(b).tolist() == counts[b]
     assert list(table_offsets(ds.meta)[:2]) == [0, ds.meta.cardinalities[0]]
+
+
+def test_profile_of_a_spilled_trace_is_the_same(tiny, monkeypatch):
+    cfg = ProfileConfig(tiny, batch_size=128, cache_rows=(2000,))
+    mem = run_profile(cfg).to_json()
+    monkeypatch.setattr(trace_mod, "SPILL_ENTRIES", 1000)
+    monkeypatch.setattr(trace_mod, "READ_ENTRIES", 700)
+    disk = run_profile(cfg).to_json()
+    assert mem["policies"] == disk["policies"] and mem["bagpipe_vs_belady"] == disk["bagpipe_vs_belady"]
+    assert mem["trace"]["unique_accesses"] > 1000  # the second run did spill
 
 
 def test_skew_exact(tiny):

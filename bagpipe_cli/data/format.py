@@ -12,7 +12,9 @@ length `rows` (row i of every array is sample i):
 `meta.json` holds `schema_version`, `name`, `rows`, `tables` (list of `{name,
 cardinality}`), `dense_features`, `label` (column name or null), `source`, `options`,
 `checksums` (sha256 of each array file's raw data, after its .npy header) and `extra`.
-Arrays are plain .npy files, so `numpy.load(path, mmap_mode="r")` maps them.
+Arrays are plain .npy files, so `numpy.load(path, mmap_mode="r")` maps them. Contiguous
+reads (`Dataset.sparse_block`, `Dataset.slice`, `read_rows`) copy the rows out and release
+the mapped pages, so a pass over a dataset larger than memory keeps a bounded resident set.
 
 This module holds the format's names and metadata and reads datasets (`open_dataset`,
 `iter_batches`); `writer` writes them.
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import mmap
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -168,6 +171,26 @@ class Batch:
     index: int = 0  # batch number in the iteration
 
 
+def read_rows(a: np.ndarray, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+    """A copy of `a[start:stop]` (into `out` if given); where `a` is a file mapping, its
+    pages for those rows are then released from this process (the page cache keeps them;
+    a later read maps them again), so streaming over a large file does not grow the
+    resident set by the file."""
+    if out is None:
+        out = np.array(a[start:stop])
+    else:
+        out[...] = a[start:stop]
+    mm = getattr(a, "_mmap", None)
+    if mm is None or not out.size or not isinstance(a, np.memmap) or a.base is not mm:
+        return out
+    row = a.strides[0]
+    lo = a.offset % mmap.ALLOCATIONGRANULARITY + start * row  # byte position in the mapping
+    hi = min(len(mm), lo + (stop - start) * row)
+    lo -= lo % mmap.PAGESIZE
+    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    return out
+
+
 class Dataset:
     """A validated, memory-mapped dataset directory (see the module docstring)."""
 
@@ -196,7 +219,7 @@ class Dataset:
         """Ids of rows [start, stop) of every table as int64 [n, T]."""
         out = np.empty((stop - start, self.meta.num_tables), dtype=np.int64)
         for t in range(self.meta.num_tables):
-            out[:, t] = self.sparse(t)[start:stop]
+            read_rows(self.sparse(t), start, stop, out[:, t])
         return out
 
     def take(self, rows: np.ndarray, index: int = 0) -> Batch:
@@ -209,8 +232,8 @@ class Dataset:
 
     def slice(self, start: int, stop: int, index: int = 0) -> Batch:
         """Samples [start, stop) as a Batch (contiguous reads)."""
-        labels = np.array(self.labels[start:stop]) if self.labels is not None else None
-        return Batch(np.array(self.dense[start:stop]), self.sparse_block(start, stop), labels, index)
+        labels = read_rows(self.labels, start, stop) if self.labels is not None else None
+        return Batch(read_rows(self.dense, start, stop), self.sparse_block(start, stop), labels, index)
 
     def verify(self) -> None:
         """Check every array against its checksum and every id against its table's range."""

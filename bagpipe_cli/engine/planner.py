@@ -48,12 +48,7 @@ def trace_of(batches: Iterable[np.ndarray], total_rows: int) -> Trace:
 def _prefix(trace: Trace, fraction: float) -> Trace:
     """The trace of the first ceil(fraction * batches) batches (at least one)."""
     nb = len(trace)
-    k = min(nb, max(1, math.ceil(fraction * nb)))
-    if k == nb:
-        return trace
-    end = int(trace.offsets[k])
-    counts = None if trace.counts is None else trace.counts[:end]
-    return Trace(trace.keys[:end], trace.offsets[: k + 1], counts, trace.num_rows)
+    return trace.prefix(min(nb, max(1, math.ceil(fraction * nb))))
 
 
 class PolicyPlanner:
@@ -76,7 +71,7 @@ class PolicyPlanner:
         else:
             check_capacity(self.capacity, trace.max_batch_rows)
             self.cache = EvictingCache(self.capacity, trace, max(trace.accesses, len(trace), 1))
-            self.priority = lfu_priority(trace) if policy == "lfu" else (lambda b, lo, hi: None)
+            self.priority = lfu_priority(trace) if policy == "lfu" else (lambda b, lo, u: None)
             slots = self.capacity
         self.slots = slots  # physical cache rows the plan needs
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
@@ -103,8 +98,7 @@ class PolicyPlanner:
         for b, keys in enumerate(batches):
             t0 = time.perf_counter()
             uniq, inverse = np.unique(keys, return_inverse=True)
-            lo, hi = int(tr.offsets[b]), int(tr.offsets[b + 1])
-            u = tr.keys[lo:hi]
+            lo, u = int(tr.offsets[b]), tr.batch(b)
             if len(u) != len(uniq):
                 raise RuntimeError("trace does not match the batch stream")
             pre_keys = np.empty(0, np.int64)
@@ -115,7 +109,7 @@ class PolicyPlanner:
                 after = cold
             else:
                 fetch = u[~self.cache.resident[u]]
-                self.cache.step(lo, hi, self.priority(b, lo, hi))
+                self.cache.step(u, lo, self.priority(b, lo, u))
                 pre_keys = np.concatenate(self.cache.evicted) if self.cache.evicted else pre_keys
             pre_slots = self._release(pre_keys)
             fetch_slots = self._take(fetch)

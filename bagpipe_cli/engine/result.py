@@ -17,6 +17,7 @@ from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
 from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables
 from bagpipe_cli.engine.setup import Planning, RunSetup, run_config
+from bagpipe_cli.environment import peak_rss_mb
 
 
 def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
@@ -53,7 +54,8 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
                     "network_shaping": ("kernel" if cfg.net_shape else "sleep") if emulated else None,
                     "train_rows": s.train_rows,
                     "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
-                    "backend": layout["backend"], "world_size": layout["world"], **facts})
+                    "backend": layout["backend"], "world_size": layout["world"],
+                    "process_peak_rss_mb": peak_rss_mb(), **facts})
     summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
     runner = {"name": facts["runner"], "launch": _launch(cfg)}
     return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,

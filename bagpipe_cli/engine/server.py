@@ -117,12 +117,22 @@ def gather_shards(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.T
     return weight, state
 
 
+def shard_tables(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full tables in global key order: one shard's own tensors (no copy: writing them
+    writes the shard), else a copy gathered from the shards."""
+    if len(servers) == 1:
+        return servers[0].weight, servers[0].state
+    return gather_shards(servers)
+
+
 def scatter_to_shards(servers: list[EmbeddingServer], weight: torch.Tensor, state: torch.Tensor) -> None:
     """Store full tables in global key order back into the shards (inverse of gather_shards)."""
     k = len(servers)
     for s in servers:
-        s.weight.copy_(weight[s.shard::k])
-        s.state.copy_(state[s.shard::k])
+        if s.weight is not weight:  # not the shard itself (see shard_tables)
+            s.weight.copy_(weight[s.shard::k])
+        if s.state is not state:
+            s.state.copy_(state[s.shard::k])
 
 
 def hash_seed(*parts: int) -> int:
@@ -131,8 +141,9 @@ def hash_seed(*parts: int) -> int:
 
 
 def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) -> list[torch.Tensor]:
-    """Full per-table weights [n_t, dim] gathered from the shards (for saving a model)."""
-    return list(torch.split(gather_shards(servers)[0], cardinalities))
+    """Full per-table weights [n_t, dim] (for saving a model): views of a single shard,
+    else gathered from the shards."""
+    return list(torch.split(shard_tables(servers)[0], cardinalities))
 
 
 def servers_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[EmbeddingServer]:

@@ -37,7 +37,7 @@ from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
-from bagpipe_cli.engine.server import EmbeddingServer, gather_shards, scatter_to_shards
+from bagpipe_cli.engine.server import EmbeddingServer, scatter_to_shards, shard_tables
 from bagpipe_cli.engine.trainers import TrainerSet
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
@@ -217,12 +217,16 @@ class CacheSystem(EmbeddingSystem):
         return self.slot_key[slots], rows.cpu(), state.cpu()
 
 
+TABLE_CHUNK = 1 << 20  # rows per request when a whole table crosses to or from a trainer
+
+
 class LocalSystem(EmbeddingSystem):
     """Every table resident on the trainer: the upper bound, no remote traffic.
 
     The tables are copied from the servers before training (not timed) and written back
     after it, so evaluation and saved models see the final values. In-process they are
-    copied from the server objects (`servers`); a trainer rank of a torch.distributed run
+    the server objects' (`servers`: one shard is trained in place, several are copied); a
+    trainer rank of a torch.distributed run
     fetches them whole, and trainer 0 writes them back at the end.
     """
 
@@ -231,10 +235,15 @@ class LocalSystem(EmbeddingSystem):
         super().__init__(transport, trainers, device)
         self.servers = servers
         self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's index, rows)
-        if servers is not None:
-            weight, state = gather_shards(servers)
-        else:
-            weight, state = transport.fetch(np.arange(total_rows)).result()
+        if servers is not None:  # one shard: train it in place
+            weight, state = shard_tables(servers)
+        else:  # in pieces, so that no side holds a second copy of the tables
+            for lo in range(0, total_rows, TABLE_CHUNK):
+                hi = min(lo + TABLE_CHUNK, total_rows)
+                w, st = transport.fetch(np.arange(lo, hi)).result()
+                if lo == 0:
+                    weight, state = torch.empty(total_rows, w.shape[1]), torch.empty(total_rows, st.shape[1])
+                weight[lo:hi], state[lo:hi] = w, st
         self.weight, self.state = weight.to(self.device), state.to(self.device)
 
     def _idx(self, keys: np.ndarray) -> torch.Tensor:
@@ -264,10 +273,12 @@ class LocalSystem(EmbeddingSystem):
         if self.servers is not None:
             scatter_to_shards(self.servers, self.weight, self.state)
             return
-        # Every trainer holds the same tables: trainer 0 sends them, the others an empty
-        # write-back (lockstep).
-        n = self.weight.shape[0] if self.trainers.first == 0 else 0
-        self._write_back(np.arange(n), self.weight[:n].cpu(), self.state[:n].cpu())
+        # Every trainer holds the same tables: trainer 0 sends them, the others as many
+        # empty write-backs (lockstep), in pieces of TABLE_CHUNK rows.
+        total = self.weight.shape[0]
+        for lo in range(0, total, TABLE_CHUNK):
+            hi = min(lo + TABLE_CHUNK, total) if self.trainers.first == 0 else lo
+            self._write_back(np.arange(lo, hi), self.weight[lo:hi].cpu(), self.state[lo:hi].cpu())
         super().flush()
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:

@@ -9,7 +9,9 @@ Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the 
 unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
 row). The trace is kept in memory (about 8 bytes per unique access) only when a
 fixed-capacity policy (lru, lfu, fae, belady) is requested, since Belady needs the future
-and the default capacities need Bagpipe's peak.
+and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
+spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
+rows and the caches: see `bagpipe_cli.profile.trace`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import numpy as np
 import pandas as pd
 
 from bagpipe_cli.data.format import Dataset, open_dataset
+from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile.policies import (
     CAPACITY_POLICIES,
@@ -43,12 +46,12 @@ from bagpipe_cli.profile.policies import (
 from bagpipe_cli.profile.skew import SkewResult, skew_stats
 from bagpipe_cli.profile.trace import (
     Trace,
+    TraceWriter,
     batch_trace,
     check_batch_size,
     iter_batch_keys,
     num_batches,
     table_offsets,
-    trace_from_parts,
 )
 
 SCHEMA_VERSION = 1
@@ -198,9 +201,11 @@ def _noop(stage: str, advance: int, total: int) -> None:
 
 
 def _timed(timing: dict[str, dict[str, float]], stage: str, t0: float, n: int) -> None:
-    """Record that `stage` processed `n` accesses since `t0` (a `time.perf_counter()`)."""
+    """Record that `stage` processed `n` accesses since `t0` (a `time.perf_counter()`), and
+    the process's peak resident memory so far."""
     dt = time.perf_counter() - t0
-    timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0}
+    timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0,
+                     "peak_rss_mb": peak_rss_mb()}
 
 
 def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
@@ -255,16 +260,14 @@ def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool
     lookaheads = list(dict.fromkeys(config.lookaheads))
     num_rows = int(sum(meta.cardinalities))
     bag = BagpipeSimulator(lookaheads, num_rows)
-    keys: list[np.ndarray] = []
-    counts: list[np.ndarray] = []
+    writer = TraceWriter(num_rows) if keep else None
     sizes: list[int] = []
     t0 = time.perf_counter()
     for u, c in iter_batch_keys(ds, config.batch_size, lambda n: progress("trace", n, meta.rows)):
         bag.step(u)
         sizes.append(u.size)
-        if keep:
-            keys.append(u)
-            counts.append(c)
+        if writer is not None:
+            writer.add(u, c)
     unique_accesses = int(sum(sizes))
     bag_results = bag.results(accesses, unique_accesses)
     _timed(timing, "trace+none+bagpipe", t0, accesses)
@@ -275,7 +278,7 @@ def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool
         accesses=accesses, unique_accesses=unique_accesses,
         max_batch_unique_rows=max(sizes), distinct_rows=skew.accessed_rows,
     )
-    trace = trace_from_parts(keys, counts, num_rows) if keep else None
+    trace = writer.finish() if writer is not None else None
     return _TracePass(info, sizes, bag_results, trace, num_rows)
 
 

@@ -40,7 +40,7 @@ import numpy as np
 
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile.eviction import EvictingCache
-from bagpipe_cli.profile.trace import Trace, as_trace
+from bagpipe_cli.profile.trace import Column, Trace, as_trace, spill_like
 
 POLICIES = ("none", "bagpipe", "lru", "lfu", "fae", "belady")
 CAPACITY_POLICIES = ("lru", "lfu", "fae", "belady")
@@ -236,9 +236,10 @@ def hot_rows(row_counts: np.ndarray, capacity: int) -> np.ndarray:
 def trace_row_counts(trace: TraceLike) -> np.ndarray:
     """Accesses per row over the whole trace (multiplicities if known, else batches)."""
     tr = as_trace(trace)
-    w = tr.counts if tr.counts is not None else None
-    c = np.bincount(tr.keys, weights=w, minlength=tr.num_rows)
-    return c.astype(np.int64)
+    total = np.zeros(tr.num_rows, dtype=np.int64)
+    for _, _, keys, counts in tr.chunks():
+        total += np.bincount(keys, weights=counts, minlength=tr.num_rows).astype(np.int64)
+    return total
 
 
 def simulate_fae(trace: TraceLike, capacity: int, row_counts: np.ndarray | None = None) -> PolicyResult:
@@ -252,9 +253,11 @@ def simulate_fae(trace: TraceLike, capacity: int, row_counts: np.ndarray | None 
     counts = trace_row_counts(tr) if row_counts is None else np.asarray(row_counts)
     hot = hot_rows(counts, capacity)
     loaded = int(np.count_nonzero(hot))
-    cold = ~hot[tr.keys]
-    cs = np.concatenate([[0], np.cumsum(cold, dtype=np.int64)])
-    per_batch = cs[tr.offsets[1:]] - cs[tr.offsets[:-1]]
+    per_batch = np.zeros(len(tr), dtype=np.int64)
+    for b0, b1, keys, _ in tr.chunks():
+        cs = np.concatenate([[0], np.cumsum(~hot[keys], dtype=np.int64)])
+        off = tr.offsets[b0 : b1 + 1] - tr.offsets[b0]
+        per_batch[b0:b1] = cs[off[1:]] - cs[off[:-1]]
     fetched = per_batch.copy()
     if len(fetched):
         fetched[0] += loaded  # the hot rows are loaded before the first batch
@@ -266,16 +269,15 @@ def simulate_fae(trace: TraceLike, capacity: int, row_counts: np.ndarray | None 
 
 
 def _run_evicting(policy: str, tr: Trace, capacity: int,
-                  primary: Callable[[int, int, int], np.ndarray | None], primary_max: int,
+                  primary: Callable[[int, int, np.ndarray], np.ndarray | None], primary_max: int,
                   progress: BatchProgress | None) -> PolicyResult:
     check_capacity(capacity, tr.max_batch_rows, int(np.argmax(tr.batch_sizes)) if len(tr) else None)
     cache = EvictingCache(capacity, tr, primary_max)
     nb = len(tr)
     fetched = np.zeros(nb, dtype=np.int64)
-    off = tr.offsets
     for b in range(nb):
-        lo, hi = int(off[b]), int(off[b + 1])
-        fetched[b] = cache.step(lo, hi, primary(b, lo, hi))
+        lo, u = int(tr.offsets[b]), tr.batch(b)
+        fetched[b] = cache.step(u, lo, primary(b, lo, u))
         if progress and (b + 1) % 64 == 0:
             progress(64)
     if progress and nb % 64:
@@ -286,7 +288,7 @@ def _run_evicting(policy: str, tr: Trace, capacity: int,
 def simulate_lru(trace: TraceLike, capacity: int, progress: BatchProgress | None = None) -> PolicyResult:
     """Batch-granular LRU cache of `capacity` rows (see the module doc)."""
     tr = as_trace(trace)
-    return _run_evicting("lru", tr, capacity, lambda b, lo, hi: None, 0, progress)
+    return _run_evicting("lru", tr, capacity, lambda b, lo, u: None, 0, progress)
 
 
 def simulate_lfu(trace: TraceLike, capacity: int, progress: BatchProgress | None = None) -> PolicyResult:
@@ -295,29 +297,31 @@ def simulate_lfu(trace: TraceLike, capacity: int, progress: BatchProgress | None
     return _run_evicting("lfu", tr, capacity, lfu_priority(tr), max(tr.accesses, 1), progress)
 
 
-def lfu_priority(tr: Trace) -> Callable[[int, int, int], np.ndarray]:
-    """LFU's eviction priority of batch b's rows: their access counts so far, b included."""
+def lfu_priority(tr: Trace) -> Callable[[int, int, np.ndarray], np.ndarray]:
+    """LFU's eviction priority of batch b's rows `u`: their access counts so far, b included."""
     count = np.zeros(tr.num_rows, dtype=np.int64)
-    mult = tr.counts
 
-    def primary(b: int, lo: int, hi: int) -> np.ndarray:
-        u = tr.keys[lo:hi]
-        count[u] += 1 if mult is None else mult[lo:hi]
+    def primary(b: int, lo: int, u: np.ndarray) -> np.ndarray:
+        count[u] += tr.batch_counts(b)
         return count[u]
 
     return primary
 
 
-def next_use(trace: TraceLike) -> np.ndarray:
-    """For each position of the trace, the next batch using the same row (len(trace) if none)."""
+def next_use(trace: TraceLike) -> Column:
+    """For each position of the trace, the next batch using the same row (len(trace) if none).
+
+    int32 (batches < 2^31); on disk next to the keys when the trace is spilled.
+    """
     tr = as_trace(trace)
     nb = len(tr)
-    nxt = np.full(tr.num_rows, nb, dtype=np.int64)
-    out = np.empty(tr.unique_accesses, dtype=np.int64)
+    if nb > _INT32_MAX:
+        raise ConfigError("trace too long for this simulator (over 2^31 batches)")
+    nxt = np.full(tr.num_rows, nb, dtype=np.int32)
+    out = spill_like(tr, "next_use", np.int32)
     for b in range(nb - 1, -1, -1):  # backwards: one vectorised step per batch
-        lo, hi = tr.offsets[b], tr.offsets[b + 1]
-        u = tr.keys[lo:hi]
-        out[lo:hi] = nxt[u]
+        u = tr.batch(b)
+        out[tr.offsets[b] : tr.offsets[b + 1]] = nxt[u]
         nxt[u] = b
     return out
 
@@ -328,8 +332,8 @@ def simulate_belady(trace: TraceLike, capacity: int, progress: BatchProgress | N
     nb = len(tr)
     nu = next_use(tr)
 
-    def primary(b: int, lo: int, hi: int) -> np.ndarray:
-        return nb - nu[lo:hi]  # furthest next use -> smallest key -> evicted first
+    def primary(b: int, lo: int, u: np.ndarray) -> np.ndarray:
+        return nb - nu[lo : lo + len(u)].astype(np.int64)  # furthest next use -> smallest key -> evicted first
 
     return _run_evicting("belady", tr, capacity, primary, max(nb, 1), progress)
 

@@ -24,7 +24,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bagpipe_cli.data.format import Dataset
+from bagpipe_cli.data.format import Dataset, read_rows
 
 TOP_FRACTIONS = (Fraction(1, 1000), Fraction(1, 100), Fraction(1, 10))  # 0.1%, 1%, 10%
 COUNT_CHUNK = 1 << 23  # ids per bincount call
@@ -176,7 +176,7 @@ def access_counts(ds: Dataset, progress: Callable[[int], None] | None = None) ->
         c = np.zeros(spec.cardinality, dtype=np.int64)
         for lo in range(0, meta.rows, COUNT_CHUNK):
             hi = min(meta.rows, lo + COUNT_CHUNK)
-            c += np.bincount(col[lo:hi], minlength=spec.cardinality)
+            c += np.bincount(read_rows(col, lo, hi), minlength=spec.cardinality)
             if progress:
                 progress(hi - lo)
         parts.append(c)

@@ -17,8 +17,13 @@ bounded by the rows.
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +33,73 @@ from bagpipe_cli.errors import ConfigError
 
 _INT32_MAX = 2**31 - 1
 CHUNK_ACCESSES = 1 << 21  # accesses read from the dataset at a time
+SPILL_ENTRIES = 1 << 25  # unique accesses a trace holds in memory before it spills to disk
+READ_ENTRIES = 1 << 23  # entries of a spilled trace read back at a time by `Trace.chunks()`
+
+
+class SpillDir:
+    """A temporary folder removed once nothing refers to it (or at exit)."""
+
+    def __init__(self, parent: str | Path | None = None):
+        self.path = Path(tempfile.mkdtemp(prefix="bagpipe-trace-", dir=parent))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, self.path, True)
+
+
+class DiskArray:
+    """A 1-D array stored in a file, read by slices with `pread` into fresh memory.
+
+    Never memory-mapped, so what it read does not stay in the process's resident set.
+    Supports `len()`, `a[lo:hi]` and `a[lo:hi] = values` (step 1 only).
+    """
+
+    def __init__(self, spill: SpillDir, name: str, dtype: np.dtype | type, length: int):
+        self.spill, self.path = spill, spill.path / name  # holding `spill` keeps the folder
+        self.dtype, self.length = np.dtype(dtype), int(length)
+        if not self.path.exists():
+            with open(self.path, "wb") as f:
+                f.truncate(self.length * self.dtype.itemsize)
+
+    def __len__(self) -> int:
+        return self.length
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.length,)
+
+    def head(self, n: int) -> DiskArray:
+        """The first `n` entries (the same file, no copy)."""
+        return DiskArray(self.spill, self.path.name, self.dtype, min(n, self.length))
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise TypeError("DiskArray supports only a[lo:hi]")
+        lo, hi, _ = s.indices(self.length)
+        out = np.empty(max(0, hi - lo), self.dtype)
+        buf, done = memoryview(out).cast("B"), 0
+        with open(self.path, "rb", buffering=0) as f:
+            f.seek(lo * self.dtype.itemsize)
+            while done < out.nbytes:  # one read returns at most ~2 GiB
+                got = f.readinto(buf[done:])
+                if not got:
+                    raise OSError(f"{self.path}: short read ({done} of {out.nbytes} bytes)")
+                done += got
+        return out
+
+    def __setitem__(self, s: slice, values: np.ndarray) -> None:
+        if not isinstance(s, slice) or s.step not in (None, 1):
+            raise TypeError("DiskArray supports only a[lo:hi] = values")
+        lo, hi, _ = s.indices(self.length)
+        v = np.ascontiguousarray(np.broadcast_to(values, (max(0, hi - lo),)), dtype=self.dtype)
+        buf, done = memoryview(v).cast("B"), 0
+        fd = os.open(self.path, os.O_WRONLY)
+        try:
+            while done < v.nbytes:
+                done += os.pwrite(fd, buf[done:], lo * self.dtype.itemsize + done)
+        finally:
+            os.close(fd)
+
+
+Column = np.ndarray | DiskArray
 
 
 def table_offsets(meta: DatasetMeta) -> np.ndarray:
@@ -49,9 +121,9 @@ class Trace:
     unique rows are known).
     """
 
-    keys: np.ndarray  # int32/int64 [N]: the unique keys of every batch, batch after batch
+    keys: Column  # int32/int64 [N]: the unique keys of every batch, batch after batch
     offsets: np.ndarray  # int64 [batches + 1]: batch boundaries in `keys`
-    counts: np.ndarray | None  # int32 [N]: accesses of each key within its batch
+    counts: Column | None  # int32 [N]: accesses of each key within its batch
     num_rows: int  # size of the key space (every key < num_rows)
 
     def __len__(self) -> int:
@@ -71,6 +143,40 @@ class Trace:
         return self.counts[lo:hi]
 
     @property
+    def spilled(self) -> bool:
+        """True when the keys live on disk (see the module doc)."""
+        return isinstance(self.keys, DiskArray)
+
+    def chunks(self, entries: int = READ_ENTRIES) -> Iterator[tuple[int, int, np.ndarray, np.ndarray | None]]:
+        """`(b0, b1, keys, counts)` for consecutive runs of whole batches [b0, b1), each of
+        about `entries` unique accesses (at least one batch); counts None if unknown."""
+        nb = len(self)
+        if not self.spilled:  # in memory: one chunk, no copy
+            if nb:
+                yield 0, nb, self.keys, self.counts  # type: ignore[misc]
+            return
+        b0 = 0
+        while b0 < nb:
+            lo = int(self.offsets[b0])
+            b1 = max(b0 + 1, int(np.searchsorted(self.offsets, lo + entries, side="right")) - 1)
+            b1 = min(b1, nb)
+            hi = int(self.offsets[b1])
+            yield b0, b1, self.keys[lo:hi], None if self.counts is None else self.counts[lo:hi]
+            b0 = b1
+
+    def prefix(self, k: int) -> Trace:
+        """The trace of the first `k` batches (sharing this one's storage)."""
+        if k >= len(self):
+            return self
+        end = int(self.offsets[k])
+
+        def head(c: Column) -> Column:
+            return c.head(end) if isinstance(c, DiskArray) else c[:end]
+
+        counts = None if self.counts is None else head(self.counts)
+        return Trace(head(self.keys), self.offsets[: k + 1], counts, self.num_rows)
+
+    @property
     def batch_sizes(self) -> np.ndarray:
         """|U_b| for every batch."""
         return np.diff(self.offsets)
@@ -83,7 +189,9 @@ class Trace:
     @property
     def accesses(self) -> int:
         """Every (sample, table) access; equals unique_accesses when counts are unknown."""
-        return int(self.counts.sum(dtype=np.int64)) if self.counts is not None else self.unique_accesses
+        if self.counts is None:
+            return self.unique_accesses
+        return sum(int(c.sum(dtype=np.int64)) for _, _, _, c in self.chunks())  # type: ignore[union-attr]
 
     @property
     def max_batch_rows(self) -> int:
@@ -204,24 +312,80 @@ def batch_trace(
     progress: Callable[[int], None] | None = None,
     rows: int | None = None,
 ) -> Trace:
-    """The trace of `ds` (or its first `rows` samples) at `batch_size`, in memory.
+    """The trace of `ds` (or its first `rows` samples) at `batch_size`.
 
-    Memory: about 8 bytes per unique access (key and multiplicity).
+    In memory (about 8 bytes per unique access) up to `SPILL_ENTRIES`, spilled beyond.
     """
-    keys: list[np.ndarray] = []
-    counts: list[np.ndarray] = []
+    w = TraceWriter(int(sum(ds.meta.cardinalities)))
     for u, c in iter_batch_keys(ds, batch_size, progress, rows):
-        keys.append(u)
-        counts.append(c)
-    num_rows = int(sum(ds.meta.cardinalities))
-    return trace_from_parts(keys, counts, num_rows)
+        w.add(u, c)
+    return w.finish()
 
 
 def trace_from_parts(keys: list[np.ndarray], counts: list[np.ndarray], num_rows: int) -> Trace:
     """Concatenate already-deduplicated per-batch arrays (no validation)."""
-    offsets = np.zeros(len(keys) + 1, dtype=np.int64)
-    offsets[1:] = np.cumsum([len(k) for k in keys])
-    kdt = key_dtype(num_rows)
-    all_keys = np.concatenate(keys).astype(kdt, copy=False) if keys else np.zeros(0, kdt)
-    all_counts = np.concatenate(counts) if counts else np.zeros(0, np.int32)
-    return Trace(all_keys, offsets, all_counts, num_rows)
+    w = TraceWriter(num_rows)
+    for k, c in zip(keys, counts, strict=True):
+        w.add(k, c)
+    return w.finish()
+
+
+class TraceWriter:
+    """Builds a trace batch by batch; past `spill_entries` unique accesses it moves to disk.
+
+    `add(U_b, counts_b)` per batch in order, then `finish()`. Memory while in memory is the
+    trace itself; once spilled, one buffer of at most `spill_entries` entries.
+    """
+
+    def __init__(self, num_rows: int, spill_entries: int | None = None):
+        self.num_rows = int(num_rows)
+        self.kdt = key_dtype(self.num_rows)
+        self.limit = SPILL_ENTRIES if spill_entries is None else int(spill_entries)
+        self.sizes: list[int] = []
+        self.keys: list[np.ndarray] = []
+        self.counts: list[np.ndarray] = []
+        self.buffered = 0
+        self.files: tuple[SpillDir, object, object] | None = None  # (dir, keys file, counts file)
+
+    def add(self, keys: np.ndarray, counts: np.ndarray) -> None:
+        self.sizes.append(len(keys))
+        self.keys.append(np.asarray(keys).astype(self.kdt, copy=False))
+        self.counts.append(np.asarray(counts).astype(np.int32, copy=False))
+        self.buffered += len(keys)
+        if self.buffered > self.limit:
+            self._flush()
+
+    def _flush(self) -> None:
+        if self.files is None:
+            spill = SpillDir()
+            self.files = (spill, open(spill.path / "keys", "wb"), open(spill.path / "counts", "wb"))
+        _, kf, cf = self.files
+        for part, f in ((self.keys, kf), (self.counts, cf)):
+            for a in part:
+                f.write(memoryview(np.ascontiguousarray(a)).cast("B"))  # type: ignore[attr-defined]
+            part.clear()
+        self.buffered = 0
+
+    def finish(self) -> Trace:
+        offsets = np.zeros(len(self.sizes) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum(self.sizes)
+        n = int(offsets[-1])
+        if self.files is None:
+            keys = np.concatenate(self.keys) if self.keys else np.zeros(0, self.kdt)
+            counts = np.concatenate(self.counts) if self.counts else np.zeros(0, np.int32)
+            return Trace(keys, offsets, counts, self.num_rows)
+        self._flush()
+        spill, kf, cf = self.files
+        kf.close()  # type: ignore[attr-defined]
+        cf.close()  # type: ignore[attr-defined]
+        return Trace(DiskArray(spill, "keys", self.kdt, n), offsets,
+                     DiskArray(spill, "counts", np.int32, n), self.num_rows)
+
+
+def spill_like(trace: Trace, name: str, dtype: np.dtype | type) -> Column:
+    """An array of one entry per trace position: on disk next to a spilled trace's keys,
+    else in memory (uninitialised)."""
+    n = trace.unique_accesses
+    if isinstance(trace.keys, DiskArray):
+        return DiskArray(trace.keys.spill, name, dtype, n)
+    return np.empty(n, dtype=dtype)

@@ -34,6 +34,7 @@ from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
 from bagpipe_cli.engine.server import EmbeddingServer
 from bagpipe_cli.engine.setup import Planning, RunSetup, build_planner, open_resume
+from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
 
@@ -140,9 +141,9 @@ class Coordinator:
         model.load_state_dict(outs[0]["dense"])
         servers = [_shard(k, lay, sh) for k, sh in enumerate(shards)]
         frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
-        roles = {"oracle": {"busy_s": planning.planner.seconds, **self.sent},
+        roles = {"oracle": {"busy_s": planning.planner.seconds, **self.sent, "peak_rss_mb": peak_rss_mb()},
                  **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
-                                                cpu_s=o["cpu_s"],
+                                                cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
                                                 bytes_sent=o["bytes_sent"],
                                                 bytes_received=o["bytes_received"])
                     for i, o in enumerate(outs)},

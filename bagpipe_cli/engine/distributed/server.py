@@ -33,6 +33,7 @@ from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.server import EmbeddingServer, init_servers
 from bagpipe_cli.engine.setup import RunSetup
+from bagpipe_cli.environment import peak_rss_mb
 
 
 @dataclass
@@ -79,7 +80,7 @@ class Server:
             if p.grads:
                 self._apply(p.grads)
         s = self.stats
-        return {"cpu_s": time.process_time() - cpu, "busy_s": s.busy_s, "waiting_s": s.waiting_s, "bytes_sent": s.bytes_sent,
+        return {"cpu_s": time.process_time() - cpu, "peak_rss_mb": peak_rss_mb(), "busy_s": s.busy_s, "waiting_s": s.waiting_s, "bytes_sent": s.bytes_sent,
                 "bytes_received": self.shard.bytes_received, "requests": s.requests,
                 "loaded_requests": s.loaded, "network_s": s.network_s}
 

@@ -24,6 +24,7 @@ from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.loop import TrainingLoop
 from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
 from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.environment import peak_rss_mb
 
 
 def remote_rounds(layout: Layout) -> Iterator[Round]:
@@ -56,7 +57,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     cpu = time.process_time() - cpu
     system.flush()
     transport.close()
-    out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu,
+    out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
            "written_back_at_end": system.written_back_at_end}
     if i == 0:

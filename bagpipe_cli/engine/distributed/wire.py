@@ -4,15 +4,19 @@ the peer (docs/architecture.md describes the schedule).
 A trainer's request to a server is a header [op, rows, sequence number] followed, when it
 has rows, by their int64 local indices and the payload (rows + optimizer state for a
 write-back, gradients for a push). Everything else (plans, batches, checkpoints, results)
-travels as a pickled object: its length, then its bytes.
+travels as an object: its length, then its pickled bytes, then every large CPU tensor or
+numpy array inside it sent as it is (`send_obj`), so a shard of a full-size table crosses
+without a pickled copy on either side.
 """
 
 from __future__ import annotations
 
 import datetime
+import io
 import pickle
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -50,13 +54,46 @@ def comm(layout: Layout, peer: int, fn, *args):
         raise RankFailure(f"lost contact with {layout.name(peer)}: {why}") from e
 
 
+RAW_BYTES = 1 << 16  # tensors and arrays from this size on are sent raw, not pickled
+_RAW_NUMPY = {np.dtype(t) for t in (np.bool_, np.uint8, np.int8, np.int16, np.int32, np.int64,
+                                      np.float16, np.float32, np.float64)}
+
+
+class _Pickler(pickle.Pickler):
+    """Pickles an object with its large tensors/arrays replaced by their place in `raw`."""
+
+    def __init__(self, f: io.BytesIO, raw: list[torch.Tensor]):
+        super().__init__(f, protocol=pickle.HIGHEST_PROTOCOL)
+        self.raw = raw
+
+    def persistent_id(self, obj: Any) -> tuple | None:
+        if (isinstance(obj, torch.Tensor) and obj.device.type == "cpu" and obj.layout == torch.strided
+                and obj.numel() * obj.element_size() >= RAW_BYTES):
+            t = obj.detach().contiguous()
+            kind = "tensor"
+        elif (isinstance(obj, np.ndarray) and obj.dtype in _RAW_NUMPY and obj.nbytes >= RAW_BYTES):
+            a = np.ascontiguousarray(obj)
+            t = torch.from_numpy(a if a.flags.writeable else a.copy())
+            kind = "numpy"
+        else:
+            return None
+        self.raw.append(t)
+        return (kind, len(self.raw) - 1, tuple(t.shape), t.dtype)
+
+
 def send_obj(obj: Any, dst: int, layout: Layout) -> int:
-    """Send a picklable object to rank `dst`; returns the bytes sent."""
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    """Send an object to rank `dst`: length, pickle, then its large tensors raw. Returns
+    the bytes sent."""
+    f, raw = io.BytesIO(), []
+    _Pickler(f, raw).dump(obj)
+    manifest = [(tuple(t.shape), t.dtype) for t in raw]
+    data = pickle.dumps((manifest, f.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
     comm(layout, dst, dist.send, torch.tensor([len(data)], dtype=torch.int64), dst)
-    comm(layout, dst, dist.send, buf, dst)
-    return len(data) + 8
+    comm(layout, dst, dist.send, torch.frombuffer(bytearray(data), dtype=torch.uint8), dst)
+    for t in raw:
+        if t.numel():
+            comm(layout, dst, dist.send, t, dst)
+    return len(data) + 8 + sum(t.numel() * t.element_size() for t in raw)
 
 
 def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
@@ -69,7 +106,20 @@ def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
         comm(layout, src, work.wait, datetime.timedelta(seconds=wait_s))
     buf = torch.empty(int(n.item()), dtype=torch.uint8)
     comm(layout, src, dist.recv, buf, src)
-    return pickle.loads(buf.numpy().tobytes())
+    manifest, body = pickle.loads(buf.numpy().tobytes())
+    raw = []
+    for shape, dtype in manifest:
+        t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            comm(layout, src, dist.recv, t, src)
+        raw.append(t)
+
+    class _Unpickler(pickle.Unpickler):
+        def persistent_load(self, pid: tuple) -> Any:
+            kind, i = pid[0], pid[1]
+            return raw[i] if kind == "tensor" else raw[i].numpy()
+
+    return _Unpickler(io.BytesIO(body)).load()
 
 
 def to_cpu(obj: Any) -> Any:
