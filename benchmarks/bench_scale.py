@@ -15,7 +15,9 @@ of its tree):
 It prints one table: wall seconds and peak RSS of every step against the targets (profile
 <= 10 min and <= 8 GB; train <= 16 GB over all its processes at once), samples/s, the oracle's ms
 per batch against the trainer's median iteration time (the oracle must stay below it), and
-the memory of every role. "at once" samples the whole process tree every 0.5 s. The figures and every command go to --out/bench_scale.json.
+the memory of every role. "at once" samples the whole process tree every 0.5 s. The figures
+and every command go to --out/bench_scale.json; a later run into the same --out (e.g.
+`--skip-profile --systems local`) replaces the steps it runs and keeps the others.
 
     python benchmarks/bench_scale.py --data results/datasets/synth-criteo-1-45M --out results/bench-scale
 """
@@ -51,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     bagpipe = shutil.which("bagpipe") or str(Path(sys.executable).with_name("bagpipe"))
     args.out.mkdir(parents=True, exist_ok=True)
     res: dict = {"machine": {"cpus": os.cpu_count(), "platform": platform.platform()}, "steps": {}}
+    saved = args.out / "bench_scale.json"
+    if saved.is_file():  # the steps run now replace theirs; the others are kept
+        res["steps"] = json.loads(saved.read_text())["steps"]
     if not (args.data / "meta.json").is_file():
         res["steps"]["synth"] = run([bagpipe, "synth", "--preset", "criteo-kaggle", "--scale", "1",
                                      "--rows", str(args.rows), "--out", str(args.data)],
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         step["roles_gb"] = {r: v["peak_rss_mb"] / 1024 for r, v in s["roles"].items() if "peak_rss_mb" in v}
         step["placement"] = layout.get("placement")
         res["steps"][f"train {system}"] = step
-    (args.out / "bench_scale.json").write_text(json.dumps(res, indent=2) + "\n")
+    saved.write_text(json.dumps(res, indent=2) + "\n")
     report(res)
     return 0
 

@@ -274,12 +274,15 @@ class LocalSystem(EmbeddingSystem):
             scatter_to_shards(self.servers, self.weight, self.state)
             return
         # Every trainer holds the same tables: trainer 0 sends them, the others as many
-        # empty write-backs (lockstep), in pieces of TABLE_CHUNK rows.
+        # empty write-backs (lockstep), in pieces of TABLE_CHUNK rows, one piece in flight
+        # (the transport copies each piece per server), and then lets its copy go.
         total = self.weight.shape[0]
         for lo in range(0, total, TABLE_CHUNK):
             hi = min(lo + TABLE_CHUNK, total) if self.trainers.first == 0 else lo
             self._write_back(np.arange(lo, hi), self.weight[lo:hi].cpu(), self.state[lo:hi].cpu())
+            self.transport.drain()
         super().flush()
+        self.weight, self.state = self.weight.new_empty(0, self.weight.shape[1]), self.state.new_empty(0, self.state.shape[1])
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         return np.arange(self.weight.shape[0]), self.weight.cpu().clone(), self.state.cpu().clone()

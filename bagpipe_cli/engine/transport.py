@@ -74,6 +74,10 @@ class Transport(ABC):
     def close(self) -> None:
         """Finish outstanding requests and stop workers."""
 
+    def drain(self) -> None:  # noqa: B027 (nothing to wait for unless a transport sends asynchronously)
+        """Wait until every request sent so far has left this process, so that the tensors
+        it sent are not kept alive."""
+
 
 class Worker:
     """A thread serving requests in FIFO order, then holding the link for the transfer time."""

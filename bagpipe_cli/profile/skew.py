@@ -170,17 +170,18 @@ class SkewResult:
 def access_counts(ds: Dataset, progress: Callable[[int], None] | None = None) -> np.ndarray:
     """Accesses of every row (global key order), int64 [R_total]. `progress(accesses)`."""
     meta = ds.meta
-    parts = []
-    for t, spec in enumerate(meta.tables):
+    out = np.zeros(sum(spec.cardinality for spec in meta.tables), dtype=np.int64)
+    lo_key = 0
+    for t, spec in enumerate(meta.tables):  # each table counted into its slice of `out`
         col = ds.sparse(t)
-        c = np.zeros(spec.cardinality, dtype=np.int64)
+        c = out[lo_key:lo_key + spec.cardinality]
+        lo_key += spec.cardinality
         for lo in range(0, meta.rows, COUNT_CHUNK):
             hi = min(meta.rows, lo + COUNT_CHUNK)
             c += np.bincount(read_rows(col, lo, hi), minlength=spec.cardinality)
             if progress:
                 progress(hi - lo)
-        parts.append(c)
-    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return out
 
 
 def skew_stats(ds: Dataset, progress: Callable[[int], None] | None = None) -> SkewResult:

@@ -112,9 +112,12 @@ class TorchTransport(Transport):
         for k in range(self.num_servers):
             self._send(k, OP_CHECKPOINT, np.empty(0, np.int64))
 
-    def close(self) -> None:
-        for k in range(self.num_servers):
-            self._send(k, OP_DONE, np.empty(0, np.int64))
+    def drain(self) -> None:
         for work, _, peer in self._pending:
             comm(self.layout, peer, work.wait)
         self._pending = []
+
+    def close(self) -> None:
+        for k in range(self.num_servers):
+            self._send(k, OP_DONE, np.empty(0, np.int64))
+        self.drain()
