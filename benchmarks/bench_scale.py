@@ -10,7 +10,8 @@ of its tree):
    the paper's DLRM (bottom 512-256-64, top 1024-1024-1024-256-128), batch 2,048, L = 200
    and rounds of 50 as in the paper, with
    `--procs` (one process per role: the oracle, one embedding server, one trainer), so each
-   role's peak RSS is its own (`roles.*.peak_rss_mb` of summary.json).
+   role's peak RSS is its own (`roles.*.peak_rss_mb` of summary.json); and bagpipe and
+   local again in one process (`--inprocess`), the runtime `bagpipe train` uses by default.
 
 It prints one table: wall seconds and peak RSS of every step against the targets (profile
 <= 10 min and <= 8 GB; train <= 16 GB over all its processes at once), samples/s, the oracle's ms
@@ -47,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--batch-size", type=int, default=2048)
     ap.add_argument("--lookahead", type=int, default=200, help="train's L (its round is L/4)")
-    ap.add_argument("--systems", default="bagpipe,sync,lru,local")
+    ap.add_argument("--systems", default="bagpipe,sync,lru,local", help="trained with --procs")
+    ap.add_argument("--inprocess", default="bagpipe,local",
+                    help="systems also trained in one process (bagpipe train's default runtime); '' for none")
     ap.add_argument("--skip-profile", action="store_true")
     args = ap.parse_args(argv)
     bagpipe = shutil.which("bagpipe") or str(Path(sys.executable).with_name("bagpipe"))
@@ -69,21 +72,23 @@ def main(argv: list[str] | None = None) -> int:
                           for k, v in prof["timing"].items()}
         step["trace"] = prof["trace"]
         res["steps"]["profile"] = step
-    for system in args.systems.split(","):
-        out = args.out / f"train-{system}"
+    runs = [(s, True) for s in args.systems.split(",") if s] + [(s, False) for s in args.inprocess.split(",") if s]
+    for system, procs in runs:
+        name = f"train-{system}" + ("" if procs else "-inprocess")
+        out = args.out / name
         step = run([bagpipe, "train", str(args.data), "--system", system, "--emb-dim", "48",
                     "--bottom-mlp", PAPER_BOTTOM, "--top-mlp", PAPER_TOP,
                     "--batch-size", str(args.batch_size), "--iterations", str(args.iterations),
-                    "--lookahead", str(args.lookahead),
-                    "--servers", "1", "--trainers", "1", "--procs", "3",
-                    "--out", str(out), "--overwrite"], args.out / f"train-{system}.log")
+                    "--lookahead", str(args.lookahead), "--servers", "1", "--trainers", "1",
+                    *(["--procs", "3"] if procs else []),
+                    "--out", str(out), "--overwrite"], args.out / f"{name}.log")
         s = json.loads((out / "summary.json").read_text())
         layout = json.loads((out / "config.json").read_text()).get("layout", {})
         step.update({k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "oracle_ms_per_batch",
                                            "cache_rows", "peak_resident_rows", "eval_auc")})
         step["roles_gb"] = {r: v["peak_rss_mb"] / 1024 for r, v in s["roles"].items() if "peak_rss_mb" in v}
         step["placement"] = layout.get("placement")
-        res["steps"][f"train {system}"] = step
+        res["steps"][f"train {system}" + ("" if procs else " in-process")] = step
     saved.write_text(json.dumps(res, indent=2) + "\n")
     report(res)
     return 0
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 def report(res: dict) -> None:
     print(f"\non {res['machine']['cpus']} cores:")
     print("  peak GB: the largest process; at once: every process of the step together (sampled)")
-    print(f"  {'step':14s} {'wall s':>8s} {'peak GB':>8s} {'at once':>7s} {'samples/s':>10s} "
+    print(f"  {'step':26s} {'wall s':>8s} {'peak GB':>8s} {'at once':>7s} {'samples/s':>10s} "
           f"{'iter ms':>8s} {'oracle ms/batch':>16s}  memory per role (GB)")
     for name, st in res["steps"].items():
         roles = st.get("roles_gb", {})
@@ -104,7 +109,7 @@ def report(res: dict) -> None:
         om = st.get("oracle_ms_per_batch")
         orc = f"{om:16.2f}" if om is not None and om == om else f"{'-':>16s}"
         who = ", ".join(f"{r} {g:.2f}" for r, g in roles.items())
-        print(f"  {name:14s} {st['wall_s']:8.1f} {st['peak_rss_gb']:8.2f} {total:7.2f} {sps} {it} {orc}  "
+        print(f"  {name:26s} {st['wall_s']:8.1f} {st['peak_rss_gb']:8.2f} {total:7.2f} {sps} {it} {orc}  "
               f"{who}{limit}")
     if "profile" in res["steps"]:
         print("\n  profile stages (seconds, peak RSS so far in GB):")

@@ -27,6 +27,7 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile import trace as trace_mod
 from bagpipe_cli.profile.policies import (
+    lfu_count_bound,
     next_use,
     simulate_bagpipe,
     simulate_belady,
@@ -34,6 +35,7 @@ from bagpipe_cli.profile.policies import (
     simulate_lfu,
     simulate_lru,
     simulate_none,
+    trace_row_counts,
 )
 from bagpipe_cli.profile.skew import SortedCounts
 from bagpipe_cli.profile.trace import (
@@ -275,6 +277,19 @@ def test_policies_match_references(tc, extra, lookahead):
         a, b = fn(tr, cap), fn(sp, cap)
         assert (a.fetched_rows, a.peak_resident_rows) == (b.fetched_rows, b.peak_resident_rows), name
         assert a.fetched_per_batch.tolist() == b.fetched_per_batch.tolist(), name
+    # LFU's priority bound holds every row's count, and is no looser than the accesses.
+    bound = lfu_count_bound(tr)
+    assert trace_row_counts(tr).max(initial=0) <= bound <= max(tr.accesses, 1)
+    assert lfu_count_bound(sp) == bound
+
+
+def test_lfu_bound_is_about_the_samples_not_the_accesses():
+    """A Terabyte-size day has ~2^32.1 accesses but ~2^27.4 samples; LFU's priority keys must
+    be sized by the latter (a row is counted at most once per sample), or they overflow."""
+    batches = [list(range(26)), list(range(26)), [0]]
+    tr = Trace.from_batches(batches, [[3] * 26, [2] * 26, [1]])  # 3 and 2 samples, 26 tables
+    assert tr.accesses == 131 and lfu_count_bound(tr) == 6 == trace_row_counts(tr).max()
+    assert lfu_count_bound(Trace.from_batches(batches)) == 3  # no multiplicities: batches
 
 
 def test_long_trace_matches_references():

@@ -26,6 +26,7 @@ from bagpipe_cli.profile.policies import (
     EvictingCache,
     check_capacity,
     hot_rows,
+    lfu_count_bound,
     lfu_priority,
     trace_row_counts,
 )
@@ -70,7 +71,7 @@ class PolicyPlanner:
             slots = len(self.hot_keys) + cold_max
         else:
             check_capacity(self.capacity, trace.max_batch_rows)
-            self.cache = EvictingCache(self.capacity, trace, max(trace.accesses, len(trace), 1))
+            self.cache = EvictingCache(self.capacity, trace, lfu_count_bound(trace) if policy == "lfu" else 0)
             self.priority = lfu_priority(trace) if policy == "lfu" else (lambda b, lo, u: None)
             slots = self.capacity
         self.slots = slots  # physical cache rows the plan needs

@@ -294,7 +294,23 @@ def simulate_lru(trace: TraceLike, capacity: int, progress: BatchProgress | None
 def simulate_lfu(trace: TraceLike, capacity: int, progress: BatchProgress | None = None) -> PolicyResult:
     """LFU cache of `capacity` rows counting every access so far (see the module doc)."""
     tr = as_trace(trace)
-    return _run_evicting("lfu", tr, capacity, lfu_priority(tr), max(tr.accesses, 1), progress)
+    return _run_evicting("lfu", tr, capacity, lfu_priority(tr), lfu_count_bound(tr), progress)
+
+
+def lfu_count_bound(tr: Trace) -> int:
+    """A bound on any row's access count over the trace, LFU's largest priority: the sum
+    over batches of the batch's largest multiplicity (about the samples, not the accesses,
+    so the priority keys stay within 62 bits on Terabyte-size days)."""
+    total = 0
+    for b0, b1, _, counts in tr.chunks():
+        if counts is None:  # no multiplicities: a row counts once per batch
+            total += b1 - b0
+            continue
+        off = tr.offsets[b0 : b1 + 1] - tr.offsets[b0]
+        starts = off[:-1][off[1:] > off[:-1]]  # the non-empty batches
+        if starts.size:
+            total += int(np.maximum.reduceat(counts, starts).sum(dtype=np.int64))
+    return max(total, 1)
 
 
 def lfu_priority(tr: Trace) -> Callable[[int, int, np.ndarray], np.ndarray]:

@@ -178,7 +178,8 @@ def access_counts(ds: Dataset, progress: Callable[[int], None] | None = None) ->
         lo_key += spec.cardinality
         for lo in range(0, meta.rows, COUNT_CHUNK):
             hi = min(meta.rows, lo + COUNT_CHUNK)
-            c += np.bincount(read_rows(col, lo, hi), minlength=spec.cardinality)
+            bc = np.bincount(read_rows(col, lo, hi))  # up to the chunk's largest id
+            c[: bc.size] += bc
             if progress:
                 progress(hi - lo)
     return out
