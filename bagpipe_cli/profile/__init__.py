@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +45,8 @@ from bagpipe_cli.profile.policies import (
 )
 from bagpipe_cli.profile.skew import SkewResult, skew_stats
 from bagpipe_cli.profile.trace import (
+    DiskArray,
+    SpillDir,
     Trace,
     TraceWriter,
     batch_trace,
@@ -221,6 +223,12 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     t0 = time.perf_counter()
     skew = skew_stats(ds, lambda n: progress("skew", n, accesses))
     _timed(timing, "skew", t0, accesses)
+    # Only fae needs the per-row counts again: they wait on disk, not in memory (8 B a row).
+    row_counts = None
+    if "fae" in config.policies:
+        row_counts = DiskArray(SpillDir(), "row_counts", np.int64, skew.row_counts.size)
+        row_counts[:] = skew.row_counts
+    skew = replace(skew, row_counts=None)
 
     # Pass 2: the trace, streamed through none and bagpipe.
     pols = config.policies
@@ -234,7 +242,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
     results = _streamed_results(pols, tp)
     belady_at: dict[int, PolicyResult] = {}
-    results += _capacity_results(pols, tp, cache_rows, skew.row_counts, belady_at, progress, timing)
+    results += _capacity_results(pols, tp, cache_rows, row_counts, belady_at, progress, timing)
     comparisons: list[BagpipeComparison] = []
     if "bagpipe" in pols and "belady" in pols:
         comparisons = _compare_with_belady(tp, belady_at, progress, timing)
@@ -308,7 +316,7 @@ def _streamed_results(pols: tuple[str, ...], tp: _TracePass) -> list[PolicyResul
 
 
 def _capacity_results(pols: tuple[str, ...], tp: _TracePass, cache_rows: list[int],
-                      row_counts: np.ndarray, belady_at: dict[int, PolicyResult],
+                      row_counts: DiskArray | None, belady_at: dict[int, PolicyResult],
                       progress: ProgressFn, timing: dict[str, dict[str, float]]) -> list[PolicyResult]:
     """Every requested fixed-capacity policy at every capacity; Belady's results are also
     kept in `belady_at` (capacity -> result) for the comparison with Bagpipe."""
@@ -321,7 +329,7 @@ def _capacity_results(pols: tuple[str, ...], tp: _TracePass, cache_rows: list[in
         for r in cache_rows:
             stage = f"{p} R={r:,}"
             if p == "fae":
-                res = simulate_fae(tp.trace, r, row_counts=row_counts)
+                res = simulate_fae(tp.trace, r, row_counts=None if row_counts is None else row_counts[:])
             else:
                 res = SIMULATORS[p](tp.trace, r, lambda n, s=stage: progress(s, n, nb))
             if p == "belady":
