@@ -10,8 +10,9 @@ of its tree):
    the paper's DLRM (bottom 512-256-64, top 1024-1024-1024-256-128), batch 2,048, L = 200
    and rounds of 50 as in the paper, with
    `--procs` (one process per role: the oracle, one embedding server, one trainer), so each
-   role's peak RSS is its own (`roles.*.peak_rss_mb` of summary.json); and bagpipe and
-   local again in one process (`--inprocess`), the runtime `bagpipe train` uses by default.
+   role's peak RSS is its own (`roles.*.peak_rss_mb` of summary.json); `--inprocess
+   bagpipe,local` also trains those in one process, the runtime `bagpipe train` uses by
+   default.
 
 It prints one table: wall seconds and peak RSS of every step against the targets (profile
 <= 10 min and <= 8 GB; train <= 16 GB over all its processes at once), samples/s, the oracle's ms
@@ -49,8 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-size", type=int, default=2048)
     ap.add_argument("--lookahead", type=int, default=200, help="train's L (its round is L/4)")
     ap.add_argument("--systems", default="bagpipe,sync,lru,local", help="trained with --procs")
-    ap.add_argument("--inprocess", default="bagpipe,local",
-                    help="systems also trained in one process (bagpipe train's default runtime); '' for none")
+    ap.add_argument("--inprocess", default="",
+                    help="systems also trained in one process (bagpipe train's default runtime), e.g. bagpipe,local")
     ap.add_argument("--skip-profile", action="store_true")
     args = ap.parse_args(argv)
     bagpipe = shutil.which("bagpipe") or str(Path(sys.executable).with_name("bagpipe"))
