@@ -40,7 +40,7 @@ import numpy as np
 
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile.eviction import EvictingCache
-from bagpipe_cli.profile.trace import Column, Trace, as_trace, spill_like
+from bagpipe_cli.profile.trace import Column, Trace, add_counts, as_trace, spill_like
 
 POLICIES = ("none", "bagpipe", "lru", "lfu", "fae", "belady")
 CAPACITY_POLICIES = ("lru", "lfu", "fae", "belady")
@@ -238,7 +238,7 @@ def trace_row_counts(trace: TraceLike) -> np.ndarray:
     tr = as_trace(trace)
     total = np.zeros(tr.num_rows, dtype=np.int64)
     for _, _, keys, counts in tr.chunks():
-        total += np.bincount(keys, weights=counts, minlength=tr.num_rows).astype(np.int64)
+        add_counts(total, keys, counts)
     return total
 
 

@@ -25,6 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, read_rows
+from bagpipe_cli.profile.trace import add_counts
 
 TOP_FRACTIONS = (Fraction(1, 1000), Fraction(1, 100), Fraction(1, 10))  # 0.1%, 1%, 10%
 COUNT_CHUNK = 1 << 23  # ids per bincount call
@@ -178,8 +179,7 @@ def access_counts(ds: Dataset, progress: Callable[[int], None] | None = None) ->
         lo_key += spec.cardinality
         for lo in range(0, meta.rows, COUNT_CHUNK):
             hi = min(meta.rows, lo + COUNT_CHUNK)
-            bc = np.bincount(read_rows(col, lo, hi))  # up to the chunk's largest id
-            c[: bc.size] += bc
+            add_counts(c, read_rows(col, lo, hi))
             if progress:
                 progress(hi - lo)
     return out

@@ -102,6 +102,13 @@ class DiskArray:
 Column = np.ndarray | DiskArray
 
 
+def add_counts(total: np.ndarray, keys: np.ndarray, weights: np.ndarray | None = None) -> None:
+    """`total[k] += ` the accesses (or `weights`) of every key k in `keys`, in place; the
+    bincount spans only up to the largest key, not all of `total`."""
+    bc = np.bincount(keys, weights=weights)
+    total[: bc.size] += bc if weights is None else bc.astype(np.int64)
+
+
 def table_offsets(meta: DatasetMeta) -> np.ndarray:
     """Global key of id 0 of each table: int64 [T] (cumulative cardinalities)."""
     return format_table_offsets(meta.cardinalities)
