@@ -16,6 +16,10 @@ class ConfigError(BagpipeError):
     exit_code = 2
 
 
+class RankFailure(BagpipeError):
+    """Another rank of a job died or could not be reached."""
+
+
 class DataError(BagpipeError):
     """Input data that cannot be read: a corrupt/foreign dataset or a malformed input line."""
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.placement import available_cores
+from bagpipe_cli.launch.placement import available_cores
 
 SYSTEMS = ("sync", "bagpipe", "local")
 VARIANTS = {"off": dict(placement="off"), "off, 1 thread": dict(placement="off", threads=1),

@@ -21,15 +21,15 @@ from pathlib import Path
 
 from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
-from bagpipe_cli.profile.policies import (
+from bagpipe_cli.policies.simulators import (
     BagpipeSimulator,
     simulate_belady,
     simulate_fae,
     simulate_lfu,
     simulate_lru,
 )
+from bagpipe_cli.policies.trace import batch_trace, iter_batch_keys
 from bagpipe_cli.profile.skew import access_counts, skew_stats
-from bagpipe_cli.profile.trace import batch_trace, iter_batch_keys
 
 TARGETS = {"skew": 50e6, "none": None, "bagpipe": 20e6, "fae": None, "lru": 2e6, "lfu": 2e6,
            "belady": 2e6}

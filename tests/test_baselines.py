@@ -65,7 +65,7 @@ def test_baseline_cli_and_bad_capacity(tiny_dataset, tmp_path):
 
 def test_fae_hot_set_from_a_sample(tiny_dataset):
     """--hot-sample: FAE picks its hot rows from the first part of the run; still exact."""
-    from bagpipe_cli.profile.policies import trace_row_counts
+    from bagpipe_cli.policies.simulators import trace_row_counts
 
     B, n, R = 256, 40, 600
     kw = dict(data=str(tiny_dataset), batch_size=B, iterations=n, eval_rows=20_000 - n * B)

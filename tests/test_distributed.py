@@ -18,10 +18,10 @@ from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
-from bagpipe_cli.engine.distributed.launcher import free_port
 from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.setup import build_planner, prepare
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.launch.processes import free_port
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -256,7 +256,7 @@ from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import ScheduleError
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.server import init_servers
+from bagpipe_cli.engine.shards import init_servers
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", rank=rank, world_size=4)
 lay = Layout(servers=1, trainers=2)

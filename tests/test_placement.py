@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.placement import available_cores, plan_in_process, plan_rank, reserved_cores
+from bagpipe_cli.launch.placement import available_cores, plan_in_process, plan_rank, reserved_cores
 
 LINUX = hasattr(os, "sched_setaffinity")
 

@@ -24,9 +24,8 @@ from bagpipe_cli.data.format import TableSpec, open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.profile import ProfileConfig, run_profile
-from bagpipe_cli.profile import trace as trace_mod
-from bagpipe_cli.profile.policies import (
+from bagpipe_cli.policies import trace as trace_mod
+from bagpipe_cli.policies.simulators import (
     lfu_count_bound,
     next_use,
     simulate_bagpipe,
@@ -37,8 +36,7 @@ from bagpipe_cli.profile.policies import (
     simulate_none,
     trace_row_counts,
 )
-from bagpipe_cli.profile.skew import SortedCounts
-from bagpipe_cli.profile.trace import (
+from bagpipe_cli.policies.trace import (
     DiskArray,
     SpillDir,
     Trace,
@@ -46,6 +44,8 @@ from bagpipe_cli.profile.trace import (
     batch_trace,
     table_offsets,
 )
+from bagpipe_cli.profile import ProfileConfig, run_profile
+from bagpipe_cli.profile.skew import SortedCounts
 
 REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "real"
 CRITEO_HEAD = REAL / "criteo_kaggle_train_head1999.tsv"

@@ -41,7 +41,7 @@ import torch
 
 from bagpipe_cli import __version__
 from bagpipe_cli.engine.config import TrainConfig, option_name
-from bagpipe_cli.engine.server import gather_shards
+from bagpipe_cli.engine.shards import gather_shards
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, json_default
 

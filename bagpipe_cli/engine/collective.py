@@ -1,25 +1,18 @@
-"""Collectives among the trainers of a run: sums of every trainer's gradients.
+"""The seam among the trainers of a run: the `Collective` interface, and the one order of sums.
 
 The training loop sums the partial gradients of the trainers its process runs (in trainer
-order), then asks a `Collective` for the sum over *all* trainers:
-
-- `LocalCollective`: every trainer is in this process, so its sums are already complete;
-  with an emulated network it holds the caller for the time a ring all-reduce of the same
-  bytes would take (asynchronous sums on a worker thread of their own);
-- `distributed/collectives.py`: all-gathers over torch.distributed, summed in trainer order
-  on every trainer (bitwise the same sums as in-process).
+order, `ordered_sum`), then asks a `Collective` for the sum over *all* trainers. Runtimes:
+`engine/local/collective.py` (every trainer in this process: the sums are already complete)
+and `engine/distributed/collective.py` (trainer ranks over torch.distributed, summed in the
+same order, so the sums are bitwise those of the in-process runtime).
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
 from concurrent.futures import Future
 
 import torch
-
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.transport import Worker
 
 
 class Collective(ABC):
@@ -50,26 +43,11 @@ def add_floats(values: list[float]) -> float:
     return total
 
 
-class LocalCollective(Collective):
-    """All trainers in one process (see the module docstring)."""
-
-    def __init__(self, size: int, network: NetworkModel, on_start: Callable[[], None] | None = None):
-        self.size = size
-        self.network = network
-        self._worker = Worker("collectives", on_start)
-
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[float]) -> float:
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.network.wait(self.network.allreduce_seconds(nbytes, self.size))
-        return add_floats(values)
-
-    def start_sum(self, x: torch.Tensor) -> Future:
-        seconds = self.network.allreduce_seconds(x.numel() * x.element_size(), self.size)
-        return self._worker.submit(lambda: (x, seconds))
-
-    @property
-    def busy_s(self) -> float:
-        return self._worker.busy_s
-
-    def close(self) -> None:
-        self._worker.close()
+def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
+    """p0 + p1 + ... in trainer order: the one summation order every runtime uses."""
+    if len(parts) == 1:
+        return parts[0]
+    total = parts[0].clone()
+    for p in parts[1:]:
+        total += p
+    return total

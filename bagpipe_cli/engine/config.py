@@ -12,9 +12,9 @@ from typing import Any
 
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import EMB_OPTIMIZERS, RowOptimizer
-from bagpipe_cli.engine.placement import PLACEMENTS
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.models import MODELS
 
 DENSE_OPTIMIZERS = ("sgd", "adam")

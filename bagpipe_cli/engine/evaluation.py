@@ -7,7 +7,7 @@ import torch
 
 from bagpipe_cli.data.format import Dataset
 from bagpipe_cli.engine.oracle import batch_keys
-from bagpipe_cli.engine.server import split_by_shard
+from bagpipe_cli.engine.shards import split_by_shard
 from bagpipe_cli.metrics import auc
 
 

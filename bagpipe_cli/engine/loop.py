@@ -39,14 +39,14 @@ import torch
 import torch.nn.functional as F
 
 from bagpipe_cli.engine.checkpoint import checkpoint_due
-from bagpipe_cli.engine.collective import Collective
+from bagpipe_cli.engine.collective import Collective, ordered_sum
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
 from bagpipe_cli.engine.records import Step, iteration_record
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
-from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.engine.trainer_set import TrainerSet
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
 
@@ -75,16 +75,6 @@ def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: tor
         times["backward"] += time.perf_counter() - t1
         losses.append(float(loss.detach()))
     return losses, partials
-
-
-def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
-    """p0 + p1 + ... in trainer order: the one summation order every runtime uses."""
-    if len(parts) == 1:
-        return parts[0]
-    total = parts[0].clone()
-    for p in parts[1:]:
-        total += p
-    return total
 
 
 @dataclass

@@ -22,7 +22,7 @@ import numpy as np
 
 from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.profile.policies import (
+from bagpipe_cli.policies.simulators import (
     EvictingCache,
     check_capacity,
     hot_rows,
@@ -30,7 +30,7 @@ from bagpipe_cli.profile.policies import (
     lfu_priority,
     trace_row_counts,
 )
-from bagpipe_cli.profile.trace import Trace, trace_from_parts
+from bagpipe_cli.policies.trace import Trace, trace_from_parts
 
 PLANNED_POLICIES = ("lru", "lfu", "fae")
 

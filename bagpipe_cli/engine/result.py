@@ -15,8 +15,8 @@ import torch
 from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
-from bagpipe_cli.engine.server import EmbeddingServer, assemble_tables
 from bagpipe_cli.engine.setup import Planning, RunSetup, run_config
+from bagpipe_cli.engine.shards import EmbeddingServer, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
 
 

@@ -13,7 +13,7 @@ import importlib
 
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.distributed import run_rank, spawn_train
-from bagpipe_cli.engine.inprocess import train_in_process
+from bagpipe_cli.engine.local.runtime import train_in_process
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.records import TrainResult
 from bagpipe_cli.engine.registry import spec

@@ -29,7 +29,7 @@ from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
-from bagpipe_cli.engine.server import EmbeddingServer
+from bagpipe_cli.engine.shards import EmbeddingServer
 from bagpipe_cli.engine.systems import (
     CacheSystem,
     EmbeddingSystem,
@@ -37,7 +37,7 @@ from bagpipe_cli.engine.systems import (
     LocalSystem,
     SyncSystem,
 )
-from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import ModelConfig, build_model, row_dim

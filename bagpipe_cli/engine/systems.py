@@ -37,8 +37,8 @@ from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
-from bagpipe_cli.engine.server import EmbeddingServer, scatter_to_shards, shard_tables
-from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.engine.shards import EmbeddingServer, scatter_to_shards, shard_tables
+from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
 Rows = tuple[np.ndarray, np.ndarray]  # (keys, cache slots)

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.server import assemble_tables, init_servers
+from bagpipe_cli.engine.shards import assemble_tables, init_servers
 from bagpipe_cli.errors import ConfigError
 
 SHARDINGS = ("table_wise", "column_wise", "data_parallel")

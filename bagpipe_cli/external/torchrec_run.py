@@ -53,7 +53,6 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.distributed.launcher import spawn_local
 from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.loop import ProgressFn
@@ -88,6 +87,7 @@ from bagpipe_cli.external.torchrec_parts import (
     sharding_plan,
     torchrec_available,
 )
+from bagpipe_cli.launch.processes import spawn_local
 
 __all__ = ["SHARDINGS", "TorchRecModel", "build_ebc", "initial_tables", "make_batch", "run_torchrec",
            "torchrec_available", "train_torchrec"]

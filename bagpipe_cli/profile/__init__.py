@@ -2,7 +2,7 @@
 
 Entry point: `run_profile(ProfileConfig(...), progress=None) -> ProfileResult`; the
 result is written by `bagpipe_cli.profile.report.write_profile`. The simulators in
-`bagpipe_cli.profile.policies` are usable on their own (`simulate_bagpipe(trace, L)`,
+`bagpipe_cli.policies.simulators` are usable on their own (`simulate_bagpipe(trace, L)`,
 `simulate_lru(trace, R)`, ...), with a trace built by `batch_trace(ds, batch_size)`.
 
 Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the per-batch
@@ -11,7 +11,7 @@ row). The trace is kept in memory (about 8 bytes per unique access) only when a
 fixed-capacity policy (lru, lfu, fae, belady) is requested, since Belady needs the future
 and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
 spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
-rows and the caches: see `bagpipe_cli.profile.trace`).
+rows and the caches: see `bagpipe_cli.policies.trace`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ import pandas as pd
 from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.profile.policies import (
+from bagpipe_cli.policies.simulators import (
     CAPACITY_POLICIES,
     POLICIES,
     SIMULATORS,
@@ -43,8 +43,7 @@ from bagpipe_cli.profile.policies import (
     simulate_lru,
     simulate_none,
 )
-from bagpipe_cli.profile.skew import SkewResult, skew_stats
-from bagpipe_cli.profile.trace import (
+from bagpipe_cli.policies.trace import (
     DiskArray,
     SpillDir,
     Trace,
@@ -55,6 +54,7 @@ from bagpipe_cli.profile.trace import (
     num_batches,
     table_offsets,
 )
+from bagpipe_cli.profile.skew import SkewResult, skew_stats
 
 SCHEMA_VERSION = 1
 BYTES_PER_VALUE = 4  # fp32 embeddings

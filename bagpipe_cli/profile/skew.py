@@ -25,7 +25,7 @@ from fractions import Fraction
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, read_rows
-from bagpipe_cli.profile.trace import add_counts
+from bagpipe_cli.policies.trace import add_counts
 
 TOP_FRACTIONS = (Fraction(1, 1000), Fraction(1, 100), Fraction(1, 10))  # 0.1%, 1%, 10%
 COUNT_CHUNK = 1 << 23  # ids per bincount call

@@ -17,6 +17,6 @@ The schedule (who sends what to whom, and why it is exact) is in docs/architectu
 """
 
 from bagpipe_cli.engine.distributed.layout import Layout, trainer_devices
-from bagpipe_cli.engine.distributed.rank import run_rank, spawn_train
+from bagpipe_cli.engine.distributed.runtime import run_rank, spawn_train
 
 __all__ = ["Layout", "run_rank", "spawn_train", "trainer_devices"]

@@ -32,8 +32,8 @@ from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.oracle import RoundPlan
 from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
-from bagpipe_cli.engine.server import EmbeddingServer
 from bagpipe_cli.engine.setup import Planning, RunSetup, build_planner, open_resume
+from bagpipe_cli.engine.shards import EmbeddingServer
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model

@@ -31,8 +31,8 @@ from bagpipe_cli.engine.distributed.wire import (
 )
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.server import EmbeddingServer, init_servers
 from bagpipe_cli.engine.setup import RunSetup
+from bagpipe_cli.engine.shards import EmbeddingServer, init_servers
 from bagpipe_cli.environment import peak_rss_mb
 
 

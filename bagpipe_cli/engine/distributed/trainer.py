@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from bagpipe_cli.engine.distributed.collectives import TorchCollective
+from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.transport import TorchTransport
@@ -23,7 +23,7 @@ from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.loop import TrainingLoop
 from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
-from bagpipe_cli.engine.trainers import TrainerSet
+from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
 
 

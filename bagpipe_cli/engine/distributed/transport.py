@@ -24,7 +24,7 @@ from bagpipe_cli.engine.distributed.wire import (
     comm,
 )
 from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.server import split_by_shard
+from bagpipe_cli.engine.shards import split_by_shard
 from bagpipe_cli.engine.transport import Transport
 
 

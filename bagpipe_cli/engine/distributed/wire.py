@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.distributed.layout import Layout
-from bagpipe_cli.errors import BagpipeError
+from bagpipe_cli.errors import BagpipeError, RankFailure
 
 OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT = 1, 2, 3, 4, 5
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
@@ -31,10 +31,6 @@ OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DO
 # which on a large dataset takes longer than --timeout: that one wait is this long. A rank 0
 # that dies meanwhile is noticed at once (its connections close).
 PLANNING_WAIT_S = 24 * 3600.0
-
-
-class RankFailure(BagpipeError):
-    """Another rank died or could not be reached."""
 
 
 class ScheduleError(BagpipeError):

@@ -23,7 +23,7 @@ counts every such transfer. Definitions (batch granular; `U_b` = unique rows of 
   as fetched) and stay; every other row of `U_b` is fetched for each batch.
   `peak_resident_rows` = loaded rows + the most non-hot rows of one batch.
 
-lru, lfu and belady share one engine (`bagpipe_cli.profile.eviction.EvictingCache`): a
+lru, lfu and belady share one engine (`bagpipe_cli.policies.eviction.EvictingCache`): a
 queue of (priority, stamp) keys sorted ascending, with lazy deletion. `stamp` is the
 access's position in the concatenated trace (so it orders by batch, then first access in
 the batch) and the priority is 0 (lru), the access count (lfu) or `batches - next use`
@@ -39,8 +39,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.profile.eviction import EvictingCache
-from bagpipe_cli.profile.trace import Column, Trace, add_counts, as_trace, spill_like
+from bagpipe_cli.policies.eviction import EvictingCache
+from bagpipe_cli.policies.trace import Column, Trace, add_counts, as_trace, spill_like
 
 POLICIES = ("none", "bagpipe", "lru", "lfu", "fae", "belady")
 CAPACITY_POLICIES = ("lru", "lfu", "fae", "belady")

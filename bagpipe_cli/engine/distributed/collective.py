@@ -11,10 +11,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli.engine.collective import Collective, add_floats
+from bagpipe_cli.engine.collective import Collective, add_floats, ordered_sum
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.wire import comm
-from bagpipe_cli.engine.loop import ordered_sum
 
 
 class TorchCollective(Collective):

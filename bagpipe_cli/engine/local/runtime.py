@@ -1,12 +1,12 @@
 """The in-process runtime: N logical trainers in one process over a local collective.
 
-    loader thread:   read batch b+L, plan it (feed.LoaderFeed) -> bounded queue of rounds
+    loader thread:   read batch b+L, plan it (local/loader.py) -> bounded queue of rounds
     main thread:     the training loop (engine/loop.py) for every trainer: their slices'
                      forward/backward in trainer order, the sums already complete; it and
                      torch's threads on the compute cores, the other threads on the
                      reserved ones (engine/placement.py)
     server workers:  one thread per embedding server, requests in FIFO order, the emulated
-                     network held there (engine/transport.py)
+                     network held there (local/server.py)
     checkpoints:     at the boundary before iteration b (main thread): pending work lands,
                      the servers' tables with the cache's resident rows over them are written
                      with the dense state; training goes on with the same cache
@@ -21,14 +21,14 @@ import pandas as pd
 import torch
 
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
-from bagpipe_cli.engine.collective import LocalCollective
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.feed import LoaderFeed, planned_rounds
+from bagpipe_cli.engine.feed import planned_rounds
+from bagpipe_cli.engine.local.collective import LocalCollective
+from bagpipe_cli.engine.local.loader import LoaderFeed
+from bagpipe_cli.engine.local.transport import InProcessTransport
 from bagpipe_cli.engine.loop import ProgressFn, TrainingLoop
-from bagpipe_cli.engine.placement import Pinned, Placement, available_cores, plan_in_process
 from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
-from bagpipe_cli.engine.server import EmbeddingServer, init_servers, servers_from_tables
 from bagpipe_cli.engine.setup import (
     build_dense,
     build_planner,
@@ -37,8 +37,9 @@ from bagpipe_cli.engine.setup import (
     prepare,
     restore_dense,
 )
-from bagpipe_cli.engine.trainers import TrainerSet
-from bagpipe_cli.engine.transport import InProcessTransport
+from bagpipe_cli.engine.shards import EmbeddingServer, init_servers, servers_from_tables
+from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 
 
 def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:

@@ -4,7 +4,7 @@
 positions [lo, lo + len(u))): it fetches the batch's missing rows, then evicts the
 resident rows with the smallest (priority, stamp) keys until at most `capacity` remain,
 never a row of the batch. The policies differ only in the priority
-(`bagpipe_cli.profile.policies`); the engine's planner drives the same cache to know which
+(`bagpipe_cli.policies.simulators`); the engine's planner drives the same cache to know which
 rows each iteration evicts.
 """
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.profile.trace import Trace
+from bagpipe_cli.policies.trace import Trace
 
 _WINDOW = 4096  # fewest queue entries examined at a time when evicting
 

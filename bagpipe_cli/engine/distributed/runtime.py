@@ -22,21 +22,21 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.distributed.collectives import TorchCollective
+from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.coordinator import Coordinator
 from bagpipe_cli.engine.distributed.faults import Faults
-from bagpipe_cli.engine.distributed.launcher import spawn_local
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
-from bagpipe_cli.engine.distributed.netshape import ShapedNetwork
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
-from bagpipe_cli.engine.distributed.wire import RankFailure, comm
+from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
-from bagpipe_cli.engine.placement import Placement, available_cores, pin, plan_rank
 from bagpipe_cli.engine.records import TrainResult
 from bagpipe_cli.engine.setup import prepare
-from bagpipe_cli.errors import BagpipeError, ConfigError
+from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default
+from bagpipe_cli.launch.netshape import ShapedNetwork
+from bagpipe_cli.launch.placement import Placement, available_cores, pin, plan_rank
+from bagpipe_cli.launch.processes import spawn_local
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -133,7 +133,7 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
             if progress and line.startswith("{"):
                 progress(json.loads(line)["iteration"], {"loss": math.nan, "time": math.nan})
 
-        entry = ("import sys; from bagpipe_cli.engine.distributed.rank import rank_main; "
+        entry = ("import sys; from bagpipe_cli.engine.distributed.runtime import rank_main; "
                  "sys.exit(rank_main(*sys.argv[1:]))")
         command = [sys.executable, "-c", entry, str(conf), str(out)]
         if cfg.net_shape:

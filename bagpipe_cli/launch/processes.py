@@ -15,9 +15,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from bagpipe_cli.engine.distributed.netshape import ShapedNetwork
-from bagpipe_cli.engine.distributed.wire import RankFailure
-from bagpipe_cli.errors import BagpipeError
+from bagpipe_cli.errors import BagpipeError, RankFailure
+from bagpipe_cli.launch.netshape import ShapedNetwork
 
 
 class RankError(BagpipeError):

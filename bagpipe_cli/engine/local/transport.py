@@ -1,0 +1,114 @@
+"""A trainer's side of the in-process runtime's servers: requests split by shard and queued
+on each server's serving thread (`engine/local/server.py`); with a `NetworkModel`, each
+server's link sleeps for latency + bytes/bandwidth per message, so a cluster network is
+emulated without burning CPU."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+import torch
+
+from bagpipe_cli.engine.local.server import ServingThread
+from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.shards import EmbeddingServer, split_by_shard
+from bagpipe_cli.engine.transport import Transport
+
+
+class ShardRows:
+    """A fetch in flight: rows and optimizer state, assembled from the shards' replies on `result()`."""
+
+    def __init__(self, n: int, parts: list[tuple[np.ndarray, Future]], dim: int, state_dim: int):
+        self._n, self._parts, self._dim, self._sdim = n, parts, dim, state_dim
+
+    def done(self) -> bool:
+        return all(f.done() for _, f in self._parts)
+
+    def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if len(self._parts) == 1:
+            return self._parts[0][1].result()
+        rows = torch.empty(self._n, self._dim)
+        state = torch.empty(self._n, self._sdim)
+        for pos, f in self._parts:
+            w, s = f.result()
+            p = torch.from_numpy(pos)
+            rows[p] = w
+            state[p] = s
+        return rows, state
+
+
+class InProcessTransport(Transport):
+    """Servers as worker threads in this process; optional network emulation per link."""
+
+    def __init__(self, servers: list[EmbeddingServer], network: NetworkModel | None = None,
+                 on_start: Callable[[], None] | None = None):
+        self.servers = servers
+        self.num_servers = len(servers)
+        self.network = network or NetworkModel()
+        self._workers = [ServingThread(f"server-{s.shard}", on_start) for s in servers]
+        self.dim = servers[0].weight.shape[1]
+        self.state_dim = servers[0].state.shape[1]
+
+    def fetch(self, keys: np.ndarray) -> ShardRows:
+        parts = []
+        for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            if len(pos) == 0 and self.num_servers > 1:
+                continue
+            server, idx = self.servers[k], torch.from_numpy(local)
+            nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self.bytes_received += nbytes
+
+            def run(server=server, idx=idx, nbytes=nbytes):
+                return server.gather(idx), self.network.transfer_seconds(nbytes)
+
+            parts.append((pos, self._workers[k].submit(run)))
+        return ShardRows(len(keys), parts, self.dim, self.state_dim)
+
+    def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
+        futures = []
+        for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            if len(pos) == 0:
+                continue
+            p = torch.from_numpy(pos)
+            r, s = (rows, state) if self.num_servers == 1 else (rows[p], state[p])
+            server, idx = self.servers[k], torch.from_numpy(local)
+            nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self.bytes_sent += nbytes
+
+            def run(server=server, idx=idx, r=r, s=s, nbytes=nbytes):
+                server.write_back(idx, r, s)
+                return None, self.network.transfer_seconds(nbytes)
+
+            futures.append(self._workers[k].submit(run))
+        return futures
+
+    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+        futures = []
+        for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            if len(pos) == 0:
+                continue
+            g = grad if self.num_servers == 1 else grad[torch.from_numpy(pos)]
+            server, idx = self.servers[k], torch.from_numpy(local)
+            nbytes = g.numel() * 4
+            self.bytes_sent += nbytes
+
+            def run(server=server, idx=idx, g=g, nbytes=nbytes):
+                server.apply_gradients(idx, g, opt)
+                return None, self.network.transfer_seconds(nbytes)
+
+            futures.append(self._workers[k].submit(run))
+        return futures
+
+    def server_figures(self) -> dict[str, dict[str, float]]:
+        """Per server: seconds its worker was busy (serving, and holding the emulated link)
+        and the bytes it sent and received."""
+        return {f"server{s.shard}": {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
+                                     "bytes_received": s.bytes_received}
+                for s, w in zip(self.servers, self._workers, strict=True)}
+
+    def close(self) -> None:
+        for w in self._workers:
+            w.close()

@@ -1,0 +1,7 @@
+"""Where a job's processes and threads run: local rank processes, shaped links, core placement.
+
+    processes   start a job's ranks as local processes and report one cause when one fails
+                (`bagpipe train --procs`, and the TorchRec runner's trainers)
+    netshape    `--net-shape`: each rank in a network namespace behind a rate-limited link
+    placement   which cores the trainer's torch threads get, and which the helpers get
+"""
