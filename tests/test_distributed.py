@@ -256,12 +256,12 @@ from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import ScheduleError
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.shards import init_servers
+from bagpipe_cli.engine.shards import init_shards
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", rank=rank, world_size=4)
 lay = Layout(servers=1, trainers=2)
 if rank == 1:
-    server = init_servers([50], 4, 1, 0, RowOptimizer().init_state)[0]
+    server = init_shards([50], 4, 1, 0, RowOptimizer().init_state)[0]
     try:
         Server(server, lay, NetworkModel(), RowOptimizer(), Faults()).serve()
     except ScheduleError as e:

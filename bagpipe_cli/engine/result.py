@@ -16,7 +16,7 @@ from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
 from bagpipe_cli.engine.setup import Planning, RunSetup, run_config
-from bagpipe_cli.engine.shards import EmbeddingServer, assemble_tables
+from bagpipe_cli.engine.shards import Shard, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
 
 
@@ -39,7 +39,7 @@ def planner_summary(planning: Planning) -> dict[str, Any]:
 
 
 def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall: float,
-               model: torch.nn.Module, servers: list[EmbeddingServer], layout: dict[str, Any],
+               model: torch.nn.Module, servers: list[Shard], layout: dict[str, Any],
                facts: dict[str, Any], ckpt: Checkpointer | None, ck: Checkpoint | None) -> TrainResult:
     """The result of a run: `frames` are the trainer processes' records (trainer order),
     `servers` the final shards, `facts` the runner's own summary keys (runner, roles, ...)."""

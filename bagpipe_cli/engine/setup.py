@@ -29,7 +29,7 @@ from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
-from bagpipe_cli.engine.shards import EmbeddingServer
+from bagpipe_cli.engine.shards import Shard
 from bagpipe_cli.engine.systems import (
     CacheSystem,
     EmbeddingSystem,
@@ -160,7 +160,7 @@ def build_planner(s: RunSetup, start: int = 0) -> Planning:
 
 def build_system(s: RunSetup, slots: int | None, transport: Transport, trainers: TrainerSet,
                  device: str | torch.device = "cpu",
-                 servers: list[EmbeddingServer] | None = None) -> EmbeddingSystem:
+                 servers: list[Shard] | None = None) -> EmbeddingSystem:
     """The embedding system for `trainers`, with a cache of `slots` rows (`Planning.slots`);
     `servers`: the in-process server objects (the local system copies the tables from them)."""
     store = s.spec.store

@@ -1,6 +1,7 @@
-"""Embedding servers: the full tables in CPU memory, sharded by row over K servers.
+"""Shard storage: the full tables in CPU memory, sharded by row over K embedding servers.
 
-Rows of all tables live in one global key space (key = table offset + id). Server k holds
+This is what a server holds, whichever runtime serves it (`engine/local/server.py`: a
+serving thread; `engine/distributed/server.py`: a server rank). Rows of all tables live in one global key space (key = table offset + id). Server k holds
 the keys with `key % K == k` (hot ids, which are small ids after preprocessing, spread over
 all servers) at local index `key // K`, with each row's optimizer state next to it.
 Initial values depend only on (seed, table, id), so results do not depend on K.
@@ -16,7 +17,7 @@ import torch
 INIT_CHUNK = 1 << 20
 
 
-class EmbeddingServer:
+class Shard:
     """One shard: `weight` [n, dim] and `state` [n, state_dim]; batched gathers and write-backs."""
 
     def __init__(self, shard: int, num_shards: int, total_rows: int, dim: int, state: torch.Tensor):
@@ -29,7 +30,7 @@ class EmbeddingServer:
         self.bytes_received = 0
 
     @classmethod
-    def holding(cls, shard: int, num_shards: int, weight: torch.Tensor, state: torch.Tensor) -> EmbeddingServer:
+    def holding(cls, shard: int, num_shards: int, weight: torch.Tensor, state: torch.Tensor) -> Shard:
         """Shard `shard` of `num_shards` holding the given rows (a checkpoint's, or a rank's)."""
         s = cls.__new__(cls)
         s.shard, s.num_shards, s.rows = shard, num_shards, weight.shape[0]
@@ -79,8 +80,8 @@ def split_by_shard(keys: np.ndarray, num_shards: int) -> list[tuple[np.ndarray, 
     return out
 
 
-def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
-                 state_factory, only: int | None = None) -> list[EmbeddingServer]:
+def init_shards(cardinalities: list[int], dim: int, num_shards: int, seed: int,
+                 state_factory, only: int | None = None) -> list[Shard]:
     """Build K shards holding every table, initialised like DLRM: U(-1/sqrt(n), 1/sqrt(n)).
 
     `state_factory(rows)` makes the initial optimizer state of a shard. With `only=k` just
@@ -88,7 +89,7 @@ def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
     """
     total = int(sum(cardinalities))
     ks = range(num_shards) if only is None else [only]
-    servers = {k: EmbeddingServer(k, num_shards, total, dim, state_factory(shard_rows(k, num_shards, total)))
+    servers = {k: Shard(k, num_shards, total, dim, state_factory(shard_rows(k, num_shards, total)))
                for k in ks}
     offset = 0
     for t, n in enumerate(cardinalities):
@@ -105,7 +106,7 @@ def init_servers(cardinalities: list[int], dim: int, num_shards: int, seed: int,
     return list(servers.values())
 
 
-def gather_shards(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.Tensor]:
+def gather_shards(servers: list[Shard]) -> tuple[torch.Tensor, torch.Tensor]:
     """The full tables (weight, optimizer state) in global key order, copied from the shards."""
     k = len(servers)
     total = sum(s.weight.shape[0] for s in servers)
@@ -117,7 +118,7 @@ def gather_shards(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.T
     return weight, state
 
 
-def shard_tables(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.Tensor]:
+def shard_tables(servers: list[Shard]) -> tuple[torch.Tensor, torch.Tensor]:
     """The full tables in global key order: one shard's own tensors (no copy: writing them
     writes the shard), else a copy gathered from the shards."""
     if len(servers) == 1:
@@ -125,7 +126,7 @@ def shard_tables(servers: list[EmbeddingServer]) -> tuple[torch.Tensor, torch.Te
     return gather_shards(servers)
 
 
-def scatter_to_shards(servers: list[EmbeddingServer], weight: torch.Tensor, state: torch.Tensor) -> None:
+def scatter_to_shards(servers: list[Shard], weight: torch.Tensor, state: torch.Tensor) -> None:
     """Store full tables in global key order back into the shards (inverse of gather_shards)."""
     k = len(servers)
     for s in servers:
@@ -140,13 +141,13 @@ def hash_seed(*parts: int) -> int:
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> np.uint64(1))
 
 
-def assemble_tables(servers: list[EmbeddingServer], cardinalities: list[int]) -> list[torch.Tensor]:
+def assemble_tables(servers: list[Shard], cardinalities: list[int]) -> list[torch.Tensor]:
     """Full per-table weights [n_t, dim] (for saving a model): views of a single shard,
     else gathered from the shards."""
     return list(torch.split(shard_tables(servers)[0], cardinalities))
 
 
-def servers_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[EmbeddingServer]:
+def shards_from_tables(weight: torch.Tensor, state: torch.Tensor, num_shards: int) -> list[Shard]:
     """K shards holding the full tables `weight`/`state` in global key order (a checkpoint's)."""
-    return [EmbeddingServer.holding(k, num_shards, weight[k::num_shards].clone(),
+    return [Shard.holding(k, num_shards, weight[k::num_shards].clone(),
                                     state[k::num_shards].clone()) for k in range(num_shards)]

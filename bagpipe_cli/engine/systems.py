@@ -37,7 +37,7 @@ from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
-from bagpipe_cli.engine.shards import EmbeddingServer, scatter_to_shards, shard_tables
+from bagpipe_cli.engine.shards import Shard, scatter_to_shards, shard_tables
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
@@ -231,7 +231,7 @@ class LocalSystem(EmbeddingSystem):
     """
 
     def __init__(self, transport: Transport, trainers: TrainerSet, total_rows: int,
-                 servers: list[EmbeddingServer] | None = None, device: str | torch.device = "cpu"):
+                 servers: list[Shard] | None = None, device: str | torch.device = "cpu"):
         super().__init__(transport, trainers, device)
         self.servers = servers
         self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's index, rows)

@@ -4,7 +4,7 @@ parts. Everything here imports torchrec lazily (it is an optional install: `make
 
 `TorchRecModel` puts *our* dense model on top of the EBC's pooled output (KeyedTensor ->
 [B, T, E] in table order), so the dense configuration and its initialisation are the
-engine's by construction; the tables start from the engine's initial values (`init_servers`).
+engine's by construction; the tables start from the engine's initial values (`init_shards`).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.shards import assemble_tables, init_servers
+from bagpipe_cli.engine.shards import assemble_tables, init_shards
 from bagpipe_cli.errors import ConfigError
 
 SHARDINGS = ("table_wise", "column_wise", "data_parallel")
@@ -84,7 +84,7 @@ class TorchRecModel(nn.Module):
 
 def initial_tables(cardinalities: list[int], dim: int, seed: int) -> list[torch.Tensor]:
     """The engine's initial tables for `seed` (what every engine run starts from)."""
-    servers = init_servers(cardinalities, dim, 1, seed, lambda n: torch.zeros(n, 0))
+    servers = init_shards(cardinalities, dim, 1, seed, lambda n: torch.zeros(n, 0))
     return assemble_tables(servers, cardinalities)
 
 

@@ -33,7 +33,7 @@ from bagpipe_cli.engine.oracle import RoundPlan
 from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
 from bagpipe_cli.engine.setup import Planning, RunSetup, build_planner, open_resume
-from bagpipe_cli.engine.shards import EmbeddingServer
+from bagpipe_cli.engine.shards import Shard
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
@@ -156,5 +156,5 @@ class Coordinator:
         return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck)
 
 
-def _shard(k: int, layout: Layout, sent: dict[str, Any]) -> EmbeddingServer:
-    return EmbeddingServer.holding(k, layout.servers, sent["weight"], sent["state"])
+def _shard(k: int, layout: Layout, sent: dict[str, Any]) -> Shard:
+    return Shard.holding(k, layout.servers, sent["weight"], sent["state"])

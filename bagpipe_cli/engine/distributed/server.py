@@ -32,7 +32,7 @@ from bagpipe_cli.engine.distributed.wire import (
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.setup import RunSetup
-from bagpipe_cli.engine.shards import EmbeddingServer, init_servers
+from bagpipe_cli.engine.shards import Shard, init_shards
 from bagpipe_cli.environment import peak_rss_mb
 
 
@@ -58,7 +58,7 @@ class _Pass:
 class Server:
     """Serves one shard to the trainers of `layout` (see the module docstring)."""
 
-    def __init__(self, shard: EmbeddingServer, layout: Layout, network: NetworkModel,
+    def __init__(self, shard: Shard, layout: Layout, network: NetworkModel,
                  opt: RowOptimizer, faults: Faults):
         self.shard, self.layout, self.network, self.opt, self.faults = shard, layout, network, opt, faults
         self.dim, self.sdim = shard.weight.shape[1], shard.state.shape[1]
@@ -162,9 +162,9 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults) -> None:
     init = recv_obj(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
     if init is None:
         # Initial values depend only on (seed, table, id): each server builds just its shard.
-        shard = init_servers(s.cardinalities, s.row_dim, layout.servers, s.cfg.seed,
+        shard = init_shards(s.cardinalities, s.row_dim, layout.servers, s.cfg.seed,
                              s.rowopt.init_state, only=k)[0]
     else:
-        shard = EmbeddingServer.holding(k, layout.servers, init["weight"], init["state"])
+        shard = Shard.holding(k, layout.servers, init["weight"], init["state"])
     stats = Server(shard, layout, s.network, s.rowopt, faults).serve()
     send_obj({"weight": shard.weight, "state": shard.state, "stats": stats}, 0, layout)

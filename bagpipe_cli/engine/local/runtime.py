@@ -37,7 +37,7 @@ from bagpipe_cli.engine.setup import (
     prepare,
     restore_dense,
 )
-from bagpipe_cli.engine.shards import EmbeddingServer, init_servers, servers_from_tables
+from bagpipe_cli.engine.shards import Shard, init_shards, shards_from_tables
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 
@@ -56,9 +56,9 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
     start = ck.iteration if ck else 0
     model, dense_opt = build_dense(cfg, s.mcfg)
     if ck is None:
-        servers = init_servers(s.cardinalities, s.row_dim, cfg.servers, cfg.seed, s.rowopt.init_state)
+        servers = init_shards(s.cardinalities, s.row_dim, cfg.servers, cfg.seed, s.rowopt.init_state)
     else:  # the checkpoint's true parameters; the cache starts empty
-        servers = servers_from_tables(ck.weight, ck.state, cfg.servers)
+        servers = shards_from_tables(ck.weight, ck.state, cfg.servers)
         restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
     transport = InProcessTransport(servers, s.network, on_start=pinned.helper)
     planning = build_planner(s, start)
@@ -96,7 +96,7 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
     return finish_run(s, planning, [frame], wall, model, servers, layout, facts, ckpt, ck)
 
 
-def _checkpoint(ckpt: Checkpointer, servers: list[EmbeddingServer],
+def _checkpoint(ckpt: Checkpointer, servers: list[Shard],
                 prior: list[dict]) -> Callable[[int, TrainingLoop], None]:
     def take(b: int, loop: TrainingLoop) -> None:
         t = time.perf_counter()

@@ -14,7 +14,7 @@ import torch
 
 from bagpipe_cli.engine.local.server import ServingThread
 from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.shards import EmbeddingServer, split_by_shard
+from bagpipe_cli.engine.shards import Shard, split_by_shard
 from bagpipe_cli.engine.transport import Transport
 
 
@@ -43,7 +43,7 @@ class ShardRows:
 class InProcessTransport(Transport):
     """Servers as worker threads in this process; optional network emulation per link."""
 
-    def __init__(self, servers: list[EmbeddingServer], network: NetworkModel | None = None,
+    def __init__(self, servers: list[Shard], network: NetworkModel | None = None,
                  on_start: Callable[[], None] | None = None):
         self.servers = servers
         self.num_servers = len(servers)
