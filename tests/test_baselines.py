@@ -8,24 +8,37 @@ from helpers import assert_same_parameters
 from bagpipe_cli.cli import cli
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE, spec
 from bagpipe_cli.profile import batch_trace, simulate_fae, simulate_lfu, simulate_lru
+
+EXACT = [s for s in ENGINE_SYSTEMS if spec(s).exact and s != REFERENCE]  # enrolled from the registry
 
 
 @pytest.mark.parametrize("optimizer,trainers,servers", [("sgd", 1, 1), ("adagrad", 2, 3)])
-def test_every_exact_baseline_equals_sync(tiny_dataset, optimizer, trainers, servers):
+def test_every_exact_system_equals_sync(tiny_dataset, optimizer, trainers, servers):
+    """Every system the registry calls exact (at its exact settings: het's staleness 0) gives
+    bitwise the parameters and loss curve of sync; a new system is enrolled by its entry."""
     kw = dict(data=str(tiny_dataset), batch_size=256, iterations=30, lookahead=4, optimizer=optimizer,
               trainers=trainers, servers=servers, eval_rows=2000, dense_optimizer="adam", dense_lr=0.01)
-    sync = train(TrainConfig(system="sync", **kw))
-    for system, extra in [("lru", {"cache_rows": 2500}), ("lfu", {"cache_rows": 2500}),
-                          ("fae", {"cache_rows": 800}), ("local", {}), ("het", {"staleness": 0})]:
-        r = train(TrainConfig(system=system, **kw, **extra))
+    sync = train(TrainConfig(system=REFERENCE, **kw))
+    assert {"bagpipe", "lru", "lfu", "fae", "het", "local"} <= set(EXACT)
+    for system in EXACT:
+        s = spec(system)
+        r = train(TrainConfig(system=system, **kw, **s.exact_settings()))
         assert_same_parameters(sync, r)
-        if system in ("lru", "lfu", "fae"):
+        if "cache_rows" in s.reads:
             # every fetched row goes back to the servers, during training or at its end
-            s = r.summary
-            assert s["rows_written_back"] + s["rows_written_back_at_end"] == s["rows_fetched"]
-            assert 0 < s["rows_fetched"] < sync.summary["rows_fetched"]
+            sm = r.summary
+            assert sm["rows_written_back"] + sm["rows_written_back_at_end"] == sm["rows_fetched"]
+            assert 0 < sm["rows_fetched"] < sync.summary["rows_fetched"]
     assert train(TrainConfig(system="local", **kw)).summary["rows_fetched"] == 0
+
+
+def test_baselines_below_their_default_capacity_still_equal_sync(tiny_dataset):
+    kw = dict(data=str(tiny_dataset), batch_size=256, iterations=30, lookahead=4, eval_rows=2000)
+    sync = train(TrainConfig(system="sync", **kw))
+    for system, rows in [("lru", 2500), ("lfu", 2500), ("fae", 800)]:
+        assert_same_parameters(sync, train(TrainConfig(system=system, cache_rows=rows, **kw)))
 
 
 @pytest.mark.parametrize("policy,sim,capacity", [("lru", simulate_lru, 2000), ("lfu", simulate_lfu, 2000),

@@ -19,7 +19,8 @@ from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
 from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.setup import build_planner, prepare
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
+from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.processes import free_port
 
@@ -50,25 +51,26 @@ def _slice_rows(data, trainers):
     return out
 
 
-@pytest.mark.parametrize("system", ["sync", "bagpipe", "lru", "lfu", "fae", "local", "het"])
+@pytest.mark.parametrize("system", ENGINE_SYSTEMS)
 def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp_path, system):
-    """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine
-    (het with staleness 2 too: the same stale reads)."""
+    """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine,
+    for every system of the registry (het with staleness 2 too: the same stale reads)."""
     r = _run(tmp_path, tiny_dataset, system, "--system", system, "--staleness", "2", "--procs", "4")
     assert r.returncode == 0, r.stderr[-2000:]
     inproc = train(TrainConfig(data=str(tiny_dataset), system=system, staleness=2, **KW))
     assert_same_parameters(tmp_path / f"{system}.pt", inproc)
     m = pd.read_csv(tmp_path / system / "metrics.csv")
     assert m["loss"].tolist() == inproc.metrics["loss"].tolist()
-    if system in ("sync", "het"):  # each trainer pushes the gradients of its slice's rows
+    sp = spec(system)
+    if not sp.replicated:  # each trainer pushes the gradients of its slice's rows
         slice_rows = _slice_rows(tiny_dataset, 2)
         assert m["rows_written_back"].tolist() == slice_rows
-        if system == "sync":
+        if sp.role == "reference":  # and fetches them every iteration
             assert m["rows_fetched"].tolist() == slice_rows
     else:  # one writer per evicted row: the same as in-process
         assert m["rows_written_back"].tolist() == inproc.metrics["rows_written_back"].tolist()
-    if system == "het":
-        assert m["stale_reads"].tolist() == inproc.metrics["stale_reads"].tolist()
+    assert m["stale_reads"].tolist() == inproc.metrics["stale_reads"].tolist()
+    if "staleness" in sp.reads:
         assert m["stale_reads"].sum() > 0
     s = json.loads((tmp_path / system / "summary.json").read_text())
     assert s["transport"] == "torch" and s["backend"] == "gloo"
@@ -79,7 +81,7 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     server = s["roles"]["server0"]
     # what the trainers received is what the server sent
     assert server["bytes_sent"] == sum(s["roles"][f"trainer{i}"]["bytes_received"] for i in range(2))
-    if system == "local":  # whole tables once per trainer (before training), nothing after
+    if sp.role == "bound":  # local: whole tables once per trainer (before training), nothing after
         assert m["rows_fetched"].sum() == 0
     else:
         assert server["bytes_sent"] == m["rows_fetched"].sum() * (16 + 1) * 4  # row + Adagrad state
@@ -100,7 +102,7 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     s = prepare(cfg)
     rows = np.zeros(n, np.int64)
     logical = 0
-    for rp in build_planner(s).planner.plan(key_batches(s.ds, cfg, s.train_rows, s.offsets)):
+    for rp in s.spec.plan(s, 0).planner.plan(key_batches(s.ds, cfg, s.train_rows, s.offsets)):
         rows += [len(rp.fetch_for(i)[0]) for i in range(n)]
         logical += len(rp.fetch_keys)
     s = json.loads((tmp_path / "bag" / "summary.json").read_text())

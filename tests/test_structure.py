@@ -1,5 +1,6 @@
-"""The package's shape: no import cycles, the registry is the one place that knows system
-names, and modules and functions stay small enough to read."""
+"""The package's shape: no import cycles, the registry and the policy table are the only
+places that know system and cache-policy names, and modules and functions stay small
+enough to read."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
+from bagpipe_cli.policies.table import POLICIES
 
 PACKAGE = Path(__file__).resolve().parents[1] / "bagpipe_cli"
 MAX_MODULE_LINES = 400
@@ -59,34 +61,42 @@ def test_no_import_cycles():
             visit(m, [])
 
 
-def _compares_a_system_name(node: ast.Compare, source: str) -> bool:
-    sides = [node.left, *node.comparators]
-    consts = []
-    for s in sides:
-        elts = s.elts if isinstance(s, ast.Tuple | ast.List | ast.Set) else [s]
-        consts += [e.value for e in elts if isinstance(e, ast.Constant) and isinstance(e.value, str)]
-    others = [ast.get_source_segment(source, s) or "" for s in sides]
-    return any(c in ALL_SYSTEMS for c in consts) and any("system" in o for o in others)
+NAMES = set(ALL_SYSTEMS) | set(POLICIES)  # system and cache-policy names
+# The modules whose job is to say what each system and policy is.
+TABLES = {"bagpipe_cli.engine.registry", "bagpipe_cli.policies.table"}
 
 
-def test_only_the_registry_compares_system_names():
-    """Modules ask the registry what a system does instead of testing its name."""
+def _compares_a_name(node: ast.Compare) -> bool:
+    """A comparison (==, !=, in, not in, ...) with a system's or a cache policy's name."""
+    for side in (node.left, *node.comparators):
+        elts = side.elts if isinstance(side, ast.Tuple | ast.List | ast.Set) else [side]
+        if any(isinstance(e, ast.Constant) and e.value in NAMES for e in elts):
+            return True
+    return False
+
+
+def test_only_the_registry_and_the_policy_table_compare_names():
+    """Modules ask the registry (systems) or the policy table (cache policies) what a system
+    or a policy does instead of testing its name."""
     offenders = []
     for name, path in _modules().items():
-        if name == "bagpipe_cli.engine.registry":
+        if name in TABLES:
             continue
         source = path.read_text()
         for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Compare) and _compares_a_system_name(node, source):
-                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+            if isinstance(node, ast.Compare) and _compares_a_name(node):
+                offenders.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: "
+                                 f"{ast.get_source_segment(source, node)}")
     assert not offenders, offenders
 
 
 def test_the_structure_check_finds_a_name_comparison():
-    src = 'if cfg.system == "bagpipe" or s.system in ("sync", "local"): pass\nif x == "bagpipe": pass\n'
+    src = ('if cfg.system == "bagpipe" or s.system in ("sync", "local"): pass\n'
+           'if policy == "lfu": pass\nif "belady" in pols: pass\nif p != "fae": pass\n'
+           'if x == "bagpipes" or y in ("synced",): pass\n')
     hits = [n.lineno for n in ast.walk(ast.parse(src))
-            if isinstance(n, ast.Compare) and _compares_a_system_name(n, src)]
-    assert hits == [1, 1]
+            if isinstance(n, ast.Compare) and _compares_a_name(n)]
+    assert sorted(hits) == [1, 1, 2, 3, 4]
 
 
 def test_modules_and_functions_stay_small():

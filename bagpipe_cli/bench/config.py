@@ -50,6 +50,7 @@ BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", 
               "profile")
 DATASET_KEYS = ("name", "path", "synth")
 PROFILE_KEYS = ("enabled", "batch_size", "lookaheads", "policies", "dim")
+NULL_WORDS = ("none", "null")  # a YAML string that means "not set" for an optional setting
 # Set by `datasets`, `systems` and `models`, never by `base` or `matrix`.
 RESERVED_FIELDS = ("data", "system", "model")
 
@@ -213,7 +214,7 @@ def _setting(key: str, v: Any, tf: dict[str, Any], where: str, what: str) -> Any
         if type(None) in args:
             return None
         raise ConfigError(f"{where}: {what} cannot be null")
-    if isinstance(v, str) and v.lower() in ("none", "null") and type(None) in args:
+    if isinstance(v, str) and v.lower() in NULL_WORDS and type(None) in args:
         return None  # TOML has no null
     if int in args and isinstance(v, int) and not isinstance(v, bool):
         return v

@@ -233,8 +233,7 @@ def _profile(cfg: BenchConfig, plan: list[PlannedRun], ds, out: Path, emit: Prog
         return
     runs = [p.config for p in plan if p.dataset == ds.name]
     prof = cfg.profile
-    lookaheads = prof.lookaheads or tuple(sorted({c.lookahead for c in runs
-                                                  if spec(c.system).planner == "oracle"})
+    lookaheads = prof.lookaheads or tuple(sorted({c.lookahead for c in runs if spec(c.system).rounds})
                                           or {runs[0].lookahead})
     pc = ProfileConfig(data=ds.path, batch_size=prof.batch_size or runs[0].batch_size,
                        lookaheads=lookaheads, policies=prof.policies, dim=prof.dim or runs[0].emb_dim)

@@ -14,13 +14,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bagpipe_cli.data.format import Batch, Dataset
-from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.oracle import Oracle, RoundPlan, batch_keys
-from bagpipe_cli.engine.planner import PolicyPlanner
+
+if TYPE_CHECKING:
+    from bagpipe_cli.engine.config import TrainConfig
+    from bagpipe_cli.engine.planner import PolicyPlanner
 
 
 @dataclass

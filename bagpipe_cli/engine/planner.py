@@ -1,38 +1,35 @@
-"""Cache plans of the baselines: lru, lfu (fetch on miss, evict a victim) and fae (static hot set).
+"""Planning a run's cache: the plan builders every system's registry entry names.
 
-They produce the same RoundPlans as the Oracle, one iteration per round and nothing
-prefetched ahead: a round's misses are fetched when it starts, and the iteration waits for
-them. The eviction decisions are those of `bagpipe profile`'s simulators (the same code),
-so fetched-row counts of a training run equal the profile's on the same batches.
+- `no_plan`: systems without a planned cache (sync, het, local) need only U_b and its
+  inverse per iteration: an oracle with lookahead 1 and no cache plans them;
+- `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`);
+- `policy_plan(name)`: a fixed-capacity baseline (lru, lfu, fae) that follows its policy's
+  decisions (`policies/decisions.py`, the same as `bagpipe profile`'s simulators), so
+  fetched-row counts of a training run equal the profile's on the same batches.
 
-- lru/lfu(R): before iteration b the missing rows of U_b are fetched and the victims the
-  policy picks (never rows of U_b) are written back first, so at most R rows are resident.
-- fae(R): the R most-accessed rows of the run's trace (or of its first `hot_sample` part, as
-  FAE profiles a sample of the input) are loaded before iteration 0 and stay;
-  every other row of U_b is fetched for b and written back after it.
+A `PolicyPlanner` produces the same RoundPlans as the Oracle, one iteration per round and
+nothing prefetched ahead: a round's misses are fetched when it starts, and the iteration
+waits for them; the policy's victims are written back before them (`pre_evict`), its
+after-batch rows after the iteration (`evict`).
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
+from bagpipe_cli.engine.feed import key_batches
+from bagpipe_cli.engine.oracle import IterPlan, Oracle, RoundPlan, plan_peak
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.policies.simulators import (
-    EvictingCache,
-    check_capacity,
-    hot_rows,
-    lfu_count_bound,
-    lfu_priority,
-    trace_row_counts,
-)
+from bagpipe_cli.policies.table import policy as cache_policy
 from bagpipe_cli.policies.trace import Trace, trace_from_parts
 
-PLANNED_POLICIES = ("lru", "lfu", "fae")
+if TYPE_CHECKING:
+    from bagpipe_cli.engine.setup import RunSetup
 
 
 def trace_of(batches: Iterable[np.ndarray], total_rows: int) -> Trace:
@@ -46,37 +43,15 @@ def trace_of(batches: Iterable[np.ndarray], total_rows: int) -> Trace:
     return trace_from_parts(keys, counts, total_rows)
 
 
-def _prefix(trace: Trace, fraction: float) -> Trace:
-    """The trace of the first ceil(fraction * batches) batches (at least one)."""
-    nb = len(trace)
-    return trace.prefix(min(nb, max(1, math.ceil(fraction * nb))))
-
-
 class PolicyPlanner:
-    """Plans an lru, lfu or fae cache of `capacity` rows over a known trace (see module doc)."""
+    """Plans a fixed-capacity cache over a known trace by its policy's `decisions`
+    (`EvictingDecisions`, `HotSetDecisions`: see the module docstring)."""
 
-    def __init__(self, policy: str, trace: Trace, capacity: int, total_rows: int,
-                 hot_sample: float = 1.0):
-        if policy not in PLANNED_POLICIES:
-            raise ConfigError(f"--system {policy!r}: not a planned cache policy")
-        self.policy, self.trace, self.capacity = policy, trace, int(capacity)
-        if policy == "fae":
-            if self.capacity < 1:
-                raise ConfigError(f"--cache-rows must be >= 1 (got {capacity})")
-            # FAE picks its hot rows from a profile of a sample of the input: here the first
-            # `hot_sample` of the run's batches (all of them by default, as `bagpipe profile`).
-            self.hot = hot_rows(trace_row_counts(_prefix(trace, hot_sample)), self.capacity)
-            self.hot_keys = np.flatnonzero(self.hot)
-            cold_max = max((int((~self.hot[trace.batch(b)]).sum()) for b in range(len(trace))), default=0)
-            slots = len(self.hot_keys) + cold_max
-        else:
-            check_capacity(self.capacity, trace.max_batch_rows)
-            self.cache = EvictingCache(self.capacity, trace, lfu_count_bound(trace) if policy == "lfu" else 0)
-            self.priority = lfu_priority(trace) if policy == "lfu" else (lambda b, lo, u: None)
-            slots = self.capacity
-        self.slots = slots  # physical cache rows the plan needs
+    def __init__(self, decisions: Any, trace: Trace, total_rows: int):
+        self.decisions, self.trace = decisions, trace
+        self.slots = decisions.slots  # physical cache rows the plan needs
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
-        self.free = list(range(slots - 1, -1, -1))
+        self.free = list(range(self.slots - 1, -1, -1))
         self.peak_resident = 0
         self.seconds = 0.0
         self.iterations_planned = 0
@@ -99,31 +74,21 @@ class PolicyPlanner:
         for b, keys in enumerate(batches):
             t0 = time.perf_counter()
             uniq, inverse = np.unique(keys, return_inverse=True)
-            lo, u = int(tr.offsets[b]), tr.batch(b)
-            if len(u) != len(uniq):
+            if len(tr.batch(b)) != len(uniq):
                 raise RuntimeError("trace does not match the batch stream")
-            pre_keys = np.empty(0, np.int64)
-            after = np.empty(0, np.int64)
-            if self.policy == "fae":
-                cold = uniq[~self.hot[uniq]]
-                fetch = np.concatenate([self.hot_keys, cold]) if b == 0 else cold
-                after = cold
-            else:
-                fetch = u[~self.cache.resident[u]]
-                self.cache.step(u, lo, self.priority(b, lo, u))
-                pre_keys = np.concatenate(self.cache.evicted) if self.cache.evicted else pre_keys
-            pre_slots = self._release(pre_keys)
-            fetch_slots = self._take(fetch)
+            d = self.decisions.step(b, uniq)
+            pre_slots = self._release(d.before)
+            fetch_slots = self._take(d.fetch)
             resident = self.slots - len(self.free)
             self.peak_resident = max(self.peak_resident, resident)
             slots = self.slot_of[uniq]
-            after_slots = self._release(after)
+            after_slots = self._release(d.after)
             # The cache is replicated on every trainer: every row's gradient is all-reduced.
-            it = IterPlan(b, uniq, inverse.reshape(-1), slots, len(fetch), after, after_slots,
+            it = IterPlan(b, uniq, inverse.reshape(-1), slots, len(d.fetch), d.after, after_slots,
                           sync_now=len(uniq), sync_later=0, no_sync=0,
                           no_sync_owner_rows=np.zeros(1, np.int64))
-            rp = RoundPlan(b, fetch, fetch_slots, [it], resident_after_insert=resident,
-                           pre_evict_keys=pre_keys, pre_evict_slots=pre_slots)
+            rp = RoundPlan(b, d.fetch, fetch_slots, [it], resident_after_insert=resident,
+                           pre_evict_keys=d.before, pre_evict_slots=pre_slots)
             self.seconds += time.perf_counter() - t0
             self.iterations_planned += 1
             yield rp
@@ -135,3 +100,62 @@ class PolicyPlanner:
     @property
     def ms_per_batch(self) -> float:
         return 1e3 * self.seconds / max(1, self.iterations_planned)
+
+
+@dataclass
+class Planning:
+    """The planner of a run's cache, its capacity and bagpipe's peak (None without a cache)."""
+
+    planner: Oracle | PolicyPlanner
+    capacity: int | None
+    peak: int | None
+
+    @property
+    def slots(self) -> int | None:
+        """Physical rows of the trainer cache the plan needs (None: the system has no cache)."""
+        p = self.planner
+        return p.slots if isinstance(p, PolicyPlanner) else p.capacity
+
+
+PlanBuilder = Callable[["RunSetup", int], Planning]  # (run, first iteration) -> its planning
+
+
+def no_plan(s: RunSetup, start: int = 0) -> Planning:
+    """U_b and its inverse per iteration, nothing cached: an oracle of lookahead 1, no cache."""
+    return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None), None, None)
+
+
+def _peak(s: RunSetup, start: int) -> tuple[int, int]:
+    """(bagpipe's peak at --lookahead, the capacity: --cache-rows or that peak). A planning
+    pass (the oracle is deterministic) gives the peak before any training; the baselines'
+    default capacity is the memory Bagpipe needs, as in `bagpipe profile`."""
+    cfg = s.cfg
+    peak, _ = plan_peak(key_batches(s.ds, cfg, s.train_rows, s.offsets, start), s.total_rows,
+                        cfg.lookahead, cfg.round)
+    return peak, cfg.cache_rows or max(peak, 1)
+
+
+def lookahead_plan(s: RunSetup, start: int = 0) -> Planning:
+    """Bagpipe's oracle at --lookahead, with a cache of --cache-rows (default: its peak)."""
+    cfg = s.cfg
+    peak, capacity = _peak(s, start)
+    if cfg.cache_rows is not None and cfg.cache_rows < peak:
+        raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
+                          f"of {peak} rows; raise --cache-rows or lower --lookahead")
+    return Planning(Oracle(s.total_rows, cfg.lookahead, cfg.round, cfg.trainers, capacity),
+                    capacity, peak)
+
+
+def policy_plan(name: str) -> PlanBuilder:
+    """The plan builder of a fixed-capacity cache following policy `name`'s decisions."""
+    decide = cache_policy(name).decisions
+    if decide is None:
+        raise ValueError(f"policy {name!r} has no decisions a trainer can follow")
+
+    def build(s: RunSetup, start: int = 0) -> Planning:
+        peak, capacity = _peak(s, start)
+        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets, start), s.total_rows)
+        planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows)
+        return Planning(planner, capacity, peak)
+
+    return build

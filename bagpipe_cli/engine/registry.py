@@ -1,21 +1,38 @@
-"""The systems `bagpipe` trains, and what each one is: the one list every command reads.
+"""The systems `bagpipe` trains: what each one is, and how it builds itself.
 
-`train`, `bench`, `simulate` and `report` ask this registry what a system does (where its
-rows live, how its gradients are synchronised, which settings it reads, whether it gives
-the same parameters as `sync`) instead of comparing system names. A new system is one
-entry here plus its implementation (`engine/systems.py`, or an external runner).
+Each `SystemSpec` builds its planner (`plan`), its embedding system for one process
+(`build_system`) and its simulated per-iteration volumes (`volumes`), and says what it
+is: which settings it reads, whether it gives the same parameters as `sync`, its role and
+colour. `train`, `bench`, `simulate`, `report` and the tests ask this registry instead of
+comparing system names, so a new system is one entry here plus its implementation
+(a plan builder in `engine/planner.py`, an `EmbeddingSystem` in `engine/systems.py` and
+its volumes in `simulate/volumes.py`, or an external runner).
 """
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
+from bagpipe_cli.engine.planner import PlanBuilder, lookahead_plan, no_plan, policy_plan
+from bagpipe_cli.engine.systems import (
+    CacheSystem,
+    EmbeddingSystem,
+    HetSystem,
+    LocalSystem,
+    SyncSystem,
+    SystemParts,
+)
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.policies.table import policy
 
 # Settings that belong to one system rather than to the setting it runs in.
 SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample")
 ENGINE = "engine"  # SystemSpec.runner of the systems this package's engine trains
+VOLUMES = "bagpipe_cli.simulate.volumes"  # where the engine's systems' simulated volumes are
 
 
 @dataclass(frozen=True)
@@ -24,15 +41,18 @@ class SystemSpec:
 
     name: str
     summary: str  # one line, for --help and the README
-    store: str  # where a trainer's rows live: "cache" (planned cache), "tables" (every table),
-    #             "none" (fetched every iteration), "stale-cache" (copies with a staleness bound)
-    planner: str  # what plans its cache: "oracle" (lookahead), "policy" (lru/lfu/fae), "none"
+    plan: PlanBuilder  # (RunSetup, first iteration) -> Planning: what plans its cache
+    build_system: Callable[[SystemParts], EmbeddingSystem] | None  # one process's system
+    volumes: str | None  # "module:function" of its simulated volumes (simulate imports this
+    #                      registry, so it is resolved when asked: `simulated_volumes`)
     replicated: bool  # trainers hold every row of U_b and all-reduce its gradients (else:
     #                   they push their own rows' gradients to the servers)
     reads: frozenset[str] = frozenset()  # the SYSTEM_SETTINGS it reads
+    rounds: bool = False  # its iterations come in rounds of --round (default L/4), planned
+    #                       --lookahead ahead (else: one iteration a round)
     capacity_from_peak: bool = False  # default --cache-rows is Bagpipe's peak at --lookahead
-    lrpp: bool = False  # LRPP: sync_now / sync_later / no_sync rows, private fetches
-    prefetch_ahead: bool = False  # a round's rows are fetched while the previous round trains
+    per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
+    #                                    trainer keeps a cache of its own)
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
@@ -50,12 +70,28 @@ class SystemSpec:
         key, value = self.exact_only_if
         return getattr(cfg, key) == value
 
+    def exact_settings(self) -> dict[str, Any]:
+        """The settings under which it is exact (`{"staleness": 0}` for het, else none)."""
+        return dict([self.exact_only_if]) if self.exact_only_if else {}
+
     def ignored_settings(self, cache_rows: int | None) -> set[str]:
         """The SYSTEM_SETTINGS this system does not read (with `cache_rows` as configured)."""
         ignored = set(SYSTEM_SETTINGS) - self.reads
         if self.capacity_from_peak and cache_rows is not None:
             ignored |= {"lookahead", "round"}  # only read for the default capacity
         return ignored
+
+    def round_length(self, lookahead: int, round_len: int | None) -> int:
+        """Iterations per round at these settings."""
+        return (round_len or max(1, lookahead // 4)) if self.rounds else 1
+
+    def simulated_volumes(self, trace: Any) -> Any:
+        """Its per-iteration volumes on a simulated trace (`simulate/volumes.py`)."""
+        module, fn = (self.volumes or "").partition(":")[::2]
+        if not fn:
+            raise ConfigError(f"--systems {self.name}: not simulated (it is not one of the "
+                              f"engine's systems)")
+        return getattr(importlib.import_module(module), fn)(trace, self)
 
     @property
     def external(self) -> bool:
@@ -64,33 +100,41 @@ class SystemSpec:
 
 _CACHE_SETTINGS = frozenset({"lookahead", "round", "cache_rows"})
 
+
+def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS) -> SystemSpec:
+    """A fixed-capacity cache that follows cache policy `name` (lru, lfu, fae)."""
+    return SystemSpec(name, summary, plan=policy_plan(name),
+                      build_system=partial(CacheSystem.build, prefetch_ahead=False, lrpp=False),
+                      volumes=f"{VOLUMES}:policy_volumes", replicated=True, reads=reads,
+                      capacity_from_peak=True, color=policy(name).color)
+
+
 _SPECS = (
     SystemSpec("sync", "no cache: every iteration fetches its rows and writes the update back "
-               "(parameter server)", store="none", planner="none", replicated=False,
-               role="reference", color="#555555"),
-    SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP", store="cache",
-               planner="oracle", replicated=True, reads=_CACHE_SETTINGS, lrpp=True,
-               prefetch_ahead=True, role="ours", color="#d62728"),
-    SystemSpec("lru", "fixed cache, fetch on miss, evict the least recently used", store="cache",
-               planner="policy", replicated=True, reads=_CACHE_SETTINGS, capacity_from_peak=True,
-               color="#1f77b4"),
-    SystemSpec("lfu", "fixed cache, fetch on miss, evict the least frequently used", store="cache",
-               planner="policy", replicated=True, reads=_CACHE_SETTINGS, capacity_from_peak=True,
-               color="#2ca02c"),
-    SystemSpec("fae", "static cache of the hottest rows (FAE); the others fetched every iteration",
-               store="cache", planner="policy", replicated=True,
-               reads=_CACHE_SETTINGS | {"hot_sample"}, capacity_from_peak=True, color="#9467bd"),
+               "(parameter server)", plan=no_plan, build_system=SyncSystem.build,
+               volumes=f"{VOLUMES}:fetched_volumes", replicated=False, role="reference",
+               color=policy("none").color),
+    SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP",
+               plan=lookahead_plan,
+               build_system=partial(CacheSystem.build, prefetch_ahead=True, lrpp=True),
+               volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
+               rounds=True, role="ours", color=policy("bagpipe").color),
+    _baseline("lru", "fixed cache, fetch on miss, evict the least recently used"),
+    _baseline("lfu", "fixed cache, fetch on miss, evict the least frequently used"),
+    _baseline("fae", "static cache of the hottest rows (FAE); the others fetched every iteration",
+              reads=_CACHE_SETTINGS | {"hot_sample"}),
     SystemSpec("het", "bounded-staleness cache (HET): copies may lag --staleness versions",
-               store="stale-cache", planner="none", replicated=False, reads=frozenset({"staleness"}),
-               exact_only_if=("staleness", 0), inexact_when="--staleness > 0", color="#ff7f0e"),
+               plan=no_plan, build_system=HetSystem.build, volumes=f"{VOLUMES}:stale_volumes",
+               per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}), exact_only_if=("staleness", 0),
+               inexact_when="--staleness > 0", color="#ff7f0e"),
     SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
-               store="tables", planner="none", replicated=True, role="bound", color="#17becf"),
+               plan=no_plan, build_system=LocalSystem.build, volumes=f"{VOLUMES}:local_volumes",
+               replicated=True, role="bound", color="#17becf"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
-               "(optional: make torchrec)", store="tables", planner="none", replicated=False,
-               runner="bagpipe_cli.external.torchrec_run:run_torchrec", install="make torchrec",
-               color="#8c564b"),
+               "(optional: make torchrec)", plan=no_plan, build_system=None, volumes=None,
+               replicated=False, runner="bagpipe_cli.external.torchrec_run:run_torchrec",
+               install="make torchrec", color="#8c564b"),
 )
-
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in _SPECS}
 ENGINE_SYSTEMS = tuple(s.name for s in _SPECS if not s.external)
 ALL_SYSTEMS = tuple(SYSTEMS)

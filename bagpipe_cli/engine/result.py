@@ -14,8 +14,9 @@ import torch
 
 from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.evaluation import evaluate
+from bagpipe_cli.engine.planner import Planning
 from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
-from bagpipe_cli.engine.setup import Planning, RunSetup, run_config
+from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.shards import Shard, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
 

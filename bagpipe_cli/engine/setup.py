@@ -1,8 +1,9 @@
 """Setting a run up: what every process derives from the config and the dataset, alike.
 
 `prepare(cfg)` opens and checks the dataset and splits off the held-out tail; the builders
-make the dense model and its optimizer (from the seed, identically on every trainer), the
-planner of the system's cache, and the system itself for the trainers of one process.
+make the dense model and its optimizer (from the seed, identically on every trainer) and
+the system for the trainers of one process (`build_system`, by the system's registry
+entry, which also plans its cache: `s.spec.plan(s, start)`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import numpy as np
 import torch
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.checkpoint import (
     Checkpoint,
     check_compatible,
@@ -23,20 +23,11 @@ from bagpipe_cli.engine.checkpoint import (
     find_checkpoint,
 )
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import Oracle, plan_peak
-from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.shards import Shard
-from bagpipe_cli.engine.systems import (
-    CacheSystem,
-    EmbeddingSystem,
-    HetSystem,
-    LocalSystem,
-    SyncSystem,
-)
+from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import ConfigError
@@ -118,60 +109,13 @@ def open_resume(s: RunSetup) -> Checkpoint | None:
     return ck
 
 
-@dataclass
-class Planning:
-    """The planner of a run's cache, its capacity and bagpipe's peak (None without a cache)."""
-
-    planner: Oracle | PolicyPlanner
-    capacity: int | None
-    peak: int | None
-
-    @property
-    def slots(self) -> int | None:
-        """Physical rows of the trainer cache the plan needs (None: the system has no cache)."""
-        p = self.planner
-        return p.slots if isinstance(p, PolicyPlanner) else p.capacity
-
-
-def build_planner(s: RunSetup, start: int = 0) -> Planning:
-    """The planner of batches start.. (a resumed run plans only what is left)."""
-    cfg = s.cfg
-
-    def keys():
-        return key_batches(s.ds, cfg, s.train_rows, s.offsets, start)
-
-    if s.spec.planner == "none":
-        # Only U_b and its inverse are needed: an oracle with lookahead 1 and no cache plans them.
-        return Planning(Oracle(s.total_rows, 1, 1, cfg.trainers, None), None, None)
-    # A planning pass (the oracle is deterministic) gives the peak before any training; the
-    # baselines' default capacity is the memory Bagpipe needs, as in `bagpipe profile`.
-    peak, _ = plan_peak(keys(), s.total_rows, cfg.lookahead, cfg.round)
-    capacity = cfg.cache_rows or max(peak, 1)
-    if s.spec.planner == "oracle":
-        if cfg.cache_rows is not None and cfg.cache_rows < peak:
-            raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
-                              f"of {peak} rows; raise --cache-rows or lower --lookahead")
-        return Planning(Oracle(s.total_rows, cfg.lookahead, cfg.round, cfg.trainers, capacity),
-                        capacity, peak)
-    planner = PolicyPlanner(cfg.system, trace_of(keys(), s.total_rows), capacity, s.total_rows,
-                            cfg.hot_sample)
-    return Planning(planner, capacity, peak)
-
-
 def build_system(s: RunSetup, slots: int | None, transport: Transport, trainers: TrainerSet,
                  device: str | torch.device = "cpu",
                  servers: list[Shard] | None = None) -> EmbeddingSystem:
-    """The embedding system for `trainers`, with a cache of `slots` rows (`Planning.slots`);
-    `servers`: the in-process server objects (the local system copies the tables from them)."""
-    store = s.spec.store
-    if store == "cache":
-        cache = RowCache(slots, s.row_dim, s.rowopt.state_dim, device)
-        return CacheSystem(transport, trainers, cache, s.spec.prefetch_ahead, s.spec.lrpp, device)
-    if store == "tables":
-        return LocalSystem(transport, trainers, s.total_rows, servers, device)
-    if store == "stale-cache":
-        return HetSystem(transport, trainers, s.total_rows, s.cfg.staleness, s.row_dim, device)
-    return SyncSystem(transport, trainers, device)
+    """The run's embedding system for `trainers`, with a cache of `slots` rows
+    (`Planning.slots`); `servers`: the in-process shards (local trains them in place)."""
+    return s.spec.build_system(SystemParts(s, slots, transport, trainers, torch.device(device),
+                                           servers))
 
 
 def run_config(s: RunSetup, layout: dict[str, Any], runner: dict[str, Any]) -> dict[str, Any]:

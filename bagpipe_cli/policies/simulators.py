@@ -42,9 +42,6 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.eviction import EvictingCache
 from bagpipe_cli.policies.trace import Column, Trace, add_counts, as_trace, spill_like
 
-POLICIES = ("none", "bagpipe", "lru", "lfu", "fae", "belady")
-CAPACITY_POLICIES = ("lru", "lfu", "fae", "belady")
-
 TraceLike = Trace | Iterable[Sequence[int] | np.ndarray]
 BatchProgress = Callable[[int], None]  # called with the number of batches just simulated
 _INT32_MAX = 2**31 - 1
@@ -54,7 +51,7 @@ _INT32_MAX = 2**31 - 1
 class PolicyResult:
     """What one policy at one setting did over a whole trace."""
 
-    policy: str  # one of POLICIES
+    policy: str  # a name of the policies table (`policies/table.py`)
     lookahead: int | None  # bagpipe's L, else None
     cache_rows: int | None  # capacity R of lru/lfu/fae/belady, else None
     batches: int  # number of batches simulated
@@ -352,8 +349,3 @@ def simulate_belady(trace: TraceLike, capacity: int, progress: BatchProgress | N
         return nb - nu[lo : lo + len(u)].astype(np.int64)  # furthest next use -> smallest key -> evicted first
 
     return _run_evicting("belady", tr, capacity, primary, max(nb, 1), progress)
-
-
-SIMULATORS: dict[str, Callable[..., PolicyResult]] = {
-    "lru": simulate_lru, "lfu": simulate_lfu, "belady": simulate_belady,
-}

@@ -29,9 +29,6 @@ from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.simulators import (
-    CAPACITY_POLICIES,
-    POLICIES,
-    SIMULATORS,
     BagpipeSimulator,
     PolicyResult,
     check_capacity,
@@ -43,6 +40,7 @@ from bagpipe_cli.policies.simulators import (
     simulate_lru,
     simulate_none,
 )
+from bagpipe_cli.policies.table import POLICIES, TABLE, Policy, policy, with_role
 from bagpipe_cli.policies.trace import (
     DiskArray,
     SpillDir,
@@ -102,8 +100,7 @@ class ProfileConfig:
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
         for p in self.policies:
-            if p not in POLICIES:
-                raise ConfigError(f"--policies: unknown policy {p!r}; choose from {', '.join(POLICIES)}")
+            policy(p)  # a known one
         if self.dim < 1:
             raise ConfigError(f"--dim must be >= 1 (got {self.dim})")
 
@@ -225,14 +222,14 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     _timed(timing, "skew", t0, accesses)
     # Only fae needs the per-row counts again: they wait on disk, not in memory (8 B a row).
     row_counts = None
-    if "fae" in config.policies:
+    pols = [policy(p) for p in config.policies]
+    if any(p.needs_row_counts for p in pols):
         row_counts = DiskArray(SpillDir(), "row_counts", np.int64, skew.row_counts.size)
         row_counts[:] = skew.row_counts
     skew = replace(skew, row_counts=None)
 
     # Pass 2: the trace, streamed through none and bagpipe.
-    pols = config.policies
-    want_capacity = any(p in CAPACITY_POLICIES for p in pols)
+    want_capacity = any(p.setting == "cache_rows" for p in pols)
     tp = _trace_pass(ds, config, skew, want_capacity, progress, timing)
     cache_rows, source = _capacities(config, tp)
     if want_capacity:
@@ -244,8 +241,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     belady_at: dict[int, PolicyResult] = {}
     results += _capacity_results(pols, tp, cache_rows, row_counts, belady_at, progress, timing)
     comparisons: list[BagpipeComparison] = []
-    if "bagpipe" in pols and "belady" in pols:
-        comparisons = _compare_with_belady(tp, belady_at, progress, timing)
+    if any(p.role == "ours" for p in pols) and any(p.role == "optimum" for p in pols):
+        comparisons = _compare_with_optimum(tp, belady_at, progress, timing)
 
     dataset = {
         "path": str(config.data), "name": meta.name, "rows": meta.rows,
@@ -299,60 +296,63 @@ def _capacities(config: ProfileConfig, tp: _TracePass) -> tuple[list[int], str]:
     return cache_rows, "default: bagpipe's peak at every lookahead and 2 x the largest batch's unique rows"
 
 
-def _streamed_results(pols: tuple[str, ...], tp: _TracePass) -> list[PolicyResult]:
-    """The results of the policies simulated while streaming: none and bagpipe."""
+def _streamed_results(pols: list[Policy], tp: _TracePass) -> list[PolicyResult]:
+    """The results of the policies simulated while streaming: no cache and the lookahead's."""
     info = tp.info
     results: list[PolicyResult] = []
-    if "none" in pols:
-        results.append(PolicyResult(
-            policy="none", lookahead=None, cache_rows=None, batches=info.batches,
-            accesses=info.accesses, unique_accesses=info.unique_accesses,
-            fetched_rows=info.unique_accesses, peak_resident_rows=info.max_batch_unique_rows,
-            fetched_per_batch=np.asarray(tp.sizes, dtype=np.int64),
-        ))
-    if "bagpipe" in pols:
-        results.extend(tp.bagpipe)
+    for p in (p for p in TABLE if p in pols):  # in the table's order
+        if p.role == "reference":  # no cache: every batch fetches its unique rows
+            results.append(PolicyResult(
+                policy=p.name, lookahead=None, cache_rows=None, batches=info.batches,
+                accesses=info.accesses, unique_accesses=info.unique_accesses,
+                fetched_rows=info.unique_accesses, peak_resident_rows=info.max_batch_unique_rows,
+                fetched_per_batch=np.asarray(tp.sizes, dtype=np.int64),
+            ))
+        elif p.setting == "lookahead":
+            results.extend(tp.bagpipe)
     return results
 
 
-def _capacity_results(pols: tuple[str, ...], tp: _TracePass, cache_rows: list[int],
-                      row_counts: DiskArray | None, belady_at: dict[int, PolicyResult],
+def _capacity_results(pols: list[Policy], tp: _TracePass, cache_rows: list[int],
+                      row_counts: DiskArray | None, optimum_at: dict[int, PolicyResult],
                       progress: ProgressFn, timing: dict[str, dict[str, float]]) -> list[PolicyResult]:
-    """Every requested fixed-capacity policy at every capacity; Belady's results are also
-    kept in `belady_at` (capacity -> result) for the comparison with Bagpipe."""
+    """Every requested fixed-capacity policy at every capacity; the offline optimum's results
+    are also kept in `optimum_at` (capacity -> result) for the comparison with Bagpipe."""
     nb = tp.info.batches
     results: list[PolicyResult] = []
-    for p in CAPACITY_POLICIES:
-        if p not in pols:
+    for p in TABLE:  # in the table's order
+        if p.setting != "cache_rows" or p not in pols:
             continue
         t0 = time.perf_counter()
         for r in cache_rows:
-            stage = f"{p} R={r:,}"
-            if p == "fae":
-                res = simulate_fae(tp.trace, r, row_counts=None if row_counts is None else row_counts[:])
-            else:
-                res = SIMULATORS[p](tp.trace, r, lambda n, s=stage: progress(s, n, nb))
-            if p == "belady":
-                belady_at[r] = res
+            stage = f"{p.name} R={r:,}"
+            counts = row_counts[:] if p.needs_row_counts and row_counts is not None else None
+            res = p.simulate(tp.trace, r, lambda n, s=stage: progress(s, n, nb), counts)
+            if p.role == "optimum":
+                optimum_at[r] = res
             results.append(res)
-        _timed(timing, p, t0, tp.info.accesses * len(cache_rows))
+        _timed(timing, p.name, t0, tp.info.accesses * len(cache_rows))
     return results
 
 
-def _compare_with_belady(tp: _TracePass, belady_at: dict[int, PolicyResult], progress: ProgressFn,
-                         timing: dict[str, dict[str, float]]) -> list[BagpipeComparison]:
-    """Bagpipe at each lookahead against Belady at Bagpipe's peak (simulated if missing)."""
+def _compare_with_optimum(tp: _TracePass, optimum_at: dict[int, PolicyResult],
+                          progress: ProgressFn, timing: dict[str, dict[str, float]]
+                          ) -> list[BagpipeComparison]:
+    """Bagpipe at each lookahead against the offline optimum (Belady) at Bagpipe's peak
+    (simulated if missing)."""
     nb = tp.info.batches
+    best = with_role("optimum")
     comparisons: list[BagpipeComparison] = []
     t0 = time.perf_counter()
     for br in tp.bagpipe:
         r = br.peak_resident_rows
-        if r not in belady_at:
-            belady_at[r] = simulate_belady(tp.trace, r, lambda n, s=f"belady R={r:,}": progress(s, n, nb))
+        if r not in optimum_at:
+            stage = f"{best.name} R={r:,}"
+            optimum_at[r] = best.simulate(tp.trace, r, lambda n, s=stage: progress(s, n, nb), None)
         comparisons.append(BagpipeComparison(
             lookahead=br.lookahead, bagpipe_fetched_rows=br.fetched_rows,
             bagpipe_peak_resident_rows=r, belady_cache_rows=r,
-            belady_fetched_rows=belady_at[r].fetched_rows,
+            belady_fetched_rows=optimum_at[r].fetched_rows,
         ))
     _timed(timing, "bagpipe_vs_belady", t0, tp.info.accesses * len(comparisons))
     return comparisons

@@ -9,11 +9,11 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
+from bagpipe_cli.policies.table import TABLE, policy, with_role
+
 if TYPE_CHECKING:
     from bagpipe_cli.profile import ProfileResult
 
-COLORS = {"none": "#7f7f7f", "bagpipe": "#d62728", "lru": "#1f77b4", "lfu": "#2ca02c",
-          "fae": "#9467bd", "belady": "#000000"}
 DPI = 120
 
 
@@ -104,24 +104,25 @@ def _log_if_wide(ax, values: list[float], axis: str = "x") -> None:
 
 def plot_fetched_vs_lookahead(result: ProfileResult, path: Path) -> None:
     """Bagpipe's fetched rows and peak cache size against the lookahead L."""
-    bag = sorted((p for p in result.policies if p.policy == "bagpipe"), key=lambda p: p.lookahead)
-    none = next((p for p in result.policies if p.policy == "none"), None)
+    ours, best, ref = with_role("ours"), with_role("optimum"), with_role("reference")
+    bag = sorted((p for p in result.policies if p.lookahead is not None), key=lambda p: p.lookahead)
+    none = next((p for p in result.policies if p.policy == ref.name), None)
     comp = sorted(result.bagpipe_vs_belady, key=lambda c: c.lookahead)
     ls = [p.lookahead for p in bag]
     fig = Figure(figsize=(11, 4.8), dpi=DPI)
     ax1, ax2 = fig.subplots(1, 2)
-    ax1.plot(ls, [p.fetched_rows for p in bag], "o-", color=COLORS["bagpipe"], label="bagpipe")
+    ax1.plot(ls, [p.fetched_rows for p in bag], "o-", color=ours.color, label=ours.label)
     if comp:
-        ax1.plot([c.lookahead for c in comp], [c.belady_fetched_rows for c in comp], "s--",
-                 color=COLORS["belady"], label="belady, capacity = bagpipe's peak")
+        ax1.plot([c.lookahead for c in comp], [c.belady_fetched_rows for c in comp], "s",
+                 ls=best.line, color=best.color, label=f"{best.label}, capacity = {ours.label}'s peak")
     if none is not None:
-        ax1.axhline(none.fetched_rows, color=COLORS["none"], ls=":", label="no cache")
+        ax1.axhline(none.fetched_rows, color=ref.color, ls=ref.line, label=ref.label)
     ax1.set_xlabel("lookahead L (batches)")
     ax1.set_ylabel("rows fetched from the embedding servers")
     ax1.set_title("Rows fetched")
     ax1.set_ylim(bottom=0)
-    ax2.plot(ls, [p.peak_resident_rows for p in bag], "o-", color=COLORS["bagpipe"], label="bagpipe")
-    ax2.axhline(result.trace.max_batch_unique_rows, color=COLORS["none"], ls=":",
+    ax2.plot(ls, [p.peak_resident_rows for p in bag], "o-", color=ours.color, label=ours.label)
+    ax2.axhline(result.trace.max_batch_unique_rows, color=ref.color, ls=ref.line,
                 label="largest batch's unique rows")
     ax2.set_xlabel("lookahead L (batches)")
     ax2.set_ylabel("peak rows resident in the trainer cache")
@@ -143,22 +144,24 @@ def plot_fetched_vs_cache(result: ProfileResult, path: Path) -> None:
     fig = Figure(figsize=(8, 5.5), dpi=DPI)
     ax = fig.add_subplot()
     xs: list[float] = []
-    for pol in ("lru", "lfu", "fae", "belady"):
+    for pol in (p for p in TABLE if p.setting == "cache_rows"):
         pts = sorted((p.cache_rows, p.fetched_rows) for p in result.policies
-                     if p.policy == pol and p.cache_rows is not None)
+                     if p.policy == pol.name and p.cache_rows is not None)
         if pts:
-            ax.plot(*zip(*pts, strict=True), marker="o", color=COLORS[pol], label=pol,
-                    ls="--" if pol == "belady" else "-")
+            ax.plot(*zip(*pts, strict=True), marker="o", color=pol.color, label=pol.label, ls=pol.line)
             xs += [x for x, _ in pts]
+    first = True
     for p in result.policies:
-        if p.policy == "bagpipe":
-            ax.plot([p.peak_resident_rows], [p.fetched_rows], "*", ms=14, color=COLORS["bagpipe"],
-                    label="bagpipe (at its peak cache size)" if p is _first_bagpipe(result) else None)
+        pol = policy(p.policy)
+        if p.lookahead is not None:
+            ax.plot([p.peak_resident_rows], [p.fetched_rows], "*", ms=14, color=pol.color,
+                    label=f"{pol.label} (at its peak cache size)" if first else None)
             ax.annotate(f"L={p.lookahead}", (p.peak_resident_rows, p.fetched_rows),
-                        textcoords="offset points", xytext=(8, 4), fontsize=9, color=COLORS["bagpipe"])
+                        textcoords="offset points", xytext=(8, 4), fontsize=9, color=pol.color)
             xs.append(p.peak_resident_rows)
-        elif p.policy == "none":
-            ax.axhline(p.fetched_rows, color=COLORS["none"], ls=":", label="no cache")
+            first = False
+        elif pol.role == "reference":
+            ax.axhline(p.fetched_rows, color=pol.color, ls=pol.line, label=pol.label)
     _log_if_wide(ax, xs)
     ax.set_ylim(bottom=0)
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
@@ -170,7 +173,3 @@ def plot_fetched_vs_cache(result: ProfileResult, path: Path) -> None:
     ax.legend(fontsize=9)
     fig.tight_layout()
     fig.savefig(path)
-
-
-def _first_bagpipe(result: ProfileResult):
-    return next(p for p in result.policies if p.policy == "bagpipe")

@@ -74,7 +74,7 @@ def write_profile(result: ProfileResult, out: Path, overwrite: bool = False) -> 
                 tmp / "bagpipe_vs_belady.csv", index=False)
         plot_access_cdf(result, tmp / "access_cdf.png")
         plot_table_top_share(result, tmp / "table_top_share.png")
-        if any(p.policy == "bagpipe" for p in result.policies):
+        if any(p.lookahead is not None for p in result.policies):
             plot_fetched_vs_lookahead(result, tmp / "fetched_vs_lookahead.png")
         if any(p.cache_rows is not None for p in result.policies):
             plot_fetched_vs_cache(result, tmp / "fetched_vs_cache.png")

@@ -44,9 +44,12 @@ def setting_columns(runs: pd.DataFrame) -> list[str]:
     return [c for c in cols if c in runs.columns]
 
 
+UNSET = "none"  # how _fmt shows a setting left to its default (None)
+
+
 def _fmt(v: Any) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
-        return "none"
+        return UNSET
     if isinstance(v, float) and v.is_integer():
         return str(int(v))
     return str(v)
@@ -98,7 +101,7 @@ def annotate(runs: pd.DataFrame) -> pd.DataFrame:
         for c in own_vary[r["system"]]:
             if c in reads(r):
                 v = _fmt(r[c])
-                parts.append(f"{_OWN_SHORT[c]}={'auto' if v == 'none' else v}")
+                parts.append(f"{_OWN_SHORT[c]}={'auto' if v == UNSET else v}")
         return " ".join(parts)
 
     runs["variant"] = runs.apply(variant, axis=1)

@@ -280,8 +280,7 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
         # own rows (distributed), else het's per-trainer caches. Bagpipe's split of
         # the non-critical rows into sync_later / no_sync also depends on N, but it only
         # loads the asynchronous collective link; the sweep keeps the configured N's.
-        redo = [s for s in cfg.systems
-                if cfg.runtime == "distributed" or spec(s).store == "stale-cache"]
+        redo = [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes]
         if n != n0 and redo:
             vn.update(trace_volumes(replace(tc, trainers=n), redo)[0])
         cl = replace(cfg.cluster, trainers=n)

@@ -68,9 +68,7 @@ class MeasuredRun:
 
 def _round_len(train: dict[str, Any]) -> int:
     s = SYSTEMS.get(train.get("system"))
-    if s is None or s.planner != "oracle":
-        return 1
-    return int(train.get("round") or max(1, int(train.get("lookahead", 16)) // 4))
+    return s.round_length(int(train.get("lookahead", 16)), train.get("round")) if s else 1
 
 
 def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
@@ -183,7 +181,7 @@ def config_placements(folder: Path) -> list[dict] | None:
 def _setting(train: dict[str, Any]) -> str:
     parts = []
     s = SYSTEMS.get(train.get("system"))
-    if s is not None and s.planner == "oracle":
+    if s is not None and s.rounds:
         parts.append(f"L{train.get('lookahead')}")
     if s is not None and "staleness" in s.reads:
         parts.append(f"s{train.get('staleness', 0)}")

@@ -1,8 +1,9 @@
 """Per-iteration communication volumes of every system, from a dataset's batch trace.
 
-The plans are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lfu/fae,
-whose decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train`
-would read, so the counts are the ones a run records in metrics.csv: rows fetched per
+Each system's registry entry names its function here (`SystemSpec.volumes`). The plans
+are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lfu/fae, whose
+decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train` would
+read, so the counts are the ones a run records in metrics.csv: rows fetched per
 round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
 per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
 are split by shard (`key % K`) because every server has its own link.
@@ -11,16 +12,18 @@ are split by shard (`key % K`) because every server has its own link.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.oracle import Oracle, batch_keys
+from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
-from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate.model import SYSTEMS, Volumes
 
 RUNTIMES = ("inproc", "distributed")
@@ -82,38 +85,25 @@ def _by_shard(keys: np.ndarray, k: int) -> np.ndarray:
 
 def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
                   progress: Callable[[str], None] | None = None) -> tuple[dict[str, Volumes], dict]:
-    """Volumes of each system in `systems`, and facts about the trace (peak, capacity, ...)."""
-    for s in systems:
-        if s not in SYSTEMS:
-            raise ConfigError(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+    """Volumes of each system in `systems` (each built by its registry entry), and facts
+    about the trace (peak, capacity, ...)."""
+    specs = [spec(s, "--systems") for s in systems]
+    for s in specs:
+        if s.name not in SYSTEMS:
+            raise ConfigError(f"--systems: unknown system {s.name!r}; choose from {', '.join(SYSTEMS)}")
     ds = open_dataset(cfg.data)
     train_rows = _train_rows(ds, cfg)
     iterations = cfg.iterations or train_rows // cfg.batch_size
     t = _Trace(cfg, _key_batches(ds, cfg, iterations), iterations, int(sum(ds.meta.cardinalities)))
-    info: dict = {"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
-                  "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
-                  "train_rows": train_rows}
+    t.info.update({"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
+                   "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
+                   "train_rows": train_rows})
     say = progress or (lambda s: None)
-    specs = [spec(s) for s in systems]
     out: dict[str, Volumes] = {}
-    oracle = [s.name for s in specs if s.planner == "oracle"]
-    policies = [s.name for s in specs if s.planner == "policy"]
-    if oracle or (policies and cfg.cache_rows is None):  # the baselines' default: bagpipe's peak
-        say(", ".join(oracle) or "bagpipe's peak")
-        v, info["bagpipe_peak_resident_rows"], info["round"] = _oracle_volumes(t)
-        out.update({name: replace(v, system=name) for name in oracle})
-    if policies:
-        info["cache_rows"] = cfg.cache_rows or max(1, info["bagpipe_peak_resident_rows"])
-        trace = trace_of(t.keys(), t.total)
-        for pol in policies:
-            say(pol)
-            out[pol] = _policy_volumes(t, pol, trace, info["cache_rows"])
-        del trace
-    plain = [s for s in specs if s.planner == "none"]
-    if plain:
-        say(", ".join(s.name for s in plain))
-        out.update(_plain_volumes(t, plain))
-    return {s: out[s] for s in systems}, info
+    for s in specs:
+        say(s.name)
+        out[s.name] = s.simulated_volumes(t)
+    return out, t.info
 
 
 @dataclass
@@ -122,10 +112,33 @@ class _Trace:
     keys: Callable[[], Iterator[np.ndarray]]
     iterations: int
     total: int
+    info: dict = field(default_factory=dict)
+    _trace: Any = None
 
     @property
     def distributed(self) -> bool:
         return self.cfg.runtime == "distributed"
+
+    def capacity(self) -> int:
+        """The fixed-capacity caches' rows: --cache-rows, or Bagpipe's peak at --lookahead."""
+        if "cache_rows" not in self.info:
+            if self.cfg.cache_rows is None:
+                self.peak()
+            self.info["cache_rows"] = self.cfg.cache_rows or max(1, self.info["bagpipe_peak_resident_rows"])
+        return self.info["cache_rows"]
+
+    def peak(self) -> int:
+        """Bagpipe's peak resident rows at --lookahead (a planning pass, once)."""
+        if "bagpipe_peak_resident_rows" not in self.info:
+            self.info["bagpipe_peak_resident_rows"] = plan_peak(
+                self.keys(), self.total, self.cfg.lookahead, self.cfg.round)[0]
+        return self.info["bagpipe_peak_resident_rows"]
+
+    def trace(self):
+        """The run's trace (per batch the unique keys in first-access order), built once."""
+        if self._trace is None:
+            self._trace = trace_of(self.keys(), self.total)
+        return self._trace
 
     def empty(self, system: str, m: int = 1) -> Volumes:
         i, k = self.iterations, self.cfg.servers
@@ -143,12 +156,18 @@ class _Trace:
         per = len(keys) // self.cfg.trainers
         return [np.unique(keys[i * per:(i + 1) * per]) for i in range(self.cfg.trainers)]
 
+    def pushed(self, kb: np.ndarray, uniq: np.ndarray) -> np.ndarray:
+        """Rows per shard a pushing system fetches and pushes: U_b in-process, each trainer's
+        own rows apart (distributed)."""
+        k = self.cfg.servers
+        return sum(_by_shard(x, k) for x in self.slices(kb)) if self.distributed else _by_shard(uniq, k)
 
-def _oracle_volumes(t: _Trace) -> tuple[Volumes, int, int]:
-    """The lookahead oracle's rounds (bagpipe), its peak and round length."""
+
+def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists."""
     cfg, k = t.cfg, t.cfg.servers
     oracle = Oracle(t.total, cfg.lookahead, cfg.round, cfg.trainers, None)
-    v = t.empty("bagpipe")
+    v = t.empty(s.name)
     v.round_start[:] = False
     v.prefetch_ahead = True
     n = cfg.trainers
@@ -163,14 +182,18 @@ def _oracle_volumes(t: _Trace) -> tuple[Volumes, int, int]:
             v.write_back[p.b] = _by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
-    return v, oracle.peak_resident, oracle.C
+    t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
+    return v
 
 
-def _policy_volumes(t: _Trace, policy: str, trace, capacity: int) -> Volumes:
-    """lru/lfu/fae: misses fetched when the iteration starts, victims written back first."""
-    k = t.cfg.servers
-    v = t.empty(policy)
-    for rp in PolicyPlanner(policy, trace, capacity, t.total, getattr(t.cfg, "hot_sample", 1.0)).plan(t.keys()):
+def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """A fixed-capacity baseline (lru/lfu/fae): misses fetched when the iteration starts,
+    victims written back first, by the plan its registry entry builds."""
+    k, capacity = t.cfg.servers, t.capacity()
+    trace = t.trace()
+    decisions = policy(s.name).decisions(trace, capacity, getattr(t.cfg, "hot_sample", 1.0))
+    v = t.empty(s.name)
+    for rp in PolicyPlanner(decisions, trace, t.total).plan(t.keys()):
         if not rp.iters:
             continue  # the final write-back of every resident row, after training
         p = rp.iters[0]
@@ -183,39 +206,43 @@ def _policy_volumes(t: _Trace, policy: str, trace, capacity: int) -> Volumes:
     return v
 
 
-def _plain_volumes(t: _Trace, specs: list) -> dict[str, Volumes]:
-    """Systems without a planned cache: fetched every iteration and pushed (sync), cached
-    with a staleness bound and pushed (het), or every table local (local)."""
-    cfg, k, n = t.cfg, t.cfg.servers, t.cfg.trainers
-    per_trainer = n if not t.distributed else 1
-    out = {s.name: t.empty(s.name, per_trainer if s.store == "stale-cache" else 1) for s in specs}
-    stale = any(s.store == "stale-cache" for s in specs)
-    het_state = _HetState(t.total, n, cfg.staleness) if stale else None
-    for s in specs:
-        out[s.name].push_gradients = not s.replicated
-        out[s.name].empty_fetch_message = s.store == "none" and k == 1
+def fetched_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """No cache (sync): every iteration fetches its rows and pushes their gradients."""
+    v = t.empty(s.name)
+    v.push_gradients = True
+    v.empty_fetch_message = t.cfg.servers == 1  # a fetch is sent even for no rows
     for b, kb in enumerate(t.keys()):
         uniq = np.unique(kb)
-        # What each process fetches and pushes: U_b in-process, its own samples' rows apart.
-        shards = (sum(_by_shard(x, k) for x in t.slices(kb)) if t.distributed else _by_shard(uniq, k))
-        stale_needs = het_state.step(kb, uniq) if het_state is not None else []
-        if t.distributed and stale_needs:  # the server serves the trainers' fetches in turn
-            stale_needs = [np.concatenate(stale_needs)]
-        for s in specs:
-            v = out[s.name]
-            v.unique_rows[b] = len(uniq)
-            if s.store == "tables":
-                v.sync_now[b] = len(uniq)
-            elif s.store == "none":
-                v.read_fetch[b, 0] = shards
-                v.write_back[b] = shards
-            else:
-                for i, need in enumerate(stale_needs):
-                    v.read_fetch[b, i] = _by_shard(need, k)
-                v.write_back[b] = shards
-    return out
+        v.unique_rows[b] = len(uniq)
+        v.read_fetch[b, 0] = v.write_back[b] = t.pushed(kb, uniq)
+    return v
 
 
+def stale_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """A bounded-staleness cache (het): each trainer refetches what is missing or too stale
+    (`_HetState`), and pushes its gradients."""
+    cfg, k, n = t.cfg, t.cfg.servers, t.cfg.trainers
+    v = t.empty(s.name, 1 if t.distributed else n)
+    v.push_gradients = True
+    state = _HetState(t.total, n, cfg.staleness)
+    for b, kb in enumerate(t.keys()):
+        uniq = np.unique(kb)
+        v.unique_rows[b] = len(uniq)
+        needs = state.step(kb, uniq)
+        if t.distributed:  # the server serves the trainers' fetches in turn
+            needs = [np.concatenate(needs)]
+        for i, need in enumerate(needs):
+            v.read_fetch[b, i] = _by_shard(need, k)
+        v.write_back[b] = t.pushed(kb, uniq)
+    return v
+
+
+def local_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """Every table on the trainer (local): nothing moves but the all-reduce of U_b's rows."""
+    v = t.empty(s.name)
+    for b, kb in enumerate(t.keys()):
+        v.unique_rows[b] = v.sync_now[b] = len(np.unique(kb))
+    return v
 class _HetState:
     """HetSystem's rule: a trainer refetches a row it has not cached or whose copy lags
     the servers' version by more than `staleness`; every row of U_b gets one version more."""

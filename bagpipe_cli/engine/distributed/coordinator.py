@@ -30,9 +30,10 @@ from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
 from bagpipe_cli.engine.feed import planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.oracle import RoundPlan
+from bagpipe_cli.engine.planner import Planning
 from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
-from bagpipe_cli.engine.setup import Planning, RunSetup, build_planner, open_resume
+from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.shards import Shard
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
@@ -65,7 +66,7 @@ class Coordinator:
         start = ck.iteration if ck else 0
         prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(lay.trainers)]
         self.records = [list(p) for p in prior]
-        planning = build_planner(s, start)
+        planning = s.spec.plan(s, start)
         self._initial_state(ck, planning, start)
         if s.cfg.checkpoint_every:
             self.ckpt = Checkpointer(s.cfg, dataset_identity(s.ds), start)

@@ -31,7 +31,6 @@ from bagpipe_cli.engine.records import TrainResult, role_figures
 from bagpipe_cli.engine.result import finish_run
 from bagpipe_cli.engine.setup import (
     build_dense,
-    build_planner,
     build_system,
     open_resume,
     prepare,
@@ -61,7 +60,7 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
         servers = shards_from_tables(ck.weight, ck.state, cfg.servers)
         restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
     transport = InProcessTransport(servers, s.network, on_start=pinned.helper)
-    planning = build_planner(s, start)
+    planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
     system = build_system(s, planning.slots, transport, trainers, servers=servers)
     collective = LocalCollective(cfg.trainers, s.network, on_start=pinned.helper)

@@ -1,0 +1,129 @@
+"""Embedding systems: where an iteration's rows come from and where their updates go.
+
+A system object serves the trainers one process runs (`TrainerSet`): every trainer of the
+run in-process, one trainer on a torch.distributed trainer rank. The training loop
+(`engine/loop.py`) calls, in order:
+
+- `begin_round(round, next_round)`: at a round boundary: write back the round's victims,
+  insert its rows (prefetched during the previous round, or fetched now), start fetching
+  the next round (bagpipe);
+- `view(plan)`: the rows the process's gradients are taken over, and each access's position
+  in them: U_b for the replicated systems, the process's own rows for the pushing ones;
+- `read(step, keys, index)`: the values every access of the process's samples reads;
+- replicated systems (bagpipe, lru, lfu, fae, local) hold every row of U_b on every trainer
+  and all-reduce gradients: `update_rows(plan, idx, grad)` applies the summed gradients to
+  rows by position in U_b, and `evict(plan, classes)` writes back this process's share of
+  the rows the plan evicts;
+- pushing systems (sync, het) send their rows' gradients to the servers, which sum every
+  trainer's and apply the optimizer: `push(step, keys, grad)`;
+- `flush()`: when training ends, everything is back on the servers; `resident()`: the rows
+  whose newest value is on the trainer (a checkpoint lays them over the servers' tables).
+
+Everything else (model, gradients, optimizers, synchronisation, metrics) is the loop's, so a
+difference between systems is the policy's alone. Over torch.distributed every trainer
+sends the servers the same sequence of requests, empty ones included (`transport.lockstep`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
+from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.shards import Shard
+from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.transport import Transport
+
+if TYPE_CHECKING:
+    from bagpipe_cli.engine.setup import RunSetup
+
+Rows = tuple[np.ndarray, np.ndarray]  # (keys, cache slots)
+
+
+@dataclass
+class SystemParts:
+    """What one process's embedding system is built from (`SystemSpec.build_system`)."""
+
+    setup: RunSetup
+    slots: int | None  # physical cache rows the plan needs (`Planning.slots`)
+    transport: Transport
+    trainers: TrainerSet
+    device: torch.device
+    servers: list[Shard] | None = None  # the in-process shards (local trains them in place)
+
+
+class EmbeddingSystem(ABC):
+    """The interface every system implements (see the module docstring)."""
+
+    replicated = True
+
+    def __init__(self, transport: Transport, trainers: TrainerSet, device: str | torch.device = "cpu"):
+        self.transport = transport
+        self.trainers = trainers
+        self.device = torch.device(device)
+        self._pending: list[Future] = []  # write-backs and pushes not known to have landed
+        self.pre_evicted = 0  # rows written back at the current round's start
+        self.written_back_at_end = 0  # rows still resident when training ended
+
+    def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
+        """Prepare a round; returns seconds spent waiting for rows."""
+        return 0.0
+
+    def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
+        """(keys, index): the rows gradients are taken over, and each of this set's accesses'
+        position in them. Replicated systems: U_b."""
+        return plan.uniq, plan.inverse[self.trainers.accesses(plan)]
+
+    @abstractmethod
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        """The values [accesses, dim] this set's accesses read (`index`: positions in `keys`)."""
+
+    def classes(self, plan: IterPlan) -> np.ndarray | None:
+        """Per row of U_b: SYNC_NOW / SYNC_LATER / NO_SYNC (LRPP), or None: all SYNC_NOW."""
+        return None
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        """Apply the row optimizer to the rows at positions `idx` of U_b (None: every row, in
+        order); `grad` holds their summed gradients, in `idx` order."""
+        raise NotImplementedError(f"{type(self).__name__} does not update rows here")
+
+    def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
+        """Write back this set's share of the rows evicted after `plan.b` whose update is
+        applied; returns (rows written back, the sync_later ones to write back once settled)."""
+        return 0, (np.empty(0, np.int64), np.empty(0, np.int32))
+
+    def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
+        """Send the summed gradients of `keys` to the servers, which apply `opt`."""
+        raise NotImplementedError(f"{type(self).__name__} does not push gradients")
+
+    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        """Send the rows at cache `slots` (holding `keys`) back to their servers."""
+        raise NotImplementedError(f"{type(self).__name__} has no cache slots")
+
+    def _send(self, futures: list[Future]) -> None:
+        self._pending.extend(futures)
+        if len(self._pending) > 64:  # completed ones need not be kept
+            self._pending = [f for f in self._pending if not f.done()]
+
+    def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
+        # Sent even when empty: the torch transport keeps every trainer's requests in
+        # lockstep (the in-process one sends nothing for no rows).
+        self._send(self.transport.write_back(keys, rows, state))
+
+    def flush(self) -> None:
+        """Wait until every write-back and push has landed on the servers."""
+        for f in self._pending:
+            f.result()
+        self._pending = []
+
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        """(keys, rows, state) held on the trainer with a newer value than the servers'."""
+        return np.empty(0, np.int64), torch.empty(0, 0), torch.empty(0, 0)

@@ -1,0 +1,125 @@
+"""A trainer cache run by a plan: Bagpipe's (prefetched a round ahead, LRPP) and the
+fixed-capacity baselines' (fetched on miss)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import torch
+
+from bagpipe_cli.engine.cache import RowCache
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
+from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.systems.base import EmbeddingSystem, Rows, SystemParts
+from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.transport import RowsFuture, Transport
+
+
+class CacheSystem(EmbeddingSystem):
+    """A trainer cache run by a plan: bagpipe (oracle, prefetched a round ahead, LRPP) or the
+    lru/lfu/fae baselines (policy planner, fetched on miss when the iteration starts).
+
+    At the start of round r: write back the round's victims (lru/lfu), get round r's rows
+    (prefetched during round r-1, or fetched now), insert them at the plan's slots, and, with
+    prefetch, start fetching round r+1 (the transport does the transfer while the model
+    computes). Rows are read and updated by slot; evicted rows are written back
+    asynchronously. A set of some trainers fetches every row of a round except the other
+    trainers' private rows (`RoundPlan.fetch_owner`) and writes back its share of victims.
+    """
+
+    def __init__(self, transport: Transport, trainers: TrainerSet, cache: RowCache,
+                 prefetch_ahead: bool, lrpp: bool, device: str | torch.device = "cpu"):
+        super().__init__(transport, trainers, device)
+        self.cache = cache
+        self.prefetch_ahead = prefetch_ahead
+        self.lrpp = lrpp
+        self._inflight: dict[int, RowsFuture] = {}
+        self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's rows, state)
+        # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
+        self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
+
+    @classmethod
+    def build(cls, p: SystemParts, prefetch_ahead: bool, lrpp: bool) -> CacheSystem:
+        cache = RowCache(p.slots, p.setup.row_dim, p.setup.rowopt.state_dim, p.device)
+        return cls(p.transport, p.trainers, cache, prefetch_ahead, lrpp, p.device)
+
+    def _fetch_of(self, rp: RoundPlan) -> Rows:
+        if self.trainers.all:
+            return rp.fetch_keys, rp.fetch_slots
+        return rp.fetch_for(self.trainers.first, self.trainers.count)
+
+    def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
+        t0 = time.perf_counter()
+        self.pre_evicted = 0
+        if len(rp.pre_evict_keys):
+            mine = self.trainers.shares(rp.pre_evict_keys)
+            self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
+            self.forget(rp.pre_evict_slots)
+            self.pre_evicted = int(mine.sum())
+        if not rp.iters:  # the planner's final round: everything resident goes back
+            self.written_back_at_end += self.pre_evicted
+        fut = self._inflight.pop(rp.r, None)
+        if len(rp.fetch_keys):
+            keys, slots = self._fetch_of(rp)
+            rows, state = (fut or self.transport.fetch(keys)).result()
+            self.cache.insert(slots, rows, state)
+            self.slot_key[slots] = keys
+        waited = time.perf_counter() - t0
+        # Every write-back of earlier iterations is already queued, so the servers serve this
+        # fetch after them (see the oracle on why that is early enough).
+        if self.prefetch_ahead and next_rp is not None and len(next_rp.fetch_keys):
+            self._inflight[next_rp.r] = self.transport.fetch(self._fetch_of(next_rp)[0])
+        return waited
+
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        p = step.plan
+        step.rows_fetched = p.fetched if self.trainers.all else p.fetched_by(self.trainers.first,
+                                                                              self.trainers.count)
+        step.cache_hits = len(p.uniq) - p.fetched
+        rows, state = self.cache.read(p.slots)
+        self._read = (p.b, rows, state)  # nothing writes these slots before b's update
+        return rows.index_select(0, index)
+
+    def classes(self, plan: IterPlan) -> np.ndarray | None:
+        return plan.row_class if self.lrpp else None
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        if idx is None and self._read is not None and self._read[0] == plan.b:
+            slots, rows, state = plan.slots, self._read[1], self._read[2]
+        else:
+            slots = plan.slots if idx is None else plan.slots[idx]
+            rows, state = self.cache.read(slots)
+        self._read = None
+        self.cache.write(slots, *opt.step(rows, state, grad))
+
+    def evict(self, plan: IterPlan, classes: np.ndarray | None) -> tuple[int, Rows]:
+        """no_sync rows are written back by their user, the others by trainer `key % N`: now
+        if their update is applied, once it is settled for sync_later rows."""
+        ek, es = plan.evict_keys, plan.evict_slots
+        share = self.trainers.shares(ek)
+        if classes is None:  # every row of U_b was synchronised on the critical path
+            now, later = share, np.zeros(len(ek), dtype=bool)
+        else:
+            pos = np.searchsorted(plan.uniq, ek)
+            c = classes[pos]
+            now = ((c == NO_SYNC) & self.trainers.owns(plan.owner[pos])) | ((c == SYNC_NOW) & share)
+            later = (c == SYNC_LATER) & share
+        self.write_back_slots(ek[now], es[now])  # sent even when empty (lockstep)
+        self.forget(es)  # evicted from the logical cache on every trainer
+        return int(now.sum() + later.sum()), (ek[later], es[later])
+
+    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+        rows, state = self.cache.read(slots)
+        self._write_back(keys, rows.cpu(), state.cpu())
+
+    def forget(self, slots: np.ndarray) -> None:
+        """Slots whose rows were evicted (their write-back is queued or done)."""
+        self.slot_key[slots] = -1
+
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        slots = np.flatnonzero(self.slot_key >= 0)
+        rows, state = self.cache.read(slots)
+        return self.slot_key[slots], rows.cpu(), state.cpu()

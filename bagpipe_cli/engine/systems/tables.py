@@ -1,0 +1,88 @@
+"""Every table resident on the trainer (`local`): the upper bound, no remote traffic."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.oracle import IterPlan
+from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.shards import Shard, scatter_to_shards, shard_tables
+from bagpipe_cli.engine.systems.base import EmbeddingSystem, SystemParts
+from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.transport import Transport
+
+TABLE_CHUNK = 1 << 20  # rows per request when a whole table crosses to or from a trainer
+
+
+class LocalSystem(EmbeddingSystem):
+    """Every table resident on the trainer: the upper bound, no remote traffic.
+
+    The tables are copied from the servers before training (not timed) and written back
+    after it, so evaluation and saved models see the final values. In-process they are
+    the server objects' (`servers`: one shard is trained in place, several are copied); a
+    trainer rank of a torch.distributed run
+    fetches them whole, and trainer 0 writes them back at the end.
+    """
+
+    def __init__(self, transport: Transport, trainers: TrainerSet, total_rows: int,
+                 servers: list[Shard] | None = None, device: str | torch.device = "cpu"):
+        super().__init__(transport, trainers, device)
+        self.servers = servers
+        self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's index, rows)
+        if servers is not None:  # one shard: train it in place
+            weight, state = shard_tables(servers)
+        else:  # in pieces, so that no side holds a second copy of the tables
+            for lo in range(0, total_rows, TABLE_CHUNK):
+                hi = min(lo + TABLE_CHUNK, total_rows)
+                w, st = transport.fetch(np.arange(lo, hi)).result()
+                if lo == 0:
+                    weight, state = torch.empty(total_rows, w.shape[1]), torch.empty(total_rows, st.shape[1])
+                weight[lo:hi], state[lo:hi] = w, st
+        self.weight, self.state = weight.to(self.device), state.to(self.device)
+
+    @classmethod
+    def build(cls, p: SystemParts) -> LocalSystem:
+        return cls(p.transport, p.trainers, p.setup.total_rows, p.servers, p.device)
+
+    def _idx(self, keys: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(keys).to(self.device)
+
+    def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
+        step.cache_hits = len(keys)
+        t = self._idx(keys)
+        rows = self.weight.index_select(0, t)
+        self._read = (step.plan.b, t, rows)  # nothing writes these rows before b's update
+        return rows.index_select(0, index)
+
+    def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
+                    opt: RowOptimizer) -> None:
+        if idx is None and self._read is not None and self._read[0] == plan.b:
+            _, t, rows = self._read
+        else:
+            t = self._idx(plan.uniq if idx is None else plan.uniq[idx])
+            rows = self.weight.index_select(0, t)
+        self._read = None
+        rows, state = opt.step(rows, self.state.index_select(0, t), grad)
+        self.weight.index_copy_(0, t, rows)
+        if self.state.shape[1]:
+            self.state.index_copy_(0, t, state)
+
+    def flush(self) -> None:
+        if self.servers is not None:
+            scatter_to_shards(self.servers, self.weight, self.state)
+            return
+        # Every trainer holds the same tables: trainer 0 sends them, the others as many
+        # empty write-backs (lockstep), in pieces of TABLE_CHUNK rows, one piece in flight
+        # (the transport copies each piece per server), and then lets its copy go.
+        total = self.weight.shape[0]
+        for lo in range(0, total, TABLE_CHUNK):
+            hi = min(lo + TABLE_CHUNK, total) if self.trainers.first == 0 else lo
+            self._write_back(np.arange(lo, hi), self.weight[lo:hi].cpu(), self.state[lo:hi].cpu())
+            self.transport.drain()
+        super().flush()
+        self.weight, self.state = self.weight.new_empty(0, self.weight.shape[1]), self.state.new_empty(0, self.state.shape[1])
+
+    def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
+        return np.arange(self.weight.shape[0]), self.weight.cpu().clone(), self.state.cpu().clone()
