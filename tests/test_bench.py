@@ -108,6 +108,31 @@ def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
     assert idx["completed"] == 3 and {x["status"] for x in idx["runs"]} == {"kept"}
 
 
+@pytest.mark.parametrize("damage,needle", [
+    ("schema", "summary.json: schema_version 2 is not supported by this bagpipe (expects 1)"),
+    ("truncated", "metrics.csv: 5 rows, but summary.json counts 8 iterations"),
+])
+def test_resume_checks_the_runs_it_keeps(tmp_path, tiny_dataset, monkeypatch, damage, needle):
+    """A kept run is read through the results store: one it cannot read stops --resume with
+    one line naming the file (instead of indexing an unchecked summary)."""
+    cfg = _config(tmp_path, tiny_dataset, "profile: false", matrix="  lookahead: [4]")
+    out = tmp_path / "bench"
+    assert CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(out)]).exit_code == 0
+    run = out / _index(out)["runs"][0]["path"]
+    if damage == "schema":
+        s = json.loads((run / "summary.json").read_text())
+        (run / "summary.json").write_text(json.dumps({**s, "schema_version": 2}))
+    else:
+        lines = (run / "metrics.csv").read_text().splitlines(keepends=True)
+        (run / "metrics.csv").write_text("".join(lines[:-3]))
+    monkeypatch.setattr(bench_runner, "run", lambda *a, **k: pytest.fail("ran a kept run"))
+    r = CliRunner().invoke(cli, ["bench", "--resume", "--out", str(out)])
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == f"Error: {run}/{needle}" + (
+        "; use the bagpipe version that wrote it, or rerun the benchmark with this one"
+        if damage == "schema" else "; the file is truncated or damaged, rerun the run")
+
+
 def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypatch):
     cfg = _config(tmp_path, tiny_dataset)
     out = tmp_path / "bench"

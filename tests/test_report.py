@@ -105,21 +105,33 @@ def test_report_cli_default_out_and_rerun(tmp_path):
     assert (res / "report" / "report.html").is_file() and not (res / "report" / "report.md").exists()
 
 
-def test_unknown_schema_version_is_rejected(tmp_path):
+def test_unknown_schema_version_is_skipped_in_a_bench_and_rejected_alone(tmp_path):
     res = tmp_path / "bench"
     shutil.copytree(EXAMPLE, res)
     run = sorted((res / "runs").iterdir())[0]
     s = json.loads((run / "summary.json").read_text())
     s["schema_version"] = 2
     (run / "summary.json").write_text(json.dumps(s))
+    # Inside a bench folder: the other 15 runs are read, the one is skipped with its reason.
+    df = load_results(res)
+    assert len(df) == 15 and str(run) not in set(df["run_path"])
+    (skipped,) = df.attrs["skipped"]
+    assert skipped.path == run and skipped.reason.startswith(
+        "summary.json: schema_version 2 is not supported by this bagpipe (expects 1)")
+    assert len(load_metrics(res)["run_path"].unique()) == 15
+    # Given directly: an error naming the file.
     with pytest.raises(DataError, match="schema_version 2 is not supported by this bagpipe "
                                         r"\(expects 1\)"):
-        load_results(res)
+        load_results(run)
     with pytest.raises(DataError, match="schema_version 2"):
         load_metrics(run)
-    r = CliRunner().invoke(cli, ["report", str(res)])
-    assert r.exit_code == 2 and "summary.json: schema_version 2" in r.output
+    r = CliRunner().invoke(cli, ["report", str(run)])
+    assert r.exit_code == 2 and f"{run}/summary.json: schema_version 2" in r.output
     assert r.output.strip().count("\n") == 0
+    r = CliRunner().invoke(cli, ["report", str(res), "--format", "md"])
+    assert r.exit_code == 0, r.output
+    assert r.stderr.strip().splitlines() == [f"Warning: skipped {run}: {skipped.reason}"]
+    assert "15 runs" in r.stdout
 
 
 def test_bad_inputs(tmp_path):

@@ -1,13 +1,8 @@
 """Running a benchmark matrix into a bench folder.
 
-Bench folder layout (every file written atomically):
-
-    <out>/bench.json         the bench config as loaded (+ the planned run ids)
-    <out>/environment.json   where it ran (torch, CPU/GPU, threads, git revision, dirty flag)
-    <out>/index.json         schema_version, the runs finished so far (rewritten after each run)
-    <out>/index.csv          the same runs as a table
-    <out>/runs/<run-id>/     one run folder each (config.json, metrics.csv, summary.json)
-    <out>/profiles/<dataset>/  `bagpipe profile` of each dataset (access_cdf.csv, ...)
+The bench folder (bench.json, environment.json, index.json and index.csv, rewritten after
+each run, runs/<run-id>/ and profiles/<dataset>/) is written and read by
+`bagpipe_cli.results` (its layout: `bagpipe_cli.results.bench`).
 
 Repeats are interleaved (every configuration once, then every configuration again, ...)
 so that slow drifts of the machine spread over all systems alike. A run folder appears only
@@ -17,11 +12,10 @@ skips them.
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -34,18 +28,21 @@ from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import run
 from bagpipe_cli.engine.registry import spec
-from bagpipe_cli.environment import environment
-from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import atomic_file, write_json
+from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile.report import write_profile
-from bagpipe_cli.results import RUN_SCHEMA_VERSION, write_run
-
-INDEX_SCHEMA_VERSION = 1
-BENCH_KIND = "bagpipe-bench"
-INDEX_COLUMNS = ["run_id", "repeat", "system", "model", "dataset", "setting", "variant", "status",
-                 "path", "samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
-                 "final_loss", "eval_auc", "network_emulated", "wall_s", "finished"]
+from bagpipe_cli.results import (
+    INDEX_COLUMNS,
+    is_bench,
+    is_run,
+    open_run,
+    read_bench_file,
+    write_bench,
+    write_environment,
+    write_index,
+    write_run,
+)
+from bagpipe_cli.results.bench import now
 
 
 @dataclass
@@ -94,13 +91,8 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     plan = plan_runs(cfg)
     _prepare(out, resume)
     total = len(plan) * cfg.repeat
-    now = _now()
-    write_json(out / "bench.json", {"kind": BENCH_KIND, "schema_version": INDEX_SCHEMA_VERSION,
-                                    "written": now, "config": cfg.to_json(),
-                                    "planned_runs": [p.run_id(r) for r in range(1, cfg.repeat + 1)
-                                                     for p in plan]})
-    if not (out / "environment.json").exists() or not resume:
-        write_json(out / "environment.json", environment())
+    write_bench(out, cfg.to_json(), [p.run_id(r) for r in range(1, cfg.repeat + 1) for p in plan])
+    write_environment(out, keep=resume)
     result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
     for ds in cfg.datasets:
         if prepare_dataset(ds, emit):
@@ -115,12 +107,13 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
         for p in plan:
             rid = p.run_id(r)
             folder = out / "runs" / rid
-            if (folder / "summary.json").is_file():
+            if is_run(folder):
                 done += 1
-                row = _index_row(p, r, folder, _read_json(folder / "summary.json"), "kept")
+                # Every file of a kept run is checked: a damaged one stops the bench here.
+                row = _index_row(p, r, folder, open_run(folder).summary, "kept")
                 rows.append(row)
                 result.skipped += 1
-                _write_index(out, cfg, rows, total)
+                write_index(out, cfg.name, cfg.source, rows, total)
                 emit(BenchEvent("skipped", run=p, repeat=r, done=done, total=total, row=row))
                 continue
             emit(BenchEvent("start", run=p, repeat=r, done=done, total=total))
@@ -130,22 +123,18 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
                                 iteration=b, record=rec))
 
             res = run(p.config, progress=on_iter)
-            config = {**res.config, "bench": {"name": cfg.name, "run_id": rid, "repeat": r,
-                                              "dataset": p.dataset, "setting": p.setting,
-                                              "variant": p.variant, "key": p.key}}
-            write_run(folder, config, res.metrics, res.summary, trainer_metrics=res.trainer_metrics)
+            write_run(folder, res.config, res.metrics, res.summary,
+                      trainer_metrics=res.trainer_metrics,
+                      bench={"name": cfg.name, "run_id": rid, "repeat": r, "dataset": p.dataset,
+                             "setting": p.setting, "variant": p.variant, "key": p.key})
             done += 1
             row = _index_row(p, r, folder, res.summary, "done")
             rows.append(row)
             result.ran += 1
-            _write_index(out, cfg, rows, total)
+            write_index(out, cfg.name, cfg.source, rows, total)
             emit(BenchEvent("done", run=p, repeat=r, done=done, total=total, row=row))
     result.index = pd.DataFrame(rows, columns=INDEX_COLUMNS)
     return result
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 def _prepare(out: Path, resume: bool) -> None:
@@ -155,28 +144,20 @@ def _prepare(out: Path, resume: bool) -> None:
         if not resume:
             raise ConfigError(f"--out {out} exists and is not empty; pass --resume to continue "
                               "that bench, or choose another --out")
-        if not (out / "bench.json").is_file():
+        if not is_bench(out):
             raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
     (out / "runs").mkdir(parents=True, exist_ok=True)
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise DataError(f"{path}: cannot read: {e}") from None
-
-
 def read_bench_config(out: Path) -> dict[str, Any]:
     """The bench config stored in a bench folder (for `--resume` without a CONFIG)."""
-    p = Path(out) / "bench.json"
-    if not p.is_file():
+    if not is_bench(out):
         raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
-    obj = _read_json(p)
-    if obj.get("schema_version") != INDEX_SCHEMA_VERSION:
-        raise DataError(f"{p}: schema_version {obj.get('schema_version')} is not supported by this "
-                        f"bagpipe (expects {INDEX_SCHEMA_VERSION}); rerun the bench with it")
-    return {k: v for k, v in obj["config"].items() if k in BENCH_KEYS}
+    config = read_bench_file(out).get("config")
+    if not isinstance(config, dict):
+        raise ConfigError(f"--resume: {Path(out) / 'bench.json'} holds no bench config; give "
+                          "the CONFIG file")
+    return {k: v for k, v in config.items() if k in BENCH_KEYS}
 
 
 def _index_row(p: PlannedRun, r: int, folder: Path, s: dict[str, Any], status: str) -> dict[str, Any]:
@@ -186,19 +167,8 @@ def _index_row(p: PlannedRun, r: int, folder: Path, s: dict[str, Any], status: s
         "status": status, "path": f"runs/{folder.name}",
         **{k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
                                  "final_loss", "eval_auc", "network_emulated", "wall_s")},
-        "finished": _now() if status == "done" else None,
+        "finished": now() if status == "done" else None,
     }
-
-
-def _write_index(out: Path, cfg: BenchConfig, rows: list[dict[str, Any]], total: int) -> None:
-    """index.json and index.csv, atomically: they always list exactly the finished runs."""
-    write_json(out / "index.json", {
-        "kind": BENCH_KIND, "schema_version": INDEX_SCHEMA_VERSION,
-        "run_schema_version": RUN_SCHEMA_VERSION, "name": cfg.name, "source": cfg.source,
-        "updated": _now(), "planned": total, "completed": len(rows), "runs": rows,
-    })
-    with atomic_file(out / "index.csv") as f:
-        pd.DataFrame(rows, columns=INDEX_COLUMNS).to_csv(f, index=False)
 
 
 def prepare_dataset(ds, emit: ProgressFn) -> bool:

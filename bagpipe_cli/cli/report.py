@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import click
@@ -9,6 +10,7 @@ from rich.table import Table
 
 from bagpipe_cli.cli.common import console, overwrite_option, translate_errors
 from bagpipe_cli.report import ReportConfig, build_report
+from bagpipe_cli.results import SkippedRun
 
 
 @click.command(epilog="""\b
@@ -24,7 +26,9 @@ Examples:
 @translate_errors
 def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite: bool) -> None:
     """Draw the figures and write a report page from stored RESULTS (bench folders, run folders
-    or their parents); nothing is re-run.
+    or their parents); nothing is re-run. A run inside a folder given that cannot be read
+    (damaged or truncated files, another schema_version) is left out with a warning; a run
+    folder given itself must be readable.
 
     Figures: speed-up of every system over sync, per-iteration time breakdown, samples/s vs
     lookahead and vs cache size (when the results vary them), loss curves, rows fetched per
@@ -32,6 +36,7 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     """
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
     res = build_report(cfg)
+    warn_skipped(res.skipped)
     s = res.summary
     t = Table(title=f"{len(res.runs)} runs: median over repeats", title_justify="left")
     for col in ("setting", "system", "runs", "iteration ms", "samples/s", "speed-up vs sync"):
@@ -45,3 +50,12 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     pages = [p for p in res.files if p.suffix in (".html", ".md")]
     console.print(f"{len(res.figures)} figures; report: {', '.join(map(str, pages)) or res.out}",
                   soft_wrap=True)
+
+
+def warn_skipped(skipped: Iterable[SkippedRun | dict[str, str]]) -> None:
+    """One `Warning: skipped RUN: reason` line on stderr per run left out as unreadable
+    (`SkippedRun`s, or their `to_dict()` as stored in a result's JSON)."""
+    for s in skipped:
+        if isinstance(s, dict):
+            s = SkippedRun(Path(s["path"]), s["reason"])
+        click.echo(f"Warning: skipped {s}", err=True)

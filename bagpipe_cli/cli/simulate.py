@@ -15,6 +15,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
+from bagpipe_cli.cli.report import warn_skipped
 from bagpipe_cli.engine.registry import role
 from bagpipe_cli.io import atomic_dir, check_output_dir
 from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
@@ -139,6 +140,7 @@ def _print_result(result) -> None:
     if src.get("kind") == "calibrated":
         console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
                       f"(x{src['scale']:.3g} for {cfg.batch_size // cl.trainers:,} samples per trainer)")
+        warn_skipped(src.get("skipped", []))
     ref = next((p for p in result.predictions if role(p.system) == "reference"), None)
     if ref is not None and ref.mean_ms > 0:
         share = (ref.exposed_fetch_ms + ref.exposed_sync_ms) / ref.mean_ms
@@ -170,7 +172,9 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
     if out is not None:
         check_output_dir(out, overwrite)
     with err_console.status("validating") as status:
-        rows = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
+        result = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
+    warn_skipped(result.skipped)
+    rows = result.rows
     tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
                       f"within ±{TOLERANCE:.0%} passes)",
                 caption="ms per iteration; compute: calibrated from the run's own timers")

@@ -2,7 +2,8 @@
 
 Every runner (in-process, torch.distributed, TorchRec) writes exactly these columns and keys,
 and trainer processes' records are merged by one rule per column (`merge_records`). The
-README's tables are these definitions.
+README's two tables list them in this order (tests/test_readme.py holds them equal);
+`bagpipe_cli.results` writes and reads the files.
 """
 
 from __future__ import annotations

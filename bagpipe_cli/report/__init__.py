@@ -1,9 +1,10 @@
 """`bagpipe report`: figures and a page from stored results (a pure function of them).
 
 Entry point: `build_report(ReportConfig(results=(...), out=..., formats=(...))) -> ReportResult`.
-It reads run folders with `bagpipe_cli.results.load_results`/`load_metrics` and the access
-profiles a bench stored in `<bench>/profiles/<dataset>/`, and writes (atomically) into one
-folder:
+It reads run folders with `bagpipe_cli.results.load_runs` (a run that cannot be read, inside
+a folder given, is skipped: `ReportResult.skipped`, listed on the page and in report.json)
+and the access profiles a bench stored in `<bench>/profiles/<dataset>/`, and writes
+(atomically) into one folder:
 
 - `report.md`, `report.html` (figures embedded as PNG, self-contained), as asked;
 - figures `speedup`, `time_breakdown`, `throughput_vs_lookahead`, `throughput_vs_cache`,
@@ -36,7 +37,7 @@ from bagpipe_cli.report.analysis import (
     time_breakdown,
 )
 from bagpipe_cli.report.page import Block, display_summary, render_html, render_markdown
-from bagpipe_cli.results import load_metrics, load_results
+from bagpipe_cli.results import SkippedRun, is_run, load_runs
 
 FORMATS = ("png", "svg", "html", "md")
 IMAGE_FORMATS = ("png", "svg")
@@ -81,6 +82,7 @@ class ReportResult:
     breakdown: pd.DataFrame
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    skipped: list[SkippedRun] = field(default_factory=list)  # runs that could not be read
 
 
 def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict]]:
@@ -89,7 +91,7 @@ def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str
     for p in paths:
         p = Path(p)
         cands += sorted(p.glob("profiles/*/access_cdf.csv"))
-        if (p / "summary.json").is_file():  # a run folder inside <bench>/runs/
+        if is_run(p):  # a run folder inside <bench>/runs/
             cands += sorted(p.parent.parent.glob("profiles/*/access_cdf.csv"))
         if not cands:
             cands += sorted(q for q in p.rglob("access_cdf.csv") if "report" not in q.parts)
@@ -152,8 +154,8 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file() and not cfg.overwrite:
         raise ConfigError(f"--out {out} exists, is not empty and is not a bagpipe report; pass "
                           "--overwrite to replace it")
-    runs = annotate(load_results(*cfg.results))
-    metrics = load_metrics(*cfg.results)
+    loaded = load_runs(*cfg.results)
+    runs, metrics = annotate(loaded.runs), loaded.metrics
     summary = summary_table(runs, metrics)
     bd = time_breakdown(runs, metrics)
     sub = context(runs)
@@ -164,8 +166,9 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     _draw_sweeps(runs, sub, figures, notes)
     _draw_curves(runs, metrics, sub, figures)
     _draw_access_cdf(cfg, runs, figures, notes)
-    blocks = _page(cfg, runs, summary, figures, notes, sub)
-    result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes)
+    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped)
+    result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes,
+                          loaded.skipped)
     result.files = _write_report(cfg, result, figures, blocks)
     return result
 
@@ -280,12 +283,14 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
             "kind": "bagpipe-report", "schema_version": REPORT_SCHEMA_VERSION,
             "results": [str(p) for p in cfg.results], "runs": len(res.runs),
             "formats": list(cfg.formats), "figures": [f[0] for f in figures], "notes": res.notes,
+            "skipped": [s.to_dict() for s in res.skipped],
         })
     return files
 
 
 def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
-          figures: list[_Figure], notes: list[str], sub: str) -> list[Block]:
+          figures: list[_Figure], notes: list[str], sub: str,
+          skipped: list[SkippedRun]) -> list[Block]:
     benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
     title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
     n_runs = len(runs)
@@ -314,6 +319,10 @@ def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
         blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
     if notes:
         blocks += [Block("h2", "Notes")] + [Block("p", n) for n in notes]
+    if skipped:
+        blocks += [Block("h2", "Skipped runs"),
+                   Block("p", "Unreadable, left out of every figure and table: "
+                              + "; ".join(f"`{s.path}`: {s.reason}" for s in skipped))]
     env_cols = [c for c in ("env_cpu", "env_torch", "env_torch_threads", "env_cuda", "env_hostname")
                 if c in runs]
     if env_cols:

@@ -27,7 +27,13 @@ from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.models import ModelConfig, build_model
-from bagpipe_cli.results import find_runs, read_run
+from bagpipe_cli.results import (
+    SkippedRun,
+    StoredRun,
+    open_run,
+    read_runs,
+    read_trainer_metrics,
+)
 from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Workload
 from bagpipe_cli.simulate.volumes import TraceConfig
 
@@ -94,8 +100,10 @@ def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
 
 
 def read_measured(folder: Path) -> MeasuredRun:
-    """A run folder as the model's inputs (settings, calibrated compute) and its measurement."""
-    config, summary = read_run(folder)
+    """A run folder as the model's inputs (settings, calibrated compute) and its measurement;
+    DataError (naming the file) when it cannot be read."""
+    stored = open_run(folder)
+    config, summary, metrics = stored.config, stored.summary, stored.metrics
     train = config.get("train") or {}
     try:
         mcfg = ModelConfig(**config["model"])
@@ -103,10 +111,6 @@ def read_measured(folder: Path) -> MeasuredRun:
         data = config.get("dataset", {}).get("path") or train["data"]
     except (KeyError, TypeError) as e:
         raise DataError(f"{folder}/config.json: missing {e}; not a `bagpipe train` run") from None
-    try:
-        metrics = pd.read_csv(Path(folder) / "metrics.csv")
-    except (OSError, ValueError) as e:
-        raise DataError(f"{Path(folder) / 'metrics.csv'}: cannot read: {e}") from None
     warmup = int(train.get("warmup", 0))
     m = metrics.iloc[warmup:] if len(metrics) > warmup else metrics
     distributed = train.get("transport") == "torch"
@@ -130,8 +134,7 @@ def read_measured(folder: Path) -> MeasuredRun:
     bench = config.get("bench") or {}
     emulated = bool(summary.get("network_emulated", cluster.network.emulated))
     if distributed:
-        compute = _distributed_compute(Path(folder), metrics, summary, warmup, _round_len(train),
-                                       emulated, on_network)
+        compute = _distributed_compute(stored, warmup, _round_len(train), emulated, on_network)
     else:
         compute = compute_of(metrics, warmup, _round_len(train), emulated)
     return MeasuredRun(
@@ -144,19 +147,15 @@ def read_measured(folder: Path) -> MeasuredRun:
     )
 
 
-def _distributed_compute(folder: Path, metrics: pd.DataFrame, summary: dict[str, Any], warmup: int,
-                         round_len: int, emulated: bool, on_network: bool) -> ComputeTimes:
+def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulated: bool,
+                         on_network: bool) -> ComputeTimes:
     """A torch.distributed run's compute: the timers of its last trainer (the last a server
     serves in a lockstep pass, so its waits for rows are the ones the model predicts and its
     wait in the collectives holds no one else's fetch), its collectives as measured when they
     did not cross the modelled network, and the servers' CPU per iteration."""
-    frame = metrics
-    per = folder / "metrics_trainers.csv"
-    if per.is_file():
-        try:
-            t = pd.read_csv(per)
-        except (OSError, ValueError) as e:
-            raise DataError(f"{per}: cannot read: {e}") from None
+    frame, summary = stored.metrics, stored.summary
+    t = read_trainer_metrics(stored.folder, summary)
+    if t is not None:
         frame = t[t["trainer"] == t["trainer"].max()].drop(columns="trainer").reset_index(drop=True)
     c = compute_of(frame, warmup, round_len, emulated)
     m = frame.iloc[warmup:] if len(frame) > warmup else frame
@@ -168,14 +167,10 @@ def _distributed_compute(folder: Path, metrics: pd.DataFrame, summary: dict[str,
     cpu = [(r["busy_s"] - r.get("network_s", 0.0)) / iters for r in servers]
     c = replace(c, server_ms=1e3 * float(np.mean(cpu)) if cpu else 0.0)
     # Every process of a --procs run shares this machine's cores.
-    cores = {x for p in (config_placements(folder) or []) for x in p.get("compute", [])}
+    placements = (stored.config.get("layout") or {}).get("placement")
+    cores = {x for p in (placements or []) for x in p.get("compute", [])}
     demand = sum(r.get("cpu_s", 0.0) for r in roles.values())
     return replace(c, cpu_bound_ms=1e3 * demand / iters / len(cores) if cores else 0.0)
-
-
-def config_placements(folder: Path) -> list[dict] | None:
-    config, _ = read_run(folder)
-    return (config.get("layout") or {}).get("placement")
 
 
 def _setting(train: dict[str, Any]) -> str:
@@ -195,16 +190,27 @@ def _setting(train: dict[str, Any]) -> str:
     return " ".join(parts)
 
 
-def measured_runs(*paths: Path) -> list[MeasuredRun]:
-    """Every run under `paths` (run folders, bench folders or parents), in-process or over
-    torch.distributed (its trainers fetch and push what each needs: `TraceConfig.runtime`).
+def read_measured_runs(*paths: Path) -> tuple[list[MeasuredRun], list[SkippedRun]]:
+    """Every readable run under `paths` (run folders, bench folders or parents), in-process
+    or over torch.distributed (its trainers fetch and push what each needs:
+    `TraceConfig.runtime`), and the runs skipped as unreadable (`results.read_runs`).
 
     An emulated-network run's `fetch_cpu_ms` (the CPU share of its waits for rows, which
     its timers cannot separate from the emulated transfer) comes from its no-network twins
     (same settings but the network): their median, scaled by the ratio of the two runs'
     forward+backward times (the machine's load when each ran).
     """
-    runs = [read_measured(f) for f in find_runs(*paths)]
+    runs, skipped = read_runs(paths, read_measured)
+    _fetch_cpu_from_twins(runs)
+    return runs, skipped
+
+
+def measured_runs(*paths: Path) -> list[MeasuredRun]:
+    """The runs of `read_measured_runs`, for callers that do not report the skipped ones."""
+    return read_measured_runs(*paths)[0]
+
+
+def _fetch_cpu_from_twins(runs: list[MeasuredRun]) -> None:
     twins: dict[tuple, list[MeasuredRun]] = {}
     for r in runs:
         if not r.network_emulated:
@@ -222,7 +228,6 @@ def measured_runs(*paths: Path) -> list[MeasuredRun]:
         load = r.compute.fwd_bwd_ms / fb if fb > 0 else 1.0
         r.compute = replace(r.compute, fetch_cpu_ms=cpu * load)
         r.fetch_cpu_from = f"{len(ts)} no-network twin(s)"
-    return runs
 
 
 def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, ComputeTimes], dict[str, Any]]:
@@ -233,9 +238,10 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     run (the lowest total compute: on a shared machine, slower repeats are other load,
     as pyperf's minimum); a system without runs gets the median over the systems ("*").
     Returns the
-    compute per system and what it came from (batch size, trainers, model, runs used).
+    compute per system and what it came from (batch size, trainers, model, runs used, and
+    `skipped`: the runs left out as unreadable, each {path, reason}).
     """
-    runs = measured_runs(*paths)
+    runs, skipped = read_measured_runs(*paths)
     if model:
         runs = [r for r in runs if _model_of(r) == model]
         if not runs:
@@ -261,7 +267,7 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
                                         "fetch_cpu_ms")))
     source = {"batch_size": ref_b, "trainers": ref_n, "runs": len(use),
               "network_emulated_runs": not quiet, "models": sorted({_model_of(r) for r in use}),
-              "paths": [str(p) for p in paths]}
+              "paths": [str(p) for p in paths], "skipped": [s.to_dict() for s in skipped]}
     return out, source
 
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.simulate.calibrate import MeasuredRun, measured_runs
+from bagpipe_cli.results import SkippedRun
+from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
 from bagpipe_cli.simulate.model import Prediction, Volumes, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
 
@@ -52,9 +53,19 @@ class ValidationRow:
         }
 
 
-def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = None) -> list[ValidationRow]:
-    """Predict every run under `paths` from its own trace and calibration."""
-    runs = measured_runs(*paths)
+@dataclass
+class ValidationResult:
+    """One row per readable run, and the runs skipped as unreadable."""
+
+    rows: list[ValidationRow]
+    skipped: list[SkippedRun] = field(default_factory=list)
+
+
+def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = None
+             ) -> ValidationResult:
+    """Predict every readable run under `paths` from its own trace and calibration (runs
+    that cannot be read are skipped: `results.read_runs`)."""
+    runs, skipped = read_measured_runs(*paths)
     cache: dict[tuple, Volumes] = {}
     out = []
     for i, run in enumerate(runs):
@@ -69,7 +80,7 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
             cache[key] = vols[run.system]
         pred = predict(cache[key], run.cluster, run.workload, run.compute)
         out.append(ValidationRow(run, pred))
-    return out
+    return ValidationResult(out, skipped)
 
 
 def validation_frame(rows: list[ValidationRow]) -> pd.DataFrame:

@@ -1,0 +1,125 @@
+"""One run folder: config.json, metrics.csv, summary.json and metrics_trainers.csv.
+
+    config.json          schema_version, the run's settings (`train`, `model`, `row_dim`,
+                         `dataset`, `layout`, `runner`, and `bench` in a bench) and
+                         `environment` (where it ran: written here only)
+    metrics.csv          one row per iteration: the columns of `engine.records.COLUMNS`
+    metrics_trainers.csv with several trainer processes: each one's own rows, `trainer` first
+    summary.json         schema_version and the keys of `engine.records.SUMMARY_KEYS`
+
+`write_run` writes a folder atomically; `open_run` reads one back, every file checked
+(schema versions, metrics.csv's columns, one row per iteration the summary counts).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bagpipe_cli.engine.records import COLUMN_NAMES
+from bagpipe_cli.environment import environment
+from bagpipe_cli.errors import DataError
+from bagpipe_cli.io import atomic_dir, write_json
+from bagpipe_cli.results.schema import RUN_SCHEMA_VERSION, read_csv, read_json
+
+CONFIG, METRICS, TRAINER_METRICS, SUMMARY = (
+    "config.json", "metrics.csv", "metrics_trainers.csv", "summary.json")
+# Columns that came after schema 1's first runs: a run without them is still whole.
+LATER_COLUMNS = ("stale_reads",)
+REQUIRED_COLUMNS = tuple(c for c in COLUMN_NAMES if c not in LATER_COLUMNS)
+
+
+def write_run(out: Path, config: dict[str, Any], metrics: pd.DataFrame, summary: dict[str, Any],
+              overwrite: bool = False, extra_files: dict[str, Any] | None = None,
+              trainer_metrics: pd.DataFrame | None = None,
+              bench: dict[str, Any] | None = None) -> Path:
+    """Write one run folder atomically: config.json (with `bench`, the run's place in a
+    bench, when given, and the environment), metrics.csv, summary.json, and
+    metrics_trainers.csv (each trainer process's own records) when a run had several.
+
+    `extra_files` maps file names to callables `fn(path)` that write more files into the folder.
+    """
+    doc = {"schema_version": RUN_SCHEMA_VERSION, **config}
+    if bench is not None:
+        doc["bench"] = bench
+    doc["environment"] = environment()
+    with atomic_dir(out, overwrite) as tmp:
+        write_json(tmp / CONFIG, doc)
+        metrics.to_csv(tmp / METRICS, index=False)
+        if trainer_metrics is not None:
+            trainer_metrics.to_csv(tmp / TRAINER_METRICS, index=False)
+        write_json(tmp / SUMMARY, {"schema_version": RUN_SCHEMA_VERSION, **summary})
+        for name, fn in (extra_files or {}).items():
+            fn(tmp / name)
+    return Path(out)
+
+
+def is_run(folder: Path) -> bool:
+    """Whether `folder` holds a finished run (run folders appear only when complete)."""
+    return (Path(folder) / SUMMARY).is_file()
+
+
+@dataclass
+class StoredRun:
+    """A run folder as read back: its config (environment included), summary and metrics."""
+
+    folder: Path
+    config: dict[str, Any]
+    summary: dict[str, Any]
+    metrics: pd.DataFrame
+
+    @property
+    def environment(self) -> dict[str, Any]:
+        """Where it ran (config.json's; runs written before it moved there had it in both)."""
+        return self.config.get("environment") or self.summary.get("environment") or {}
+
+
+def read_config(folder: Path) -> dict[str, Any]:
+    return read_json(Path(folder) / CONFIG, RUN_SCHEMA_VERSION)
+
+
+def read_summary(folder: Path) -> dict[str, Any]:
+    return read_json(Path(folder) / SUMMARY, RUN_SCHEMA_VERSION)
+
+
+def _iterations(summary: dict[str, Any]) -> int | None:
+    n = summary.get("iterations")
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
+
+
+def read_metrics(folder: Path, summary: dict[str, Any]) -> pd.DataFrame:
+    """metrics.csv, with every column and one row per iteration `summary` counts."""
+    path = Path(folder) / METRICS
+    m = read_csv(path, REQUIRED_COLUMNS)
+    n = _iterations(summary)
+    if n is not None and len(m) != n:
+        raise DataError(f"{path}: {len(m)} rows, but summary.json counts {n} iterations; the "
+                        "file is truncated or damaged, rerun the run")
+    return m
+
+
+def read_trainer_metrics(folder: Path, summary: dict[str, Any]) -> pd.DataFrame | None:
+    """metrics_trainers.csv (None when the run had one trainer process), checked as
+    metrics.csv is: every trainer has a row per iteration."""
+    path = Path(folder) / TRAINER_METRICS
+    if not path.is_file():
+        return None
+    t = read_csv(path, ("trainer", *REQUIRED_COLUMNS))
+    n = _iterations(summary)
+    trainers = t["trainer"].nunique()
+    if n is not None and len(t) != n * trainers:
+        raise DataError(f"{path}: {len(t)} rows, but {trainers} trainers over the "
+                        f"{n} iterations summary.json counts make {n * trainers}; the file is "
+                        "truncated or damaged, rerun the run")
+    return t
+
+
+def open_run(folder: Path) -> StoredRun:
+    """A run folder, read and checked; DataError (naming the file) when it cannot be read."""
+    folder = Path(folder)
+    config = read_config(folder)
+    summary = read_summary(folder)
+    return StoredRun(folder, config, summary, read_metrics(folder, summary))
