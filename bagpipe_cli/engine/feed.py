@@ -4,7 +4,7 @@
 
 The in-process runtime runs `planned_rounds` on its loader thread (`engine/local/loader.py`);
 rank 0 of a distributed run runs it directly and sends each trainer its slice
-(`engine/distributed/coordinator.py`).
+(`engine/distributed/loader.py`).
 
 The training loop reads `Round`s: a round's plan and, per iteration, the dense features and
 labels of the samples this process trains on.

@@ -172,16 +172,3 @@ def role_figures(frame: pd.DataFrame, **extra: Any) -> dict[str, Any]:
     """A trainer process's busy and waiting seconds from its own records."""
     return {"busy_s": float(frame[["forward", "backward", "optimizer"]].sum().sum()),
             "waiting_s": float(frame["prefetch_wait"].sum() + frame["sync"].sum()), **extra}
-
-
-@dataclass
-class TrainResult:
-    """What a run produced: per-iteration metrics, a summary, and the final parameters."""
-
-    config: dict[str, Any]
-    metrics: pd.DataFrame
-    summary: dict[str, Any]
-    model: torch.nn.Module
-    tables: list[torch.Tensor]
-    # every trainer process's own records (a `trainer` column first), when there are several
-    trainer_metrics: pd.DataFrame | None = None

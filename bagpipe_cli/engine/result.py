@@ -7,6 +7,7 @@ summary has the same keys (`records.SUMMARY_KEYS`).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import pandas as pd
@@ -15,10 +16,23 @@ import torch
 from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.planner import Planning
-from bagpipe_cli.engine.records import TrainResult, complete_summary, merge_records, summarize
+from bagpipe_cli.engine.records import complete_summary, merge_records, summarize
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.shards import Shard, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
+
+
+@dataclass
+class TrainResult:
+    """What a run produced: per-iteration metrics, a summary, and the final parameters."""
+
+    config: dict[str, Any]
+    metrics: pd.DataFrame
+    summary: dict[str, Any]
+    model: torch.nn.Module
+    tables: list[torch.Tensor]
+    # every trainer process's own records (a `trainer` column first), when there are several
+    trainer_metrics: pd.DataFrame | None = None
 
 
 def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,

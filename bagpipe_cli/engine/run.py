@@ -15,8 +15,8 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.distributed import run_rank, spawn_train
 from bagpipe_cli.engine.local.runtime import train_in_process
 from bagpipe_cli.engine.loop import ProgressFn
-from bagpipe_cli.engine.records import TrainResult
 from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.engine.result import TrainResult
 
 
 def run(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | None:

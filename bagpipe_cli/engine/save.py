@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from bagpipe_cli.engine.records import TrainResult
+from bagpipe_cli.engine.result import TrainResult
 from bagpipe_cli.io import atomic_file
 
 

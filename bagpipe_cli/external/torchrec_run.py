@@ -59,13 +59,12 @@ from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.records import (
     COLUMN_NAMES,
     TIME_KEYS,
-    TrainResult,
     complete_summary,
     merge_records,
     role_figures,
     summarize,
 )
-from bagpipe_cli.engine.result import checkpoint_summary, trainer_records
+from bagpipe_cli.engine.result import TrainResult, checkpoint_summary, trainer_records
 from bagpipe_cli.engine.setup import RunSetup, build_dense, prepare, run_config
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.external.torchrec_parts import (

@@ -23,14 +23,14 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.distributed.collective import TorchCollective
-from bagpipe_cli.engine.distributed.coordinator import Coordinator
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
+from bagpipe_cli.engine.distributed.loader import LoaderRank
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
-from bagpipe_cli.engine.records import TrainResult
+from bagpipe_cli.engine.result import TrainResult
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default
@@ -111,7 +111,7 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
-        return Coordinator(s, layout, devices, placements, faults, progress).run()
+        return LoaderRank(s, layout, devices, placements, faults, progress).run()
     if role == "server":
         server_main(s, layout, idx, faults)
     else:

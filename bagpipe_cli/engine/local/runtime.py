@@ -27,8 +27,8 @@ from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.loader import LoaderFeed
 from bagpipe_cli.engine.local.transport import InProcessTransport
 from bagpipe_cli.engine.loop import ProgressFn, TrainingLoop
-from bagpipe_cli.engine.records import TrainResult, role_figures
-from bagpipe_cli.engine.result import finish_run
+from bagpipe_cli.engine.records import role_figures
+from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import (
     build_dense,
     build_system,

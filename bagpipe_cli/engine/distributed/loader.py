@@ -31,8 +31,8 @@ from bagpipe_cli.engine.feed import planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.oracle import RoundPlan
 from bagpipe_cli.engine.planner import Planning
-from bagpipe_cli.engine.records import TrainResult, role_figures
-from bagpipe_cli.engine.result import finish_run
+from bagpipe_cli.engine.records import role_figures
+from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.shards import Shard
 from bagpipe_cli.environment import peak_rss_mb
@@ -40,7 +40,7 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
 
 
-class Coordinator:
+class LoaderRank:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
     def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],
