@@ -111,3 +111,31 @@ def test_modules_and_functions_stay_small():
                 if n > MAX_FUNCTION_LINES:
                     too_long.append(f"{path.name}:{node.lineno} {node.name}: {n} lines")
     assert not too_long, too_long
+
+
+def _blocks(text: str) -> list[str]:
+    """A page's paragraphs and table rows, each one block of text."""
+    blocks, para = [], []
+    for ln in text.splitlines() + [""]:
+        if ln.startswith("|") or not ln.strip():
+            blocks.append(" ".join(para))
+            para = []
+            if ln.startswith("|"):
+                blocks.append(ln)
+        else:
+            para.append(ln)
+    return [b for b in blocks if b]
+
+
+def test_the_architecture_page_maps_every_file():
+    """docs/architecture.md names every module of the package: by its path, or by its name
+    in the paragraph or table row of its folder."""
+    blocks = _blocks((PACKAGE.parent / "docs" / "architecture.md").read_text())
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE)
+        full = "/".join(rel.parts)
+        folder = "/".join(rel.parts[:-1]) + "/" if len(rel.parts) > 1 else "the package root"
+        if not any(f"`{full}`" in b or (f"`{rel.name}`" in b and folder in b) for b in blocks):
+            missing.append(full)
+    assert not missing, missing
