@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from bagpipe_cli.data.format import Dataset
-from bagpipe_cli.engine.oracle import batch_keys
+from bagpipe_cli.engine.keys import batch_keys
 from bagpipe_cli.engine.shards import split_by_shard
 from bagpipe_cli.metrics import auc
 

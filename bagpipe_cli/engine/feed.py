@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bagpipe_cli.data.format import Batch, Dataset
-from bagpipe_cli.engine.oracle import Oracle, RoundPlan, batch_keys
+from bagpipe_cli.engine.keys import batch_keys
+from bagpipe_cli.engine.oracle import Oracle, RoundPlan
 
 if TYPE_CHECKING:
     from bagpipe_cli.engine.config import TrainConfig

@@ -19,8 +19,8 @@ inserted into the cache before its first iteration, into slots freed by the prev
 round's evictions. Slots are assigned here, deterministically, so trainers only gather by
 slot. The oracle tracks the peak number of occupied slots and refuses a capacity below it.
 
-Vectorised with numpy: per batch a sort-based unique and a few gathers/scatters over
-arrays indexed by global key (memory bounded by the number of rows).
+Vectorised with numpy: per batch a unique by marking (`engine/keys.py`) and a few
+gathers/scatters over arrays indexed by global key (memory bounded by the number of rows).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from bagpipe_cli.engine.keys import KeySets
 from bagpipe_cli.errors import ConfigError
 
 NEVER = np.iinfo(np.int32).min // 2
@@ -93,9 +94,14 @@ class RoundPlan:
         return self.fetch_keys[m], slots
 
 
-def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:
-    """Global row keys [B*T] of a batch of ids [B, T], row-major (sample by sample)."""
-    return (sparse + offsets[None, :]).reshape(-1)
+@dataclass
+class _Read:
+    """A batch in the oracle's window: U_b, the inverse, and which rows of U_b the next
+    batch uses (known once it is read)."""
+
+    uniq: np.ndarray
+    inverse: np.ndarray
+    in_next: np.ndarray | None = None
 
 
 class Oracle:
@@ -122,6 +128,9 @@ class Oracle:
         self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
         self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
+        self.where = np.zeros(total_rows, dtype=np.int32)  # a row's position in its latest batch
+        self.keysets = KeySets(total_rows)
+        self._trainers = np.empty(0, np.int64)
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity else None
         self.nfree = capacity or 0
         self.peak_resident = 0
@@ -131,7 +140,7 @@ class Oracle:
 
     def plan(self, batches: Iterable[np.ndarray]) -> Iterator[RoundPlan]:
         """`batches` yields each iteration's global keys [B*T] in order; yields round plans."""
-        window: deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = deque()  # (keys, uniq, inverse)
+        window: deque[_Read] = deque()  # batches read, not yet planned: b .. b_read
         it = iter(batches)
         b_read = -1
         done = False
@@ -148,18 +157,17 @@ class Oracle:
                     done = True
                     break
                 b_read += 1
-                uniq, inverse = np.unique(keys, return_inverse=True)
-                self.latest[uniq] = b_read
-                window.append((keys, uniq, inverse.astype(np.int64).reshape(-1)))
+                window.append(self._read(b_read, keys, window[-1] if window else None))
             if not window:
                 break
-            keys, uniq, inverse = window.popleft()
-            nxt = window[0][1] if window else uniq[:0]
+            cur = window.popleft()
+            uniq = cur.uniq
             prev = self.last_used[uniq]
             fetch_mask = prev < b - self.L
             self.last_used[uniq] = b
             evict_mask = self.latest[uniq] == b
-            pending.append((b, keys, uniq, inverse, fetch_mask, evict_mask, nxt))
+            in_next = cur.in_next if cur.in_next is not None else np.zeros(len(uniq), dtype=bool)
+            pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next))
             self.seconds += time.perf_counter() - t0
             b += 1
             if len(pending) == self.C or (done and not window):
@@ -170,6 +178,19 @@ class Oracle:
                 pending = []
                 yield rp
 
+    def _read(self, j: int, keys: np.ndarray, before: _Read | None) -> _Read:
+        """Batch j enters the window: its U_j and inverse; `latest` of its rows becomes j; and
+        the rows of U_{j-1} that U_j uses again (sync_now of j-1: they were last read by j-1,
+        at their positions there) are marked in batch j-1's `in_next`."""
+        uniq, inverse = self.keysets.unique(keys)
+        last = self.latest[uniq]
+        if before is not None:
+            before.in_next = np.zeros(len(before.uniq), dtype=bool)
+            before.in_next[self.where[uniq[last == j - 1]]] = True
+        self.latest[uniq] = j
+        self.where[uniq] = np.arange(len(uniq), dtype=np.int32)
+        return _Read(uniq, inverse)
+
     def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:
         r = pending[0][0] // self.C
         # Free the slots of rows evicted during the previous round.
@@ -178,7 +199,7 @@ class Oracle:
             self.free[self.nfree:self.nfree + len(freed)] = freed
             self.nfree += len(freed)
         evicted_slots.clear()
-        fetch_keys = np.concatenate([u[f] for (_, _, u, _, f, _, _) in pending])
+        fetch_keys = np.concatenate([u[f] for (_, u, _, f, _, _) in pending])
         self.resident += len(fetch_keys)
         self.peak_resident = max(self.peak_resident, self.resident)
         if self.free is not None:
@@ -194,7 +215,7 @@ class Oracle:
             fetch_slots = np.empty(0, np.int32)
         rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident)
         owners = []
-        for b, keys, uniq, inverse, fetch_mask, evict_mask, nxt in pending:
+        for b, uniq, inverse, fetch_mask, evict_mask, in_next in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
             ev_keys = uniq[evict_mask]
             ev_slots = slots[evict_mask] if self.free is not None else np.empty(0, np.int32)
@@ -202,8 +223,8 @@ class Oracle:
                 self.slot_of[ev_keys] = -1
                 evicted_slots.append(ev_slots)
             self.resident -= len(ev_keys)
-            it = self._iter_plan(b, keys, uniq, inverse, slots, int(fetch_mask.sum()),
-                                 ev_keys, ev_slots, evict_mask, nxt)
+            it = self._iter_plan(b, uniq, inverse, slots, int(fetch_mask.sum()),
+                                 ev_keys, ev_slots, evict_mask, in_next)
             # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
             owner = np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
             it.private_fetched = np.bincount(owner[owner >= 0], minlength=self.N)
@@ -212,24 +233,17 @@ class Oracle:
         rp.fetch_owner = np.concatenate(owners)
         return rp
 
-    def _iter_plan(self, b, keys, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, nxt):
-        in_next = np.zeros(len(uniq), dtype=bool)
-        if len(nxt):
-            pos = np.minimum(np.searchsorted(nxt, uniq), len(nxt) - 1)
-            in_next = nxt[pos] == uniq
+    def _iter_plan(self, b, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, in_next):
         # Which trainers use each row: trainer i holds samples [i*B/N, (i+1)*B/N).
-        per = len(inverse) // self.N
         owner_rows = np.zeros(self.N, dtype=np.int64)
         if self.N == 1:
             single = np.ones(len(uniq), dtype=bool)
             owner = np.zeros(len(uniq), dtype=np.int64)
         else:
-            trainer = np.arange(len(inverse)) // per
-            pairs = np.unique(inverse * self.N + trainer)
-            users = np.bincount(pairs // self.N, minlength=len(uniq))
-            single = users == 1
-            owner = np.zeros(len(uniq), dtype=np.int64)
-            owner[pairs // self.N] = pairs % self.N  # meaningful where single
+            used = np.zeros((len(uniq), self.N), dtype=bool)  # row x trainer: does it use it
+            used[inverse, self._trainer_of(len(inverse))] = True
+            single = used.sum(axis=1) == 1
+            owner = used.argmax(axis=1)  # the one user where single
         no_sync = single & evict_mask
         owner_rows += np.bincount(owner[no_sync], minlength=self.N)
         n_now = int(in_next.sum())
@@ -240,6 +254,12 @@ class Oracle:
         return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots,
                         sync_now=n_now, sync_later=len(uniq) - n_now - n_none, no_sync=n_none,
                         no_sync_owner_rows=owner_rows, row_class=row_class, owner=owner)
+
+    def _trainer_of(self, accesses: int) -> np.ndarray:
+        """The trainer of each access of a global batch (trainer i: samples [iB/N, (i+1)B/N))."""
+        if len(self._trainers) != accesses:
+            self._trainers = np.arange(accesses, dtype=np.int64) // (accesses // self.N)
+        return self._trainers
 
     @property
     def ms_per_batch(self) -> float:

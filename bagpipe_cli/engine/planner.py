@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bagpipe_cli.engine.feed import key_batches
+from bagpipe_cli.engine.keys import KeySets
 from bagpipe_cli.engine.oracle import IterPlan, Oracle, RoundPlan, plan_peak
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy as cache_policy
@@ -51,6 +52,7 @@ class PolicyPlanner:
         self.decisions, self.trace = decisions, trace
         self.slots = decisions.slots  # physical cache rows the plan needs
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
+        self.keysets = KeySets(total_rows)
         self.free = list(range(self.slots - 1, -1, -1))
         self.peak_resident = 0
         self.seconds = 0.0
@@ -73,7 +75,7 @@ class PolicyPlanner:
         tr = self.trace
         for b, keys in enumerate(batches):
             t0 = time.perf_counter()
-            uniq, inverse = np.unique(keys, return_inverse=True)
+            uniq, inverse = self.keysets.unique(keys)
             if len(tr.batch(b)) != len(uniq):
                 raise RuntimeError("trace does not match the batch stream")
             d = self.decisions.step(b, uniq)
@@ -84,7 +86,7 @@ class PolicyPlanner:
             slots = self.slot_of[uniq]
             after_slots = self._release(d.after)
             # The cache is replicated on every trainer: every row's gradient is all-reduced.
-            it = IterPlan(b, uniq, inverse.reshape(-1), slots, len(d.fetch), d.after, after_slots,
+            it = IterPlan(b, uniq, inverse, slots, len(d.fetch), d.after, after_slots,
                           sync_now=len(uniq), sync_later=0, no_sync=0,
                           no_sync_owner_rows=np.zeros(1, np.int64))
             rp = RoundPlan(b, d.fetch, fetch_slots, [it], resident_after_insert=resident,

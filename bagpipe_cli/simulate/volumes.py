@@ -18,7 +18,8 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.oracle import Oracle, batch_keys, plan_peak
+from bagpipe_cli.engine.keys import batch_keys
+from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
