@@ -43,6 +43,7 @@ class TraceConfig:
     # inproc: one process for every trainer (what it fetches, it fetches once);
     # distributed: a process per trainer (torch.distributed), each fetching what it needs
     runtime: str = "inproc"
+    hot_sample: float = 1.0  # fae: the fraction of the batches whose hottest rows it caches
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -170,7 +171,7 @@ def _policy_volumes(t: _Trace, policy: str, trace, capacity: int) -> Volumes:
     """lru/lfu/fae: misses fetched when the iteration starts, victims written back first."""
     k = t.cfg.servers
     v = t.empty(policy)
-    for rp in PolicyPlanner(policy, trace, capacity, t.total, getattr(t.cfg, "hot_sample", 1.0)).plan(t.keys()):
+    for rp in PolicyPlanner(policy, trace, capacity, t.total, t.cfg.hot_sample).plan(t.keys()):
         if not rp.iters:
             continue  # the final write-back of every resident row, after training
         p = rp.iters[0]
