@@ -278,15 +278,18 @@ def test_bad_files_are_one_line_exit_2(tmp_path, tiny_dataset):
 def test_shipped_paper_scenario_is_valid():
     from pathlib import Path
 
-    from bagpipe_cli.simulate.cluster import load_cluster
+    from bagpipe_cli.simulate.cluster import SimulateConfig, load_cluster
 
     cf = load_cluster(Path(__file__).parents[1] / "benchmarks" / "paper-scenario.yaml")
+    c = SimulateConfig(**cf.settings)
     # the artifact's setting: 8 trainers at 10 Gbit/s, one server at 25, batch 16384, L=200, C=50
-    assert (cf.trainers, cf.servers, cf.batch_size, cf.lookahead, cf.round) == (8, 1, 16384, 200, 50)
-    assert (cf.net_gbps, cf.trainer_gbps, cf.emb_dim, cf.cache_rows) == (25.0, 10.0, 48, 15_000_000)
-    assert (cf.bottom_mlp, cf.top_mlp) == ([512, 256, 64], [1024, 1024, 1024, 256, 128])
-    assert cf.runtime == "distributed" and cf.optimizer == "sgd"
-    assert cf.synth["preset"] == "criteo-kaggle" and cf.reported["speedup_max"] == 5.6
+    assert (c.trainers, c.servers, c.batch_size, c.lookahead, c.round) == (8, 1, 16384, 200, 50)
+    assert (c.net_gbps, c.trainer_gbps, c.emb_dim, c.cache_rows) == (25.0, 10.0, 48, 15_000_000)
+    assert (c.bottom_mlp, c.top_mlp) == ((512, 256, 64), (1024, 1024, 1024, 256, 128))
+    assert c.runtime == "distributed" and c.optimizer == "sgd"
+    # one pass over all 8M samples, as before simulate's defaults became train's
+    assert (c.iterations, c.eval_rows, c.warmup) == (488, 0, 200)
+    assert cf.synth.preset == "criteo-kaggle" and c.reported["speedup_max"] == 5.6
 
 
 def test_simulate_help_has_example():

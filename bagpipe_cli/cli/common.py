@@ -54,6 +54,15 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+class SectionOption(click.Option):
+    """An option shown under its `section`'s heading in a sectioned command's help
+    (`cli.options.SectionedCommand`); other commands show it as any option."""
+
+    def __init__(self, *args: Any, section: str | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.section = section
+
+
 def list_option(value: str | None, cast: Callable[[str], Any], option: str) -> list[Any] | None:
     """Parse a comma-separated option value ("1,2,3") with a clear error."""
     if value is None:
@@ -66,11 +75,13 @@ def list_option(value: str | None, cast: Callable[[str], Any], option: str) -> l
 
 
 def out_option(required: bool = True, help: str = "Output directory (written atomically).") -> Callable:
-    return click.option("--out", "out", type=click.Path(path_type=Path), required=required, help=help)
+    return click.option("--out", "out", type=click.Path(path_type=Path), required=required, help=help,
+                        cls=SectionOption, section="output")
 
 
 overwrite_option = click.option(
-    "--overwrite", is_flag=True, help="Replace an existing non-empty output directory."
+    "--overwrite", is_flag=True, help="Replace an existing non-empty output directory.",
+    cls=SectionOption, section="output",
 )
 
 data_argument = click.argument("data", type=click.Path(path_type=Path))

@@ -8,21 +8,20 @@ import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    SectionOption,
     console,
     err_console,
-    list_option,
     out_option,
     overwrite_option,
     translate_errors,
 )
+from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.cli.report import warn_skipped
 from bagpipe_cli.engine.registry import role
 from bagpipe_cli.io import atomic_dir, check_output_dir
 from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
-from bagpipe_cli.simulate.cluster import ensure_dataset, load_cluster
-from bagpipe_cli.simulate.model import COLLECTIVES, SYSTEMS
+from bagpipe_cli.simulate.cluster import SimulateConfig, load_cluster
 from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
-from bagpipe_cli.simulate.volumes import RUNTIMES
 
 EPILOG = """\b
 Examples:
@@ -34,81 +33,40 @@ Examples:
 """
 
 
-@click.command(epilog=EPILOG)
+@click.command(cls=SectionedCommand, epilog=EPILOG)
 @click.argument("source", required=False, type=click.Path(path_type=Path))
-@click.option("--cluster", "cluster_file", type=click.Path(path_type=Path),
-              help="Cluster/scenario YAML file (see benchmarks/paper-scenario.yaml); options given "
-                   "here override it.")
+@click.option("--cluster", "cluster_file", type=click.Path(path_type=Path), cls=SectionOption,
+              section="cluster and network",
+              help="Cluster/scenario YAML file of these settings (see benchmarks/paper-scenario.yaml); "
+                   "options given here override it.")
 @click.option("--validate", "validate_paths", multiple=True, type=click.Path(path_type=Path),
               help="Instead of predicting: compare the model with every run under RESULTS "
                    "(run or bench folders; repeatable).")
-@click.option("--trainers", type=int, help="N data-parallel trainers [default: 1].")
-@click.option("--servers", type=int, help="K embedding servers, one link each [default: 1].")
-@click.option("--net-gbps", type=float, help="Link bandwidth in Gbit/s [default: infinite].")
-@click.option("--net-latency-us", type=float, help="Per-message latency in us [default: 0].")
-@click.option("--trainer-gbps", type=float, help="The trainers' links, for their collectives "
-                                                 "[default: --net-gbps].")
-@click.option("--runtime", type=click.Choice(RUNTIMES), default=None,
-              help="distributed: a process per trainer, each fetching and pushing its own rows; "
-                   "inproc: one process for every trainer [default: distributed].")
-@click.option("--collective", type=click.Choice(COLLECTIVES), default=None,
-              help="How trainers sum gradients: allreduce (ring, as NCCL/DDP), allgather (the "
-                   "engine's bitwise sums) [default: auto, the runtime's].")
-@click.option("--compute-ms", type=float,
-              help="Compute per iteration on one trainer (forward, backward, optimizer), in ms.")
-@click.option("--calibrate", "calibrate_paths", multiple=True, type=click.Path(path_type=Path),
-              help="Take the compute per system from measured runs under RESULTS (no-network runs "
-                   "preferred), scaled to the samples per trainer.")
-@click.option("--systems", default=None, help=f"Systems, comma-separated [default: {','.join(SYSTEMS)}].")
-@click.option("--model", default=None, help="Dense model: dlrm, wdl, deepfm, dcn [default: dlrm].")
-@click.option("--batch-size", type=int, help="Global batch size [default: the profile's, else 4096].")
-@click.option("--iterations", type=int, help="Iterations to trace [default: one pass over the data].")
-@click.option("--warmup", type=int, help="Iterations left out of the figures [default: 10%].")
-@click.option("--lookahead", type=int, help="Bagpipe's lookahead L [default: 200].")
-@click.option("--round", "round_", type=int, help="Bagpipe's round C [default: L/4].")
-@click.option("--cache-rows", type=int, help="lru/lfu/fae capacity [default: Bagpipe's peak].")
-@click.option("--staleness", type=int, help="het's staleness bound [default: 0].")
-@click.option("--emb-dim", type=int, help="Embedding dimension E [default: 16].")
-@click.option("--optimizer", default=None, help="Embedding optimizer sgd|adagrad [default: adagrad].")
-@click.option("--sweep-trainers", default=None, help="Trainer counts of the sweep, comma-separated.")
-@click.option("--sweep-gbps", default=None, help="Bandwidths of the sweep (Gbit/s), comma-separated.")
+@config_options(SimulateConfig)
 @out_option(required=False, help="Write simulate.json, CSVs and plots here (atomically).")
 @overwrite_option
 @translate_errors
 def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tuple[Path, ...],
-             trainers, servers, net_gbps, net_latency_us, trainer_gbps, runtime, collective,
-             compute_ms, calibrate_paths, systems, model,
-             batch_size, iterations, warmup, lookahead, round_, cache_rows, staleness, emb_dim,
-             optimizer, sweep_trainers, sweep_gbps, out: Path | None, overwrite: bool) -> None:
+             out: Path | None, overwrite: bool, **kw) -> None:
     """Predict iteration times and speed-ups of every system on a cluster from SOURCE's trace.
 
-    SOURCE is a dataset or a `bagpipe profile` output folder. Communication volumes per
-    iteration come from the engine's own plans over the batch trace; the model overlaps
-    them with the compute as each system's pipeline allows (docs/performance-model.md).
+    SOURCE is a dataset or a `bagpipe profile` output folder (whose batch size and first
+    lookahead are the defaults). Communication volumes per iteration come from the engine's
+    own plans over the batches `bagpipe train` would read; the model overlaps them with the
+    compute as each system's pipeline allows (docs/performance-model.md). The defaults are
+    `bagpipe train`'s.
     """
+    options = given(kw)
     if validate_paths:
+        if source or cluster_file or options:
+            raise click.UsageError("--validate takes every setting from the runs: drop SOURCE, "
+                                   "--cluster and the other options")
         _validate(validate_paths, out, overwrite)
         return
-
     cf = load_cluster(cluster_file) if cluster_file else None
     if out is not None:
         check_output_dir(out, overwrite)
-    if cf is not None and source is None:
-        ensure_dataset(cf, lambda m: err_console.print(m))
-    sys_list = None
-    if systems is not None:
-        sys_list = [s.strip().lower() for s in systems.split(",") if s.strip()]
-    cfg = build_config(
-        str(source) if source else None, cf, trainers=trainers, servers=servers, net_gbps=net_gbps,
-        net_latency_us=net_latency_us, trainer_gbps=trainer_gbps, runtime=runtime,
-        collective=collective, compute_ms=compute_ms,
-        calibrate=tuple(map(str, calibrate_paths)) or None, systems=sys_list, model=model,
-        batch_size=batch_size, iterations=iterations, warmup=warmup, lookahead=lookahead,
-        round=round_, cache_rows=cache_rows, staleness=staleness, emb_dim=emb_dim,
-        optimizer=optimizer,
-        sweep_trainers=list_option(sweep_trainers, int, "--sweep-trainers"),
-        sweep_gbps=list_option(sweep_gbps, float, "--sweep-gbps"),
-    )
+    cfg = build_config(str(source) if source else None, cf, lambda m: err_console.print(m), **options)
     with err_console.status("simulating") as status:
         result = run_simulate(cfg, lambda m: status.update(m))
     _print_result(result)

@@ -9,6 +9,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    SectionOption,
     console,
     data_argument,
     err_console,
@@ -16,7 +17,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.cli.options import config_options
+from bagpipe_cli.cli.options import SectionedCommand, config_options
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.engine import TrainConfig, run
 from bagpipe_cli.engine import save_model as write_model
@@ -25,14 +26,14 @@ from bagpipe_cli.io import check_output_dir
 from bagpipe_cli.results import write_run
 
 
-@click.command(epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
+@click.command(cls=SectionedCommand, epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
                       "--batch-size 1024 --iterations 200 --lookahead 16 --out results/run1")
 @data_argument
 @config_options(TrainConfig)
 @out_option()
 @overwrite_option
-@click.option("--save-model", type=click.Path(path_type=Path), default=None,
-              help="Write the dense state_dict and every full embedding table here (torch.save).")
+@click.option("--save-model", type=click.Path(path_type=Path), default=None, cls=SectionOption,
+              section="output", help="Write the dense state_dict and every full embedding table here (torch.save).")
 @translate_errors
 def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw) -> None:
     """Train one system on DATA and write config.json, metrics.csv and summary.json to --out.

@@ -1,12 +1,16 @@
-"""The configuration of one training run: every option, its default and its help, in one place.
+"""The configuration of one training run: every option, its default, help and section, in one place.
 
-`bagpipe train`'s options are generated from these fields (`cli/options.py`), a bench file's
-`base`/`matrix` keys are these fields, and the whole config is stored with every result.
+`bagpipe train`'s options are generated from these fields (`cli/options.py`) and shown
+grouped by section, a bench file's `base`/`matrix` keys are these fields, and the whole
+config is stored with every result. Another command's config (`bagpipe simulate`'s) takes
+a field that means the same thing from here with `shared`, so it has one default and help.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
+import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
@@ -20,13 +24,27 @@ from bagpipe_cli.models import MODELS
 DENSE_OPTIMIZERS = ("sgd", "adam")
 TRANSPORTS = ("inproc", "torch")
 BACKENDS = ("gloo", "nccl")
+# The sections of a command's help, in this order (a field's `section`).
+SECTIONS = ("data", "model", "system", "cluster and network", "runtime", "checkpoints", "output")
 
 
-def setting(default: Any, help: str, *, option: str | None = None,
-            choices: tuple[str, ...] | None = None, cli: bool = True) -> Any:
-    """A config field with its command-line help; `option` overrides `--field-name`."""
-    return field(default=default, metadata={"help": help, "option": option, "choices": choices,
-                                            "cli": cli})
+def setting(default: Any, help: str, *, section: str, option: str | None = None,
+            choices: tuple[str, ...] | None = None, at_least: int | None = None,
+            cli: bool = True, multiple: bool = False, factory: Any = None) -> Any:
+    """A config field with its command-line help and the section of the help it is shown in.
+
+    `option` overrides `--field-name`; `choices` and `at_least` (a lower bound, of every
+    element of a tuple) are checked by `check_settings`; `multiple`: a tuple option given
+    once per value (`--calibrate A --calibrate B`) instead of comma-separated; `factory`
+    makes a mutable default (dict).
+    """
+    if section not in SECTIONS:
+        raise ValueError(f"section {section!r}: choose one of {SECTIONS}")
+    meta = {"help": help, "option": option, "choices": choices, "cli": cli, "section": section,
+            "at_least": at_least, "multiple": multiple}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
 
 
 def field_option(f: Field) -> str:
@@ -36,94 +54,101 @@ def field_option(f: Field) -> str:
 
 def option_name(name: str) -> str:
     """The command-line option of TrainConfig field `name`."""
-    return field_option(next(f for f in fields(TrainConfig) if f.name == name))
+    return field_option(_train_field(name))
+
+
+def _train_field(name: str) -> Field:
+    return next(f for f in fields(TrainConfig) if f.name == name)
+
+
+def shared(name: str) -> Any:
+    """A field of another command's config that means what TrainConfig's field `name` means:
+    the same default, help, option, choices, checks and section, declared once (here)."""
+    f = _train_field(name)
+    return field(default=f.default, metadata=f.metadata)
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """One training run (`bagpipe train`, one run of `bagpipe bench`)."""
 
-    data: str = setting(MISSING, "Dataset directory.", cli=False)
+    data: str = setting(MISSING, "Dataset directory.", cli=False, section="data")
     system: str = setting("bagpipe", "; ".join(f"{s.name}: {s.summary}" for s in SYSTEMS.values()) + ".",
-                          choices=ALL_SYSTEMS)
-    model: str = setting("dlrm", "Dense model.", choices=tuple(sorted(MODELS)))
-    batch_size: int = setting(1024, "Global batch size (split evenly over the trainers).")
-    iterations: int = setting(100, "Training iterations (the data wraps around if needed).")
-    lookahead: int = setting(16, "L: batches the oracle looks ahead.")
-    round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].")
+                          choices=ALL_SYSTEMS, section="system")
+    model: str = setting("dlrm", "Dense model.", choices=tuple(sorted(MODELS)), section="model")
+    batch_size: int = setting(1024, "Global batch size (split evenly over the trainers).",
+                              at_least=1, section="data")
+    iterations: int = setting(100, "Training iterations (the data wraps around if needed).",
+                              at_least=1, section="data")
+    lookahead: int = setting(16, "L: batches the oracle looks ahead.", at_least=1, section="system")
+    round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].",
+                                section="system")
     cache_rows: int | None = setting(None, "Cache rows of bagpipe/lru/lfu/fae [default: "
-                                           "bagpipe's peak at --lookahead].")
-    staleness: int = setting(0, "het: versions a cached row may lag behind the servers.")
+                                           "bagpipe's peak at --lookahead].", at_least=1,
+                                     section="system")
+    staleness: int = setting(0, "het: versions a cached row may lag behind the servers.",
+                             at_least=0, section="system")
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
-                                     "--cache-rows hot rows.")
-    emb_dim: int = setting(16, "E: embedding dimension.")
+                                     "--cache-rows hot rows.", section="system")
+    emb_dim: int = setting(16, "E: embedding dimension.", at_least=1, section="model")
     bottom_mlp: tuple[int, ...] = setting((64, 32), "DLRM's bottom MLP hidden sizes, e.g. 512,256,64 "
-                                                    "(an output layer of E follows).")
+                                                    "(an output layer of E follows).", section="model")
     top_mlp: tuple[int, ...] = setting((64, 32), "Top (DLRM) / deep (WDL, DeepFM, DCN) MLP hidden "
-                                                 "sizes, e.g. 1024,1024,1024,256,128.")
-    optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).", choices=EMB_OPTIMIZERS)
-    lr: float = setting(0.1, "Embedding learning rate.")
-    dense_optimizer: str = setting("sgd", "Dense optimizer.", choices=DENSE_OPTIMIZERS)
-    dense_lr: float | None = setting(None, "Dense learning rate [default: --lr].")
-    seed: int = setting(0, "Seed of the dense weights and the initial tables.")
-    trainers: int = setting(1, "N data-parallel trainers (in one process, or one process each "
-                               "with --procs/--transport torch).")
-    servers: int = setting(1, "K embedding server shards (rows sharded by key % K).")
-    net_gbps: float | None = setting(None, "Emulate a network of this bandwidth (Gbit/s) between "
-                                           "trainers and servers, and among trainers.")
-    net_latency_us: float = setting(0.0, "Emulated latency per message (microseconds).")
+                                                 "sizes, e.g. 1024,1024,1024,256,128.", section="model")
+    optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).", choices=EMB_OPTIMIZERS,
+                             section="model")
+    lr: float = setting(0.1, "Embedding learning rate.", section="model")
+    dense_optimizer: str = setting("sgd", "Dense optimizer.", choices=DENSE_OPTIMIZERS, section="model")
+    dense_lr: float | None = setting(None, "Dense learning rate [default: --lr].", section="model")
+    seed: int = setting(0, "Seed of the dense weights and the initial tables.", section="model")
+    trainers: int = setting(1, "N data-parallel trainers.", at_least=1, section="cluster and network")
+    servers: int = setting(1, "K embedding server shards (rows sharded by key % K).", at_least=1,
+                           section="cluster and network")
+    net_gbps: float | None = setting(None, "Network bandwidth (Gbit/s) between trainers and servers, "
+                                           "and among trainers (train emulates it) [default: "
+                                           "unlimited].", section="cluster and network")
+    net_latency_us: float = setting(0.0, "Network latency per message (microseconds).",
+                                    section="cluster and network")
     net_shape: bool = setting(False, "With --procs: run every rank in a network namespace of its "
                                      "own whose link the kernel rate-limits to --net-gbps (tc "
-                                     "token bucket; needs root) instead of sleeping per transfer.")
-    eval_rows: int | None = setting(None, "Held-out tail rows for AUC [default: 10%, at most 50,000].")
-    warmup: int = setting(5, "Iterations excluded from the speed figures.")
+                                     "token bucket; needs root) instead of sleeping per transfer.",
+                              section="cluster and network")
+    eval_rows: int | None = setting(None, "Held-out tail rows (for AUC), left out of training "
+                                          "[default: 10%, at most 50,000].", section="data")
+    warmup: int = setting(5, "Iterations excluded from the speed figures.", at_least=0,
+                          section="output")
     transport: str = setting("inproc", "inproc: one process; torch: torch.distributed ranks "
-                                       "(launched by torchrun, or by --procs).", choices=TRANSPORTS)
+                                       "(launched by torchrun, or by --procs).", choices=TRANSPORTS,
+                             section="runtime")
     procs: int | None = setting(None, "Start the ranks here as local processes: 1 oracle + "
-                                      "--servers + --trainers (implies --transport torch).")
+                                      "--servers + --trainers (implies --transport torch).",
+                                at_least=1, section="runtime")
     timeout_s: float = setting(120.0, "torch transport: seconds a rank waits for a peer.",
-                               option="--timeout")
+                               option="--timeout", section="runtime")
     device: str = setting("cpu", "torch transport: where trainers compute: cpu, cuda (a machine's "
-                                 "GPUs in turn) or cuda:K; servers and the oracle stay on the CPU.")
+                                 "GPUs in turn) or cuda:K; servers and the oracle stay on the CPU.",
+                          section="runtime")
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
-                                   "--device cuda and a GPU per trainer).", choices=BACKENDS)
-    threads: int | None = setting(None, "torch compute threads [default: from --placement].")
+                                   "--device cuda and a GPU per trainer).", choices=BACKENDS,
+                           section="runtime")
+    threads: int | None = setting(None, "torch compute threads [default: from --placement].",
+                                  at_least=1, section="runtime")
     placement: str = setting("auto", "auto: keep cores for the oracle/loader and the servers, give "
                                      "the trainers' torch threads the rest, pinned where the OS "
                                      "allows; off: leave it to the OS and torch's default.",
-                             choices=PLACEMENTS)
-    checkpoint_every: int = setting(0, "Checkpoint every N iterations (0: never).")
-    checkpoint_dir: str | None = setting(None, "Where checkpoints go [default: <--out>.ckpt].")
-    checkpoint_keep: int = setting(2, "Newest good checkpoints kept.")
+                             choices=PLACEMENTS, section="runtime")
+    checkpoint_every: int = setting(0, "Checkpoint every N iterations (0: never).", at_least=0,
+                                    section="checkpoints")
+    checkpoint_dir: str | None = setting(None, "Where checkpoints go [default: <--out>.ckpt].",
+                                         section="checkpoints")
+    checkpoint_keep: int = setting(2, "Newest good checkpoints kept.", at_least=1,
+                                   section="checkpoints")
     resume: str | None = setting(None, "Resume from a checkpoint folder, or the newest good one "
-                                       "in a --checkpoint-dir.")
+                                       "in a --checkpoint-dir.", section="checkpoints")
 
     def __post_init__(self) -> None:
         s = spec(self.system)
-        for name in ("bottom_mlp", "top_mlp"):  # lists (YAML, JSON) become tuples: hashable
-            sizes = tuple(getattr(self, name))
-            if not sizes or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                    for x in sizes):
-                raise ConfigError(f"{option_name(name)}: layer sizes must be positive integers "
-                                  f"(got {getattr(self, name)!r})")
-            object.__setattr__(self, name, sizes)
-        _choice(self, "model", tuple(MODELS))
-        for name in ("batch_size", "iterations", "emb_dim", "trainers", "servers", "lookahead",
-                     "checkpoint_keep"):
-            _at_least(self, name, 1)
-        for name in ("staleness", "warmup", "checkpoint_every"):
-            _at_least(self, name, 0)
-        for name in ("cache_rows", "threads", "procs"):
-            if getattr(self, name) is not None:
-                _at_least(self, name, 1)
-        if self.batch_size % self.trainers:
-            raise ConfigError(f"--batch-size {self.batch_size} is not divisible by --trainers "
-                              f"{self.trainers}")
-        for name, choices in (("dense_optimizer", DENSE_OPTIMIZERS), ("transport", TRANSPORTS),
-                              ("backend", BACKENDS), ("placement", PLACEMENTS)):
-            _choice(self, name, choices)
-        if not 0 < self.hot_sample <= 1:
-            raise ConfigError(f"--hot-sample must be in (0, 1] (got {self.hot_sample})")
+        check_settings(self)
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
@@ -136,8 +161,7 @@ class TrainConfig:
             fix = f"use {option_name(key)} {value} or another system" if key else "use another system"
             raise ConfigError(f"--checkpoint-every/--resume: {self.system} with {s.inexact_when} "
                               f"cannot be resumed exactly; {fix}")
-        RowOptimizer(self.optimizer, self.lr)  # validates --optimizer and --lr
-        NetworkModel(self.net_gbps, self.net_latency_us)  # validates the network options
+        RowOptimizer(self.optimizer, self.lr)  # validates --lr
 
     def _check_launch(self, s) -> None:
         if s.external and (self.transport != "inproc" or self.procs is not None):
@@ -171,13 +195,81 @@ class TrainConfig:
         return self.dense_lr if self.dense_lr is not None else self.lr
 
 
-def _at_least(cfg: TrainConfig, name: str, low: int) -> None:
-    v = getattr(cfg, name)
-    if v < low:
-        raise ConfigError(f"{option_name(name)} must be >= {low} (got {v})")
+
+def check_settings(cfg: Any) -> None:
+    """The checks a config's fields declare (layer sizes, choices, lower bounds), and those
+    between TrainConfig's fields, for whichever of them `cfg` has. Lists (YAML, JSON) become
+    tuples: hashable."""
+    names = {f.name for f in fields(cfg)}
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if isinstance(value, list):
+            value = tuple(value)
+            object.__setattr__(cfg, f.name, value)
+        if f.name in ("bottom_mlp", "top_mlp") and (
+                not value or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
+                                     for x in value)):
+            raise ConfigError(f"{field_option(f)}: layer sizes must be positive integers "
+                              f"(got {value!r})")
+        choices, low = f.metadata.get("choices"), f.metadata.get("at_least")
+        for v in value if isinstance(value, tuple) else (value,):
+            if v is None:
+                continue
+            if choices and v not in choices:
+                raise ConfigError(f"{field_option(f)} {v!r}: choose one of "
+                                  f"{', '.join(sorted(choices))}")
+            if low is not None and v < low:
+                raise ConfigError(f"{field_option(f)} must be >= {low} (got {v})")
+    if {"batch_size", "trainers"} <= names and cfg.batch_size % cfg.trainers:
+        raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --trainers "
+                          f"{cfg.trainers}")
+    if "hot_sample" in names and not 0 < cfg.hot_sample <= 1:
+        raise ConfigError(f"--hot-sample must be in (0, 1] (got {cfg.hot_sample})")
+    if {"net_gbps", "net_latency_us"} <= names:
+        NetworkModel(cfg.net_gbps, cfg.net_latency_us)  # validates the network options
 
 
-def _choice(cfg: TrainConfig, name: str, choices: tuple[str, ...]) -> None:
-    v = getattr(cfg, name)
-    if v not in choices:
-        raise ConfigError(f"{option_name(name)} {v!r}: choose one of {', '.join(sorted(choices))}")
+_KINDS = {bool: ("true or false", lambda v: isinstance(v, bool)),
+          int: ("an integer", lambda v: isinstance(v, int) and not isinstance(v, bool)),
+          float: ("a number", lambda v: isinstance(v, int | float) and not isinstance(v, bool)),
+          str: ("a string", lambda v: isinstance(v, str))}
+
+
+def settings_from(cls: type, raw: dict[str, Any], where: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """A file's settings of config `cls`, checked: every key one of `keys` (fields of `cls`),
+    every value of its field's type (a list for a tuple, as YAML writes it). Errors are one
+    line that names `where` (the file) and the key."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for key, value in raw.items():
+        if key not in keys:
+            close = difflib.get_close_matches(str(key), keys, 1)
+            known = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(sorted(keys))}"
+            raise ConfigError(f"{where}: unknown key {key!r}; {known}")
+        out[key] = _typed(hints[key], value, f"{where}: {key}")
+    return out
+
+
+def _typed(hint: Any, v: Any, what: str) -> Any:
+    args = typing.get_args(hint)
+    if type(None) in args:  # X | None
+        if v is None:
+            return None
+        hint = next(a for a in args if a is not type(None))
+    if v is None:
+        raise ConfigError(f"{what} cannot be null")
+    if typing.get_origin(hint) is dict:
+        if not isinstance(v, dict):
+            raise ConfigError(f"{what} must be a mapping (got {v!r})")
+        return dict(v)
+    if typing.get_origin(hint) is tuple:
+        item = typing.get_args(hint)[0]
+        kind, ok = _KINDS[item]
+        items = v if isinstance(v, list) else [v]
+        if not all(ok(x) for x in items):
+            raise ConfigError(f"{what} must be a list, each item {kind} (got {v!r})")
+        return tuple(float(x) if item is float else x for x in items)
+    kind, ok = _KINDS[hint]
+    if not ok(v):
+        raise ConfigError(f"{what} must be {kind} (got {v!r})")
+    return float(v) if hint is float else v

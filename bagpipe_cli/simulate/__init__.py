@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,12 +21,10 @@ import pandas as pd
 from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.io import atomic_dir, write_json
-from bagpipe_cli.models import MODELS, ModelConfig, row_dim
+from bagpipe_cli.models import ModelConfig, row_dim
 from bagpipe_cli.simulate.calibrate import calibrate, dense_bytes, state_dim
-from bagpipe_cli.simulate.cluster import ClusterFile
+from bagpipe_cli.simulate.cluster import ClusterFile, SimulateConfig, ensure_dataset
 from bagpipe_cli.simulate.model import (
-    SYSTEMS,
-    Cluster,
     ComputeTimes,
     Prediction,
     Volumes,
@@ -35,129 +33,36 @@ from bagpipe_cli.simulate.model import (
     predict,
 )
 from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
-from bagpipe_cli.simulate.volumes import RUNTIMES, TraceConfig, trace_volumes
+from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
 SCHEMA_VERSION = 1
-DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
-DEFAULT_SWEEP_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 40.0, 100.0)
 
 __all__ = ["SCHEMA_VERSION", "SimulateConfig", "SimulateResult", "build_config", "run_simulate"]
 
 
-@dataclass(frozen=True)
-class SimulateConfig:
-    """What `bagpipe simulate` predicts."""
-
-    data: str  # dataset directory whose batch trace is used
-    cluster: Cluster  # trainers, servers, network
-    systems: tuple[str, ...] = SYSTEMS  # systems to predict
-    model: str = "dlrm"  # dense model (its parameter bytes are all-reduced for N > 1)
-    batch_size: int = 4096  # global batch
-    iterations: int | None = None  # iterations traced (None: one pass over the dataset)
-    warmup: int | None = None  # iterations left out of the figures (None: 10%)
-    lookahead: int = 200  # bagpipe's L
-    round: int | None = None  # bagpipe's C (default L/4)
-    cache_rows: int | None = None  # lru/lfu/fae capacity (default: bagpipe's peak)
-    staleness: int = 0  # het
-    emb_dim: int = 16  # E
-    bottom_mlp: tuple[int, ...] | None = None  # the dense model's hidden sizes (None: the package's)
-    top_mlp: tuple[int, ...] | None = None
-    runtime: str = "distributed"  # a process per trainer, each fetching its own rows; or inproc
-    optimizer: str = "adagrad"  # sgd | adagrad (adagrad moves a 1-float state with every row)
-    compute_ms: float | None = None  # compute per iteration on one trainer
-    calibrate: tuple[str, ...] = ()  # or: runs to calibrate compute from
-    sweep_trainers: tuple[int, ...] = DEFAULT_SWEEP_TRAINERS
-    sweep_gbps: tuple[float, ...] = DEFAULT_SWEEP_GBPS
-    source: str = ""  # what the input was (dataset, profile, cluster file)
-    name: str = ""
-    reported: dict[str, Any] = field(default_factory=dict)  # published figures to show alongside
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "systems", tuple(self.systems))
-        if not self.systems:
-            raise ConfigError("--systems: give at least one system")
-        for s in self.systems:
-            if s not in SYSTEMS:
-                raise ConfigError(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
-        if self.model not in MODELS:
-            raise ConfigError(f"--model {self.model!r}: choose one of {', '.join(sorted(MODELS))}")
-        if self.optimizer not in ("sgd", "adagrad"):
-            raise ConfigError(f"--optimizer {self.optimizer!r}: choose sgd or adagrad")
-        if self.compute_ms is None and not self.calibrate:
-            raise ConfigError("give the compute time: --compute-ms C (per iteration on one trainer) "
-                              "or --calibrate RESULTS (measured runs)")
-        if self.compute_ms is not None and self.calibrate:
-            raise ConfigError("give either --compute-ms or --calibrate, not both")
-        if self.compute_ms is not None:
-            ComputeTimes.from_total(self.compute_ms)  # validates
-        if self.batch_size % self.cluster.trainers:
-            raise ConfigError(f"--batch-size {self.batch_size} is not divisible by --trainers "
-                              f"{self.cluster.trainers}")
-        if self.emb_dim < 1:
-            raise ConfigError(f"--emb-dim must be >= 1 (got {self.emb_dim})")
-        if self.runtime not in RUNTIMES:
-            raise ConfigError(f"--runtime {self.runtime!r}: choose one of {', '.join(RUNTIMES)}")
-        for k in ("bottom_mlp", "top_mlp"):
-            if getattr(self, k) is not None:
-                object.__setattr__(self, k, tuple(getattr(self, k)))
-
-    @property
-    def model_config(self) -> dict[str, Any]:
-        """The dense model's sizes beyond the dataset's (ModelConfig keyword arguments)."""
-        return {k: getattr(self, k) for k in ("bottom_mlp", "top_mlp") if getattr(self, k) is not None}
-
-    def to_json(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["systems"] = list(self.systems)
-        d["calibrate"] = list(self.calibrate)
-        d["sweep_trainers"] = list(self.sweep_trainers)
-        d["sweep_gbps"] = list(self.sweep_gbps)
-        return d
-
-
-def build_config(source: str | None, cluster_file: ClusterFile | None = None, **options: Any) -> SimulateConfig:
-    """Merge command-line options (None = not given) over a cluster file over a profile's settings.
+def build_config(source: str | None, cluster_file: ClusterFile | None = None,
+                 progress: Callable[[str], None] | None = None, **options: Any) -> SimulateConfig:
+    """Merge command-line options (None: not given) over a cluster file's settings over a
+    profile's over `SimulateConfig`'s defaults (train's).
 
     `source` is a dataset directory or a `bagpipe profile` output directory (its dataset,
     batch size and first lookahead are used); it may be None when the cluster file names
-    the dataset.
+    the dataset, which its `synth:` generates if it is missing (`progress` says so).
     """
-    cf = cluster_file or ClusterFile()
-    vals: dict[str, Any] = {}
-    for k in ("trainers", "servers", "net_gbps", "net_latency_us", "compute_ms", "calibrate",
-              "batch_size", "iterations", "warmup", "lookahead", "round", "cache_rows", "staleness",
-              "emb_dim", "optimizer", "model", "systems", "name", "trainer_gbps", "runtime",
-              "collective", "bottom_mlp", "top_mlp"):
-        v = options.get(k)
-        vals[k] = v if v is not None else getattr(cf, k, None)
-    data = source or cf.data
-    if data is None:
-        raise ConfigError("give DATA (a dataset or profile directory) or --cluster FILE")
-    data_path, src = _source(Path(data), vals)
-    calib = vals["calibrate"]
-    if isinstance(calib, (str, Path)):
-        calib = (str(calib),)
-    cluster = Cluster(int(vals["trainers"] or 1), int(vals["servers"] or 1), vals["net_gbps"],
-                      float(vals["net_latency_us"] or 0.0), trainer_gbps=vals["trainer_gbps"],
-                      collective=vals["collective"] or "auto")
-    defaults = SimulateConfig.__dataclass_fields__
-    pick = {k: (vals[k] if vals[k] is not None else defaults[k].default)
-            for k in ("batch_size", "iterations", "warmup", "lookahead", "round", "cache_rows",
-                      "staleness", "emb_dim", "optimizer", "model", "compute_ms", "runtime",
-                      "bottom_mlp", "top_mlp")}
-    sweep = cf.sweep or {}
-    return SimulateConfig(
-        data=str(data_path), cluster=cluster,
-        systems=tuple(vals["systems"]) if vals["systems"] else SYSTEMS,
-        calibrate=tuple(str(c) for c in calib or ()),
-        sweep_trainers=tuple(int(x) for x in options.get("sweep_trainers") or sweep.get("trainers")
-                             or DEFAULT_SWEEP_TRAINERS),
-        sweep_gbps=tuple(float(x) for x in options.get("sweep_gbps") or sweep.get("net_gbps")
-                         or DEFAULT_SWEEP_GBPS),
-        source=f"cluster file {cf.source}, {src}" if cf.source else src,
-        name=vals["name"] or cf.name or data_path.name, reported=dict(cf.reported or {}),
-        **pick,
-    )
+    vals = dict(cluster_file.settings) if cluster_file else {}
+    vals.update({k: v for k, v in options.items() if v is not None})
+    if source is not None:
+        vals["data"] = source
+    elif "data" not in vals:
+        raise ConfigError("give DATA (a dataset or profile directory), or `data:` in a --cluster file")
+    elif cluster_file is not None:
+        SimulateConfig(**vals)  # every setting is checked before a dataset is generated
+        ensure_dataset(cluster_file, progress)
+    data_path, src = _source(Path(vals["data"]), vals)
+    vals["data"] = str(data_path)
+    vals["source"] = f"cluster file {cluster_file.source}, {src}" if cluster_file else src
+    vals["name"] = vals.get("name") or data_path.name
+    return SimulateConfig(**vals)
 
 
 def _source(data_path: Path, vals: dict[str, Any]) -> tuple[Path, str]:
@@ -176,9 +81,9 @@ def _source(data_path: Path, vals: dict[str, Any]) -> tuple[Path, str]:
     if not (Path(ds_path) / "meta.json").is_file():
         raise DataError(f"{data_path}: the profile's dataset {ds_path} is gone; the model needs "
                         "the batch trace (write-backs, sync lists), not only per_batch.csv")
-    if vals["batch_size"] is None:
-        vals["batch_size"] = pcfg.get("batch_size")
-    if vals["lookahead"] is None and pcfg.get("lookaheads"):
+    if "batch_size" not in vals and pcfg.get("batch_size"):
+        vals["batch_size"] = pcfg["batch_size"]
+    if "lookahead" not in vals and pcfg.get("lookaheads"):
         vals["lookahead"] = pcfg["lookaheads"][0]
     return Path(ds_path), f"profile {data_path} of {ds_path}"
 
@@ -246,18 +151,15 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
     say = progress or (lambda s: None)
     tc = TraceConfig(data=cfg.data, batch_size=cfg.batch_size, iterations=cfg.iterations,
                      lookahead=cfg.lookahead, round=cfg.round, cache_rows=cfg.cache_rows,
-                     staleness=cfg.staleness, trainers=cfg.cluster.trainers,
-                     servers=cfg.cluster.servers, eval_rows=0, runtime=cfg.runtime)
+                     staleness=cfg.staleness, hot_sample=cfg.hot_sample, trainers=cfg.trainers,
+                     servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime)
     compute, csrc = _compute(cfg)
     say("tracing")
     vols, info = trace_volumes(tc, cfg.systems, lambda s: say(f"tracing {s}"))
     mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim,
-                       **cfg.model_config)
-    warmup = cfg.warmup if cfg.warmup is not None else max(1, info["iterations"] // 10)
-    if warmup >= info["iterations"]:
-        raise ConfigError(f"--warmup {warmup} leaves none of the {info['iterations']} iterations")
-    work = Workload(row_dim(mcfg), state_dim(cfg.optimizer), dense_bytes(mcfg), warmup)
-    info["warmup"] = warmup
+                       bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
+    work = Workload(row_dim(mcfg), state_dim(cfg.optimizer), dense_bytes(mcfg), cfg.warmup)
+    info["warmup"] = cfg.warmup
     preds = [predict(vols[s], cfg.cluster, work, compute[s]) for s in cfg.systems]
     add_speedups(preds)
 
@@ -270,10 +172,7 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
         rows += [{"sweep": "net_gbps", "system": p.system, "trainers": cl.trainers, "net_gbps": g,
                   "mean_ms": p.mean_ms, "speedup": p.speedup} for p in ps]
     n0 = cfg.cluster.trainers
-    for n in cfg.sweep_trainers:
-        n = int(n)
-        if n < 1 or cfg.batch_size % n:
-            continue
+    for n in cfg.trainer_counts:
         say(f"sweeping trainers: {n}")
         vn = dict(vols)
         # Volumes traced again per trainer count: every system's when each trainer fetches its

@@ -123,6 +123,7 @@ def read_measured(folder: Path) -> MeasuredRun:
         cache_rows=train.get("cache_rows"), staleness=int(train.get("staleness", 0)),
         trainers=int(train.get("trainers", 1)), servers=int(train.get("servers", 1)),
         eval_rows=train.get("eval_rows"), runtime="distributed" if distributed else "inproc",
+        hot_sample=float(train.get("hot_sample", 1.0)),
     )
     cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
                       train.get("net_gbps"), float(train.get("net_latency_us") or 0.0),

@@ -1,4 +1,9 @@
-"""Cluster/scenario description files (YAML) for `bagpipe simulate --cluster FILE`.
+"""What `bagpipe simulate` predicts (`SimulateConfig`), and the cluster files that load into it.
+
+`bagpipe simulate`'s options are generated from `SimulateConfig`'s fields, and a cluster file
+(`--cluster FILE`, YAML) sets the same fields by name; options on the command line override
+the file. Besides the fields, a file may have a `description` and a `synth:` mapping (the
+`bagpipe synth` settings that generate `data` if it is missing):
 
     name: my-cluster
     description: 8 GPUs over 25 Gbit/s
@@ -10,153 +15,223 @@
     net_latency_us: 10
     trainer_gbps: 10                 # every trainer's link (collectives) [default: net_gbps]
     runtime: distributed             # a process per trainer (default); or inproc
-    collective: allreduce            # dense + row gradients: allreduce (ring, as DDP/NCCL) or
-                                     #   allgather (the engine's bitwise sums) [default: the runtime's]
+    collective: allreduce            # allreduce (ring, as DDP/NCCL) or allgather [default: auto]
     compute_ms: 5.0                  # per iteration on one trainer; or `calibrate: RESULTS`
     batch_size: 16384                # global batch
+    iterations: 488                  # [default: train's 100, wrapping around the data]
     lookahead: 200
     emb_dim: 48
     optimizer: adagrad
-    model: dlrm
-    bottom_mlp: [512, 256, 64]       # hidden layer sizes [default: the package's small MLPs]
+    bottom_mlp: [512, 256, 64]
     top_mlp: [1024, 1024, 1024, 256, 128]
     systems: [sync, bagpipe, lru, lfu, fae, het, local]
-    sweep: {trainers: [1, 2, 4, 8, 16], net_gbps: [1, 10, 25, 100]}
+    sweep_trainers: [1, 2, 4, 8, 16]  # or: sweep: {trainers: [...], net_gbps: [...]}
+    sweep_gbps: [1, 10, 25, 100]
     reported: {speedup_max: 5.6, source: "BagPipe, SOSP 2023"}   # shown next to the prediction
 
-Every key is optional except the dataset (`data`) and one of `compute_ms` / `calibrate`
-(which the command line may give instead); an unknown key is an error that names it.
+Every key is optional; the dataset (`data`) and one of `compute_ms` / `calibrate` may come
+from the command line instead. An unknown key, or a value of the wrong type, is an error
+that names the file and the key.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from bagpipe_cli.data.synth import SynthConfig, generate
+from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.simulate.model import COLLECTIVES, SYSTEMS, Cluster, ComputeTimes
+from bagpipe_cli.simulate.volumes import RUNTIMES
 
-SYNTH_KEYS = ("preset", "rows", "scale", "tables", "max_rows_per_table", "alpha", "dense", "seed",
-              "name")
-SWEEP_KEYS = ("trainers", "net_gbps")
+DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
+DEFAULT_SWEEP_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 40.0, 100.0)
+FILE_KEYS = ("description", "synth", "sweep")  # a cluster file's keys that are not settings
+SWEEP_KEYS = {"trainers": "sweep_trainers", "net_gbps": "sweep_gbps"}  # `sweep:` -> settings
 
 
-@dataclass
+@dataclass(frozen=True)
+class SimulateConfig:
+    """What `bagpipe simulate` predicts: a `bagpipe train` run's settings, on a cluster.
+
+    A field that means what TrainConfig's field of that name means is `shared` (its default,
+    help and checks are train's), so simulating with no options predicts what `bagpipe
+    train` runs with none.
+    """
+
+    data: str = shared("data")
+    systems: tuple[str, ...] = setting(SYSTEMS, "Systems to predict, comma-separated.",
+                                       section="system")
+    model: str = shared("model")
+    batch_size: int = shared("batch_size")
+    iterations: int = shared("iterations")
+    eval_rows: int | None = shared("eval_rows")
+    lookahead: int = shared("lookahead")
+    round: int | None = shared("round")
+    cache_rows: int | None = shared("cache_rows")
+    staleness: int = shared("staleness")
+    hot_sample: float = shared("hot_sample")
+    emb_dim: int = shared("emb_dim")
+    bottom_mlp: tuple[int, ...] = shared("bottom_mlp")
+    top_mlp: tuple[int, ...] = shared("top_mlp")
+    optimizer: str = shared("optimizer")
+    trainers: int = shared("trainers")
+    servers: int = shared("servers")
+    net_gbps: float | None = shared("net_gbps")
+    net_latency_us: float = shared("net_latency_us")
+    trainer_gbps: float | None = setting(None, "Bandwidth (Gbit/s) of the trainers' links, for "
+                                               "their collectives [default: --net-gbps].",
+                                         section="cluster and network")
+    compute_ms: float | None = setting(None, "Compute per iteration on one trainer (forward, "
+                                             "backward, optimizer), in ms.",
+                                       section="cluster and network")
+    calibrate: tuple[str, ...] = setting((), "Instead of --compute-ms: the compute per system "
+                                             "from measured runs under RESULTS (no-network runs "
+                                             "preferred), scaled to the samples per trainer "
+                                             "(repeatable).", multiple=True,
+                                         section="cluster and network")
+    runtime: str = setting("distributed", "distributed: a process per trainer, each fetching and "
+                                          "pushing its own rows; inproc: one process for every "
+                                          "trainer.", choices=RUNTIMES, section="runtime")
+    collective: str = setting("auto", "How trainers sum gradients: allreduce (ring, as "
+                                      "NCCL/DDP), allgather (the engine's bitwise sums); auto: "
+                                      "the runtime's.", choices=COLLECTIVES, section="runtime")
+    warmup: int = shared("warmup")
+    sweep_trainers: tuple[int, ...] | None = setting(
+        None, "Trainer counts of the sweep, comma-separated [default: those of "
+              f"{','.join(map(str, DEFAULT_SWEEP_TRAINERS))} that divide --batch-size].",
+        at_least=1, section="output")
+    sweep_gbps: tuple[float, ...] = setting(DEFAULT_SWEEP_GBPS, "Bandwidths of the sweep "
+                                                                "(Gbit/s), comma-separated.",
+                                            section="output")
+    name: str = setting("", "The scenario's name in the output [default: the dataset's].",
+                        section="output")
+    reported: dict[str, Any] = setting(None, "Published figures shown next to the predictions.",
+                                       cli=False, factory=dict, section="output")
+    source: str = setting("", "What the input was (dataset, profile, cluster file).", cli=False,
+                          section="data")
+
+    def __post_init__(self) -> None:
+        if not self.systems:
+            raise ConfigError("--systems: give at least one system")
+        for i, s in enumerate(self.systems):
+            if s not in SYSTEMS:
+                raise ConfigError(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+            if s in self.systems[:i]:
+                raise ConfigError(f"--systems lists {s} twice")
+        check_settings(self)
+        if self.compute_ms is None and not self.calibrate:
+            raise ConfigError("give the compute time: --compute-ms C (per iteration on one trainer) "
+                              "or --calibrate RESULTS (measured runs)")
+        if self.compute_ms is not None and self.calibrate:
+            raise ConfigError("give either --compute-ms or --calibrate, not both")
+        if self.compute_ms is not None:
+            ComputeTimes.from_total(self.compute_ms)  # validates
+        if self.warmup >= self.iterations:
+            raise ConfigError(f"--warmup {self.warmup} leaves none of the {self.iterations} "
+                              "iterations; lower --warmup or raise --iterations")
+        if self.trainer_gbps is not None and not self.trainer_gbps > 0:
+            raise ConfigError(f"--trainer-gbps must be > 0 (got {self.trainer_gbps})")
+        if not all(g > 0 for g in self.sweep_gbps):
+            raise ConfigError(f"--sweep-gbps: bandwidths must be > 0 (got {self.sweep_gbps})")
+        for n in self.sweep_trainers or ():
+            if self.batch_size % n:
+                raise ConfigError(f"--sweep-trainers {n}: --batch-size {self.batch_size} is not "
+                                  f"divisible by {n}")
+
+    @property
+    def cluster(self) -> Cluster:
+        """The machines: trainers, servers and their links."""
+        return Cluster(self.trainers, self.servers, self.net_gbps, self.net_latency_us,
+                       trainer_gbps=self.trainer_gbps, collective=self.collective)
+
+    @property
+    def trainer_counts(self) -> tuple[int, ...]:
+        """The sweep's trainer counts."""
+        if self.sweep_trainers is not None:
+            return self.sweep_trainers
+        return tuple(n for n in DEFAULT_SWEEP_TRAINERS if self.batch_size % n == 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self) | {"cluster": asdict(self.cluster)}
+
+
+# The settings a cluster file may give: every field but what the command fills in itself.
+SETTINGS = tuple(f.name for f in fields(SimulateConfig) if f.name != "source")
+
+
+@dataclass(frozen=True)
 class ClusterFile:
-    """The contents of a cluster file; None = not given (the command line or a default decides)."""
+    """A cluster file: its settings (SimulateConfig fields, checked) and the file-only keys."""
 
-    source: str = ""  # the file it was read from
-    name: str = ""
+    source: str  # the file it was read from
+    settings: dict[str, Any]
     description: str = ""
-    data: str | None = None
-    synth: dict[str, Any] | None = None
-    trainers: int | None = None
-    servers: int | None = None
-    net_gbps: float | None = None
-    net_latency_us: float | None = None
-    trainer_gbps: float | None = None
-    runtime: str | None = None
-    collective: str | None = None
-    bottom_mlp: list[int] | None = None
-    top_mlp: list[int] | None = None
-    compute_ms: float | None = None
-    calibrate: str | None = None
-    batch_size: int | None = None
-    iterations: int | None = None
-    warmup: int | None = None
-    lookahead: int | None = None
-    round: int | None = None
-    cache_rows: int | None = None
-    staleness: int | None = None
-    emb_dim: int | None = None
-    optimizer: str | None = None
-    model: str | None = None
-    eval_rows: int | None = None
-    systems: list[str] | None = None
-    sweep: dict[str, list[float]] = field(default_factory=dict)
-    reported: dict[str, Any] = field(default_factory=dict)
-
-
-_TYPES = {"trainers": int, "servers": int, "net_gbps": float, "net_latency_us": float,
-          "trainer_gbps": float,
-          "compute_ms": float, "batch_size": int, "iterations": int, "warmup": int,
-          "lookahead": int, "round": int, "cache_rows": int, "staleness": int, "emb_dim": int,
-          "eval_rows": int}
+    synth: SynthConfig | None = None  # generates `data` if it is missing
 
 
 def load_cluster(path: Path) -> ClusterFile:
-    """Read and check a cluster file; errors name the file and the key."""
-    path = Path(path)
+    """Read and check a cluster file; every error is one line naming the file (and key)."""
+    where = f"--cluster {path}"
     try:
-        text = path.read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as e:
-        raise ConfigError(f"--cluster {path}: cannot read: {e.strerror or e}") from None
+        raise ConfigError(f"{where}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
     try:
-        obj = yaml.safe_load(text)
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise ConfigError(f"--cluster {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(obj, dict):
-        raise ConfigError(f"--cluster {path}: expected a mapping of settings at the top level")
-    known = {f.name for f in fields(ClusterFile)} - {"source"}
-    out = ClusterFile(source=str(path))
-    for key, value in obj.items():
-        if key not in known:
-            raise ConfigError(f"--cluster {path}: unknown key {key!r}; known keys: "
-                              f"{', '.join(sorted(known))}")
-        if value is None:
-            continue
-        if key in _TYPES:
-            try:
-                if isinstance(value, bool) or (_TYPES[key] is int and float(value) != int(value)):
-                    raise ValueError
-                value = _TYPES[key](value)
-            except (TypeError, ValueError):
-                raise ConfigError(f"--cluster {path}: {key} must be a number (got {value!r})") from None
-        elif key == "systems":
-            if isinstance(value, str):
-                value = [v.strip() for v in value.split(",") if v.strip()]
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(f"--cluster {path}: systems must be a list of names")
-        elif key == "synth":
-            if not isinstance(value, dict) or set(value) - set(SYNTH_KEYS):
-                raise ConfigError(f"--cluster {path}: synth must be a mapping with keys from "
-                                  f"{', '.join(SYNTH_KEYS)}")
-        elif key == "sweep":
-            if not isinstance(value, dict) or set(value) - set(SWEEP_KEYS):
-                raise ConfigError(f"--cluster {path}: sweep must be a mapping with keys from "
-                                  f"{', '.join(SWEEP_KEYS)}")
-            try:
-                value = {k: [float(x) for x in v] for k, v in value.items()}
-            except (TypeError, ValueError):
-                raise ConfigError(f"--cluster {path}: sweep values must be lists of numbers") from None
-        elif key == "reported":
-            if not isinstance(value, dict):
-                raise ConfigError(f"--cluster {path}: reported must be a mapping")
-        elif key in ("bottom_mlp", "top_mlp"):
-            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                      and v > 0 for v in value):
-                raise ConfigError(f"--cluster {path}: {key} must be a list of layer sizes (got {value!r})")
-        else:
-            value = str(value)
-        setattr(out, key, value)
-    if out.data is None:
-        raise ConfigError(f"--cluster {path}: give `data` (a dataset directory)")
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}:" if mark is not None else ""
+        raise ConfigError(f"{where}:{line} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of settings at the top level")
+    file_only = {k: raw.pop(k) for k in FILE_KEYS if k in raw}
+    raw.update(_sweep(file_only.get("sweep"), raw, where))
+    settings = settings_from(SimulateConfig, raw, where, SETTINGS + FILE_KEYS)
+    description = file_only.get("description") or ""
+    if not isinstance(description, str):
+        raise ConfigError(f"{where}: description must be a string (got {description!r})")
+    synth = file_only.get("synth")
+    if synth is not None:
+        if not isinstance(synth, dict):
+            raise ConfigError(f"{where}: synth must be a mapping of `bagpipe synth` settings")
+        keys = tuple(f.name for f in fields(SynthConfig))
+        try:
+            synth = SynthConfig(**settings_from(SynthConfig, synth, f"{where}: synth", keys))
+        except ConfigError as e:
+            raise ConfigError(str(e) if str(e).startswith(where) else f"{where}: synth: {e}") from None
+    return ClusterFile(str(path), settings, description, synth)
+
+
+def _sweep(sweep: Any, raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """`sweep: {trainers: [...], net_gbps: [...]}`, the settings sweep_trainers and sweep_gbps."""
+    if sweep is None:
+        return {}
+    if not isinstance(sweep, dict) or set(sweep) - set(SWEEP_KEYS):
+        raise ConfigError(f"{where}: sweep must be a mapping with keys from {', '.join(SWEEP_KEYS)}")
+    out = {SWEEP_KEYS[k]: v for k, v in sweep.items()}
+    for key in sorted(set(out) & set(raw)):
+        raise ConfigError(f"{where}: {key} is given twice (also in sweep:)")
     return out
 
 
-def ensure_dataset(cf: ClusterFile, progress=None) -> Path:
-    """The cluster file's dataset; generated with `bagpipe synth` settings if it is missing."""
-    path = Path(cf.data)
+def ensure_dataset(cf: ClusterFile, progress: Callable[[str], None] | None = None) -> Path | None:
+    """The cluster file's dataset (None: it names none), generated from `synth:` if missing."""
+    if "data" not in cf.settings:
+        return None
+    path = Path(cf.settings["data"])
     if (path / "meta.json").is_file() or cf.synth is None:
         return path
-    try:
-        sc = SynthConfig(**cf.synth)
-    except TypeError as e:
-        raise ConfigError(f"--cluster {cf.source}: synth: {e}") from None
     if progress:
-        progress(f"generating {path} ({sc.num_rows:,} rows of {sc.preset})")
-    generate(sc, path)
+        progress(f"generating {path} ({cf.synth.num_rows:,} rows of {cf.synth.preset})")
+    generate(cf.synth, path)
     return path

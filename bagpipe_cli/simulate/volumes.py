@@ -47,6 +47,7 @@ class TraceConfig:
     # inproc: one process for every trainer (what it fetches, it fetches once);
     # distributed: a process per trainer (torch.distributed), each fetching what it needs
     runtime: str = "inproc"
+    hot_sample: float = 1.0  # fae: the fraction of the batches whose hottest rows it caches
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:
@@ -184,6 +185,10 @@ def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
     t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
+    if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
+        raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
+                          f"of {oracle.peak_resident} rows ({s.name}); raise --cache-rows or "
+                          "lower --lookahead")
     return v
 
 
@@ -192,7 +197,7 @@ def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     victims written back first, by the plan its registry entry builds."""
     k, capacity = t.cfg.servers, t.capacity()
     trace = t.trace()
-    decisions = policy(s.name).decisions(trace, capacity, getattr(t.cfg, "hot_sample", 1.0))
+    decisions = policy(s.name).decisions(trace, capacity, t.cfg.hot_sample)
     v = t.empty(s.name)
     for rp in PolicyPlanner(decisions, trace, t.total).plan(t.keys()):
         if not rp.iters:
