@@ -21,10 +21,11 @@ class Collective(ABC):
     size: int
 
     @abstractmethod
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[float]) -> float:
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
         """Replace every tensor by its sum over all trainers, in place, on the critical path;
-        return the sum over all trainers of `values` (added as Python floats, in trainer
-        order). The process passes its own trainers' sums and values."""
+        return every trainer's value (a float32 scalar each: the process passes its own
+        trainers' sums and values), in trainer order, as tensors or floats: the caller adds
+        them as Python floats (`add_floats`) once it reads them."""
 
     @abstractmethod
     def start_sum(self, x: torch.Tensor) -> Future:

@@ -22,6 +22,7 @@ from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.models import MODELS
 
 DENSE_OPTIMIZERS = ("sgd", "adam")
+DEVICE_FORM = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
 TRANSPORTS = ("inproc", "torch")
 BACKENDS = ("gloo", "nccl")
 # The sections of a command's help, in this order (a field's `section`).
@@ -125,9 +126,17 @@ class TrainConfig:
                                 at_least=1, section="runtime")
     timeout_s: float = setting(120.0, "torch transport: seconds a rank waits for a peer.",
                                option="--timeout", section="runtime")
-    device: str = setting("cpu", "torch transport: where trainers compute: cpu, cuda (a machine's "
-                                 "GPUs in turn) or cuda:K; servers and the oracle stay on the CPU.",
-                          section="runtime")
+    device: str = setting("auto", "Where trainers compute: cpu, cuda (a machine's GPUs in turn), "
+                                  "cuda:K, or auto (a GPU where there is one); servers and the "
+                                  "oracle stay on the CPU.", section="runtime")
+    nondeterministic: bool = setting(False, "On a GPU, let torch use its faster nondeterministic "
+                                            "kernels (atomic adds): results then differ from run "
+                                            "to run, and from sync's, in the last bits.",
+                                     section="runtime")
+    loader_workers: int | None = setting(None, "Threads that read batches and find their unique "
+                                               "rows ahead of the oracle [default: the cores "
+                                               "--placement keeps for the loader].", at_least=1,
+                                         section="runtime")
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,
                            section="runtime")
@@ -151,8 +160,8 @@ class TrainConfig:
         check_settings(self)
         if not self.timeout_s > 0:
             raise ConfigError(f"--timeout must be > 0 (got {self.timeout_s})")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", self.device):
-            raise ConfigError(f"--device {self.device!r}: choose cpu, cuda or cuda:K")
+        if not DEVICE_FORM.fullmatch(self.device):
+            raise ConfigError(f"--device {self.device!r}: choose auto, cpu, cuda or cuda:K")
         self._check_launch(s)
         if not s.is_exact(self) and (self.checkpoint_every or self.resume):
             # Its trainers read stale copies that a checkpoint of the true parameters does
@@ -178,9 +187,9 @@ class TrainConfig:
         if self.net_shape and (self.procs is None or self.net_gbps is None):
             raise ConfigError("--net-shape shapes the links of the local processes of a --procs "
                               "run to --net-gbps: add --procs and --net-gbps")
-        if self.device != "cpu" and (self.transport != "torch" or s.external):
-            raise ConfigError(f"--device {self.device}: trainers run on a GPU in torch.distributed "
-                              "runs of the engine's systems; use --procs or --transport torch")
+        if s.external and self.device not in ("auto", "cpu"):
+            raise ConfigError(f"--device {self.device}: --system {self.system} runs on the CPU "
+                              "here; use --device cpu")
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("--backend nccl: NCCL connects GPUs; add --device cuda, or use "
                               "--backend gloo")

@@ -1,25 +1,32 @@
-"""The batch and plan feed: global batches in order, planned a round at a time.
+"""The batch and plan feed: global batches in order, read ahead, planned a round at a time.
 
-    planned_rounds:  batch b.. of the training rows -> the planner -> (RoundPlan, its batches)
+    batch_stream:    batch b.. of the training rows, read and indexed (U_b and its inverse:
+                     `engine/keys.py`) by `workers` threads ahead of the planner, in order
+    planned_rounds:  those batches -> the planner -> (RoundPlan, the round's batches)
+
+Reading a batch and finding U_b is most of the feed's work and depends on nothing but the
+batch, so workers do it for several batches at once (numpy releases the GIL); the planner's
+pass, which carries state from batch to batch, consumes their results in order.
 
 The in-process runtime runs `planned_rounds` on its loader thread (`engine/local/loader.py`);
 rank 0 of a distributed run runs it directly and sends each trainer its slice
-(`engine/distributed/loader.py`).
-
-The training loop reads `Round`s: a round's plan and, per iteration, the dense features and
-labels of the samples this process trains on.
+(`engine/distributed/loader.py`). The training loop reads `Round`s: a round's plan and, per
+iteration, the dense features and labels of the samples this process trains on.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bagpipe_cli.data.format import Batch, Dataset
-from bagpipe_cli.engine.keys import batch_keys
+from bagpipe_cli.data.format import Dataset, read_rows
+from bagpipe_cli.engine.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.oracle import Oracle, RoundPlan
 
 if TYPE_CHECKING:
@@ -36,38 +43,86 @@ class Round:
     labels: list[np.ndarray]
 
 
-def iter_train_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, start: int = 0) -> Iterator[Batch]:
-    """Global batches start.. in dataset order, wrapping around at the end of the training rows.
+@dataclass
+class Samples:
+    """Global batch b as the feed carries it: its keys as U_b and inverse (the planner's
+    input), its dense features and labels (the trainers')."""
 
-    Batch b is the same whatever `start` is, which is what makes a resumed run exact.
-    """
-    per_epoch = train_rows // cfg.batch_size
-    for b in range(start, cfg.iterations):
-        lo = (b % per_epoch) * cfg.batch_size
-        yield ds.slice(lo, lo + cfg.batch_size, b)
+    b: int
+    keys: UniqueKeys
+    dense: np.ndarray
+    labels: np.ndarray
+
+
+def batch_start(cfg: TrainConfig, train_rows: int, b: int) -> int:
+    """The first row of global batch b: batches in dataset order, wrapping around at the end
+    of the training rows (batch b is the same whatever a run starts at: resuming is exact)."""
+    return (b % (train_rows // cfg.batch_size)) * cfg.batch_size
 
 
 def key_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
                 start: int = 0) -> Iterator[np.ndarray]:
-    """The global row keys [B*T] of every batch of `iter_train_batches`."""
-    return (batch_keys(b.sparse, offsets) for b in iter_train_batches(ds, cfg, train_rows, start))
+    """The global row keys [B*T] of batches start.. (planning passes, simulated volumes)."""
+    for b in range(start, cfg.iterations):
+        lo = batch_start(cfg, train_rows, b)
+        yield ds.keys_block(lo, lo + cfg.batch_size, offsets)
+
+
+class _Reader:
+    """Reads and indexes batches; each thread has its own KeySets (its table of the keys)."""
+
+    def __init__(self, ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray):
+        self.ds, self.cfg, self.train_rows, self.offsets = ds, cfg, train_rows, offsets
+        self.total = int(sum(ds.meta.cardinalities))
+        self._local = threading.local()
+
+    def __call__(self, b: int) -> Samples:
+        ks = getattr(self._local, "keysets", None)
+        if ks is None:
+            ks = self._local.keysets = KeySets(self.total)
+        lo = batch_start(self.cfg, self.train_rows, b)
+        hi = lo + self.cfg.batch_size
+        ds = self.ds
+        keys = ks.unique(ds.keys_block(lo, hi, self.offsets))
+        return Samples(b, keys, read_rows(ds.dense, lo, hi), read_rows(ds.labels, lo, hi))
+
+
+def batch_stream(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
+                 start: int = 0, workers: int = 1) -> Iterator[Samples]:
+    """Batches start.. in order, each read and indexed by one of `workers` threads, at most
+    2 x workers batches ahead of the consumer."""
+    read = _Reader(ds, cfg, train_rows, offsets)
+    if workers <= 1:
+        for b in range(start, cfg.iterations):
+            yield read(b)
+        return
+    pool = ThreadPoolExecutor(workers, thread_name_prefix="loader")
+    ahead: deque[Future] = deque()
+    try:
+        for b in range(start, cfg.iterations):
+            ahead.append(pool.submit(read, b))
+            if len(ahead) >= 2 * workers:
+                yield ahead.popleft().result()
+        while ahead:
+            yield ahead.popleft().result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def planned_rounds(ds: Dataset, cfg: TrainConfig, train_rows: int, planner: Oracle | PolicyPlanner,
-                   offsets: np.ndarray, start: int = 0) -> Iterator[tuple[RoundPlan, list[Batch]]]:
+                   offsets: np.ndarray, start: int = 0,
+                   workers: int = 1) -> Iterator[tuple[RoundPlan, list[Samples]]]:
     """(plan, batches) of every round of iterations start.. (a resumed run plans only those:
     its planner counts from 0, so plans are shifted to start..)."""
-    held: list[Batch] = []
+    held: deque[Samples] = deque()
 
-    def keys() -> Iterator[np.ndarray]:
-        for batch in iter_train_batches(ds, cfg, train_rows, start):
-            held.append(batch)
-            yield batch_keys(batch.sparse, offsets)
+    def keys() -> Iterator[UniqueKeys]:
+        for s in batch_stream(ds, cfg, train_rows, offsets, start, workers):
+            held.append(s)
+            yield s.keys
 
     for rp in planner.plan(keys()):
         if start:
             for it in rp.iters:
                 it.b += start
-        batches = held[: len(rp.iters)]
-        del held[: len(rp.iters)]
-        yield rp, batches
+        yield rp, [held.popleft() for _ in rp.iters]

@@ -10,11 +10,21 @@ space it sorts (`np.unique`). Both give the same arrays.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 # Mark in a table while the key space is at most this many times the batch's keys: a
 # byte per key scanned against a sort's ~log2(keys) passes over the batch.
 DENSE_FACTOR = 128
+
+
+class UniqueKeys(NamedTuple):
+    """A batch's keys as U (sorted unique keys, int64) and the inverse (int32 position in U of
+    every access, sample by sample)."""
+
+    uniq: np.ndarray
+    inverse: np.ndarray
 
 
 def batch_keys(sparse: np.ndarray, offsets: np.ndarray) -> np.ndarray:
@@ -37,12 +47,16 @@ class KeySets:
     def _dense(self, n: int) -> bool:
         return self.total_rows <= DENSE_FACTOR * max(n, 1)
 
-    def unique(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def of(self, batch: np.ndarray | UniqueKeys) -> UniqueKeys:
+        """A batch given as its keys, or already as a UniqueKeys (a loader worker's)."""
+        return batch if isinstance(batch, UniqueKeys) else self.unique(batch)
+
+    def unique(self, keys: np.ndarray) -> UniqueKeys:
         """(U: sorted unique keys as int64, inverse: int32 position in U of every key)."""
         keys = np.asarray(keys)
         if not self._dense(len(keys)):
             uniq, inverse = np.unique(keys, return_inverse=True)
-            return uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.int32)
+            return UniqueKeys(uniq.astype(np.int64, copy=False), inverse.reshape(-1).astype(np.int32))
         if self._mark is None:
             self._mark = np.zeros(self.total_rows, dtype=bool)
             self._pos = np.empty(self.total_rows, dtype=np.int32)
@@ -51,4 +65,4 @@ class KeySets:
         uniq = np.flatnonzero(mark)
         mark[uniq] = False  # the table is all False again for the next batch
         pos[uniq] = np.arange(len(uniq), dtype=np.int32)
-        return uniq, pos[keys]
+        return UniqueKeys(uniq, pos[keys])

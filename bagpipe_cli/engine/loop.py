@@ -39,41 +39,42 @@ import torch
 import torch.nn.functional as F
 
 from bagpipe_cli.engine.checkpoint import checkpoint_due
-from bagpipe_cli.engine.collective import Collective, ordered_sum
+from bagpipe_cli.engine.collective import Collective, add_floats, ordered_sum
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
 from bagpipe_cli.engine.records import Step, iteration_record
+from bagpipe_cli.engine.staging import IterInputs, PhaseClock, Stager
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
 from bagpipe_cli.engine.trainer_set import TrainerSet
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
 
 
-def slice_partials(model, dense: torch.Tensor, labels: torch.Tensor, values: torch.Tensor,
-                   index: torch.Tensor, n_rows: int, slices: list[slice], n_tables: int,
-                   batch_size: int, times: dict[str, float]) -> tuple[list[float], list[torch.Tensor]]:
-    """Forward/backward of trainer slices (sample ranges); their losses and row-gradient partials.
+def slice_partials(model, inp: IterInputs, values: torch.Tensor, slices: list[slice],
+                   batch_size: int, clock: PhaseClock,
+                   times: dict[str, float]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Forward/backward of trainer slices (sample ranges); their losses (0-d tensors, read
+    once the iteration's GPU work is done) and row-gradient partials.
 
-    `values` [accesses, dim] are the rows each access reads and `index` their positions among
-    the `n_rows` rows; a slice's partial is the sum, per row, of its accesses' gradients (in
-    sample order). Dense gradients accumulate in the parameters' `.grad` (in slice order).
+    `values` [accesses, dim] are the rows each access reads and `inp.index` their positions
+    among the rows `inp.keys`; a slice's partial is the sum, per row, of its accesses'
+    gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order).
     """
+    n_tables = len(inp.plan.inverse) // batch_size
     losses, partials = [], []
     for sl in slices:
-        t = time.perf_counter()
         pos = slice(sl.start * n_tables, sl.stop * n_tables)
-        emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
-        logits = model(dense[sl], emb)
-        loss = F.binary_cross_entropy_with_logits(logits, labels[sl], reduction="sum") / batch_size
-        t1 = time.perf_counter()
-        times["forward"] += t1 - t
-        loss.backward()
-        partials.append(torch.zeros(n_rows, values.shape[1], device=values.device).index_add_(
-            0, index[pos], emb.grad.view(-1, values.shape[1])))
-        times["backward"] += time.perf_counter() - t1
-        losses.append(float(loss.detach()))
+        with clock.gpu("forward", times):
+            emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
+            logits = model(inp.dense[sl], emb)
+            loss = F.binary_cross_entropy_with_logits(logits, inp.labels[sl], reduction="sum") / batch_size
+        with clock.gpu("backward", times):
+            loss.backward()
+            partials.append(torch.zeros(len(inp.keys), values.shape[1], device=values.device).index_add_(
+                0, inp.index[pos], emb.grad.view(-1, values.shape[1])))
+        losses.append(loss.detach())
     return losses, partials
 
 
@@ -116,12 +117,15 @@ class TrainingLoop:
         self.slices = [slice(k * self.per, (k + 1) * self.per) for k in range(trainers.count)]
         self.records: list[dict[str, Any]] = []
         self._pending: list[_Later] = []
+        self.stager = Stager(self.device, system.view)
+        self.clock = PhaseClock(self.device)
 
     def run(self, rounds: Iterable[Round]) -> list[dict[str, Any]]:
         """Train every round of `rounds`; returns this process's metrics records."""
         it = iter(rounds)
         t0 = time.perf_counter()
         cur = next(it, None)
+        staged = self.stager.stage(cur) if cur is not None else None
         while cur is not None:
             nxt = next(it, None)
             data = time.perf_counter() - t0
@@ -129,13 +133,16 @@ class TrainingLoop:
             self.settle()  # before this round's rows move into freed slots
             settled = time.perf_counter() - t
             waited = self.system.begin_round(cur.plan, nxt.plan if nxt is not None else None)
+            # The next round's inputs move to the device while this round trains.
+            after = self.stager.stage(nxt) if nxt is not None else None
+            self.stager.wait(staged)
             head = {"data": data, "sync": settled, "prefetch_wait": waited,
                     "seconds": time.perf_counter() - t0}
-            for plan, dense, labels in zip(cur.plan.iters, cur.dense, cur.labels, strict=True):
-                self._iteration(plan, dense, labels, head)
+            for inp in staged.iters:
+                self._iteration(inp, head)
                 head = None
             t0 = time.perf_counter()
-            cur = nxt
+            cur, staged = nxt, after
         self.settle()
         return self.records
 
@@ -147,42 +154,39 @@ class TrainingLoop:
             self.system.update_rows(item.plan, item.idx, item.sum.result(), self.rowopt)
             self.system.write_back_slots(*item.evicted)  # sent even when empty (lockstep)
 
-    def _iteration(self, plan: IterPlan, dense: np.ndarray, labels: np.ndarray,
-                   head: dict[str, float] | None) -> None:
+    def _iteration(self, inp: IterInputs, head: dict[str, float] | None) -> None:
+        plan = inp.plan
         if self.checkpoint is not None and checkpoint_due(self.cfg, plan.b, self.start):
             self.settle()  # now every resident row has its true value
             self.checkpoint(plan.b, self)
         t_it = time.perf_counter()
-        step = Step(plan, torch.from_numpy(dense).to(self.device),
-                    torch.from_numpy(labels).to(self.device))
+        step = Step(plan, inp.dense, inp.labels)
         if head is not None:  # the round's start belongs to its first iteration
             for k in ("data", "sync", "prefetch_wait"):
                 step.times[k] += head[k]
         t = time.perf_counter()
         self.settle(plan.b - 2)  # the sync_later sums of b-2 land before b reads its rows
         step.times["sync"] += time.perf_counter() - t
-        keys, index = self.system.view(plan)
-        index_t = torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64)).to(self.device)
-        values = self.system.read(step, keys, index_t)
-        losses, partials = slice_partials(self.model, step.dense, step.labels, values, index_t,
-                                          len(keys), self.slices, len(plan.inverse) // self.cfg.batch_size,
-                                          self.cfg.batch_size, step.times)
+        values = self.system.read(step, inp.keys, inp.index)
+        losses, partials = slice_partials(self.model, inp, values, self.slices, self.cfg.batch_size,
+                                          self.clock, step.times)
         grad = ordered_sum(partials)
+        if self.clock.cuda and self.collective.size > 1:
+            # The collective waits for the backward on the host: that wait is the backward's.
+            torch.cuda.current_stream().synchronize()
         t = time.perf_counter()
-        loss, sync = self._synchronise(step, keys, grad, losses)
+        loss_parts, sync = self._synchronise(step, inp.keys, grad, losses)
         step.times["sync"] += time.perf_counter() - t
-        t = time.perf_counter()
-        self.dense_opt.step()
-        self.dense_opt.zero_grad(set_to_none=True)
-        if sync is None:
-            self.system.push(step, keys, grad, self.rowopt)
-        else:
-            self._update(step, sync, first_of_round=head is not None)
-        if self.device.type == "cuda":  # the GPU's queued work belongs to this iteration's time
-            torch.cuda.synchronize(self.device)
-        step.times["optimizer"] = time.perf_counter() - t
+        with self.clock.gpu("optimizer", step.times):
+            self.dense_opt.step()
+            self.dense_opt.zero_grad(set_to_none=True)
+            if sync is None:
+                self.system.push(step, inp.keys, grad, self.rowopt)
+            else:
+                self._update(step, sync, first_of_round=head is not None)
+        self.clock.settle(step.times)  # the GPU's queued work belongs to this iteration's time
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
-        rec = iteration_record(step, loss, seconds)
+        rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
         self.records.append(rec)
         if self.progress is not None:
             self.progress(plan.b, rec)
@@ -191,9 +195,9 @@ class TrainingLoop:
         return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
 
     def _synchronise(self, step: Step, keys: np.ndarray, grad: torch.Tensor,
-                     losses: list[float]) -> tuple[float, _Sync | None]:
-        """The critical all-reduce and the start of the asynchronous one; (loss, how rows
-        were synchronised, or None for a pushing system)."""
+                     losses: list[torch.Tensor]) -> tuple[list, _Sync | None]:
+        """The critical all-reduce and the start of the asynchronous one; (every trainer's loss
+        in trainer order, how rows were synchronised, or None for a pushing system)."""
         plan = step.plan
         dense = [p.grad for p in self.params]
         if not self.system.replicated:  # row gradients go to the servers

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from bagpipe_cli.engine.keys import KeySets
+from bagpipe_cli.engine.keys import KeySets, UniqueKeys
 from bagpipe_cli.errors import ConfigError
 
 NEVER = np.iinfo(np.int32).min // 2
@@ -130,7 +130,7 @@ class Oracle:
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
         self.where = np.zeros(total_rows, dtype=np.int32)  # a row's position in its latest batch
         self.keysets = KeySets(total_rows)
-        self._trainers = np.empty(0, np.int64)
+        self._trainers = np.empty(0, np.int16)
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity else None
         self.nfree = capacity or 0
         self.peak_resident = 0
@@ -138,8 +138,9 @@ class Oracle:
         self.seconds = 0.0
         self.iterations_planned = 0
 
-    def plan(self, batches: Iterable[np.ndarray]) -> Iterator[RoundPlan]:
-        """`batches` yields each iteration's global keys [B*T] in order; yields round plans."""
+    def plan(self, batches: Iterable[np.ndarray | UniqueKeys]) -> Iterator[RoundPlan]:
+        """`batches` yields each iteration's global keys [B*T] (or their UniqueKeys) in order;
+        yields round plans."""
         window: deque[_Read] = deque()  # batches read, not yet planned: b .. b_read
         it = iter(batches)
         b_read = -1
@@ -178,11 +179,11 @@ class Oracle:
                 pending = []
                 yield rp
 
-    def _read(self, j: int, keys: np.ndarray, before: _Read | None) -> _Read:
+    def _read(self, j: int, keys: np.ndarray | UniqueKeys, before: _Read | None) -> _Read:
         """Batch j enters the window: its U_j and inverse; `latest` of its rows becomes j; and
         the rows of U_{j-1} that U_j uses again (sync_now of j-1: they were last read by j-1,
         at their positions there) are marked in batch j-1's `in_next`."""
-        uniq, inverse = self.keysets.unique(keys)
+        uniq, inverse = self.keysets.of(keys)
         last = self.latest[uniq]
         if before is not None:
             before.in_next = np.zeros(len(before.uniq), dtype=bool)
@@ -239,11 +240,14 @@ class Oracle:
         if self.N == 1:
             single = np.ones(len(uniq), dtype=bool)
             owner = np.zeros(len(uniq), dtype=np.int64)
-        else:
-            used = np.zeros((len(uniq), self.N), dtype=bool)  # row x trainer: does it use it
-            used[inverse, self._trainer_of(len(inverse))] = True
-            single = used.sum(axis=1) == 1
-            owner = used.argmax(axis=1)  # the one user where single
+        else:  # a row's first and last user: one user iff they are the same trainer
+            trainer = self._trainer_of(len(inverse))
+            first = np.full(len(uniq), self.N, dtype=np.int16)
+            last = np.zeros(len(uniq), dtype=np.int16)
+            np.minimum.at(first, inverse, trainer)
+            np.maximum.at(last, inverse, trainer)
+            single = first == last
+            owner = first.astype(np.int64)  # the one user where single
         no_sync = single & evict_mask
         owner_rows += np.bincount(owner[no_sync], minlength=self.N)
         n_now = int(in_next.sum())
@@ -258,7 +262,7 @@ class Oracle:
     def _trainer_of(self, accesses: int) -> np.ndarray:
         """The trainer of each access of a global batch (trainer i: samples [iB/N, (i+1)B/N))."""
         if len(self._trainers) != accesses:
-            self._trainers = np.arange(accesses, dtype=np.int64) // (accesses // self.N)
+            self._trainers = (np.arange(accesses) // (accesses // self.N)).astype(np.int16)
         return self._trainers
 
     @property
@@ -266,7 +270,7 @@ class Oracle:
         return 1e3 * self.seconds / max(1, self.iterations_planned)
 
 
-def plan_peak(batches: Iterable[np.ndarray], total_rows: int, lookahead: int,
+def plan_peak(batches: Iterable[np.ndarray | UniqueKeys], total_rows: int, lookahead: int,
               round_len: int | None) -> tuple[int, int]:
     """(peak occupied slots, rows fetched) of a run, without slot assignment."""
     o = Oracle(total_rows, lookahead, round_len, 1, None)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.keys import KeySets
+from bagpipe_cli.engine.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.oracle import IterPlan, Oracle, RoundPlan, plan_peak
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy as cache_policy
@@ -71,11 +71,12 @@ class PolicyPlanner:
         self.free.extend(slots.tolist())
         return slots
 
-    def plan(self, batches: Iterable[np.ndarray]) -> Iterator[RoundPlan]:
+    def plan(self, batches: Iterable[np.ndarray | UniqueKeys]) -> Iterator[RoundPlan]:
+        """`batches` yields each iteration's keys (or their UniqueKeys); yields round plans."""
         tr = self.trace
         for b, keys in enumerate(batches):
             t0 = time.perf_counter()
-            uniq, inverse = self.keysets.unique(keys)
+            uniq, inverse = self.keysets.of(keys)
             if len(tr.batch(b)) != len(uniq):
                 raise RuntimeError("trace does not match the batch stream")
             d = self.decisions.step(b, uniq)

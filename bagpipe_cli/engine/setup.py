@@ -84,10 +84,12 @@ def prepare(cfg: TrainConfig) -> RunSetup:
                     RowOptimizer(cfg.optimizer, cfg.lr), network)
 
 
-def build_dense(cfg: TrainConfig, mcfg: ModelConfig) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
-    """The dense model (initialised from the seed, identically on every trainer) and its optimizer."""
+def build_dense(cfg: TrainConfig, mcfg: ModelConfig, device: str | torch.device = "cpu"
+                ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """The dense model on `device` (initialised from the seed on the CPU, identically on every
+    trainer) and its optimizer."""
     torch.manual_seed(cfg.seed)
-    model = build_model(mcfg)
+    model = build_model(mcfg).to(device)
     opt = torch.optim.SGD if cfg.dense_optimizer == "sgd" else torch.optim.Adam
     return model, opt(model.parameters(), lr=cfg.dense_learning_rate)
 

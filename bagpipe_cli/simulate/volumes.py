@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.keys import batch_keys
+from bagpipe_cli.engine.feed import batch_start
 from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
@@ -69,14 +69,14 @@ def _train_rows(ds: Dataset, cfg: TraceConfig) -> int:
 
 
 def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int) -> Callable[[], Iterator[np.ndarray]]:
-    """The global keys [B*T] of every iteration, wrapping around like `feed.iter_train_batches`."""
+    """The global keys [B*T] of every iteration, the batches `bagpipe train` reads."""
     offsets = table_offsets(ds.meta.cardinalities)
-    per_epoch = _train_rows(ds, cfg) // cfg.batch_size
+    train_rows = _train_rows(ds, cfg)
 
     def gen() -> Iterator[np.ndarray]:
         for b in range(iterations):
-            lo = (b % per_epoch) * cfg.batch_size
-            yield batch_keys(ds.sparse_block(lo, lo + cfg.batch_size), offsets)
+            lo = batch_start(cfg, train_rows, b)
+            yield ds.keys_block(lo, lo + cfg.batch_size, offsets)
 
     return gen
 

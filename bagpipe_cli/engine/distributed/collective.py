@@ -8,10 +8,12 @@ trainer's GPU for NCCL) and the sums come back on `device`.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli.engine.collective import Collective, add_floats, ordered_sum
+from bagpipe_cli.engine.collective import Collective, ordered_sum
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.wire import comm
 
@@ -29,21 +31,27 @@ class TorchCollective(Collective):
         work = comm(self.layout, TRAINERS, dist.all_gather, parts, x, self.group, async_op)
         return x, parts, work
 
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[float]) -> float:
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
         """One all-gather of every tensor and the values (which travel in the tensors' dtype,
-        so they must be exact in it: a float32 loss is)."""
+        so they must be exact in it: a float32 loss is). One trainer: nothing to gather."""
+        if self.size == 1:
+            return values
         k = len(values)
-        flat = torch.cat([*(t.reshape(-1) for t in tensors), tensors[0].new_tensor(values)])
+        flat = torch.cat([*(t.reshape(-1) for t in tensors),
+                          torch.stack(values).reshape(-1).to(tensors[0].dtype)])
         _, parts, _ = self._gather(flat)
-        total = add_floats([v for p in parts for v in p[len(p) - k:].tolist()])
         summed = ordered_sum([p[:len(p) - k] for p in parts]).to(self.device)
         off = 0
         for t in tensors:
             t.copy_(summed[off:off + t.numel()].view_as(t))
             off += t.numel()
-        return total
+        return [v for p in parts for v in p[len(p) - k:].tolist()]
 
-    def start_sum(self, x: torch.Tensor) -> _PendingSum:
+    def start_sum(self, x: torch.Tensor) -> _PendingSum | Future:
+        if self.size == 1:
+            done: Future = Future()
+            done.set_result(x)
+            return done
         return _PendingSum(self, *self._gather(x, async_op=True))
 
 

@@ -10,10 +10,10 @@ import socket
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.device import cuda_count, pick
 from bagpipe_cli.errors import ConfigError
 
 ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
@@ -63,38 +63,32 @@ class Layout:
 def rank_facts() -> dict[str, Any]:
     """What a rank can offer a trainer: its host, CUDA devices and whether torch has NCCL."""
     return {"host": socket.gethostname(),
-            "cuda": torch.cuda.device_count() if torch.cuda.is_available() else 0,
+            "cuda": cuda_count(),
             "nccl": dist.is_available() and dist.is_nccl_available()}
 
 
 def trainer_devices(cfg: TrainConfig, layout: Layout, facts: list[dict[str, Any]]) -> list[str]:
     """The device of every trainer, from every rank's `rank_facts()` (the same answer on every
-    rank). `--device cuda` gives the trainers on a host its GPUs in turn; NCCL needs one GPU
-    per trainer. Raises ConfigError naming the trainer that cannot run as asked."""
-    if cfg.device == "cpu":
-        return ["cpu"] * layout.trainers
+    rank). `--device cuda` (and auto, where a host has GPUs) gives the trainers on a host its
+    GPUs in turn; NCCL needs one GPU per trainer. Raises ConfigError naming the trainer that
+    cannot run as asked."""
     out: list[str] = []
-    taken: dict[tuple[str, int], str] = {}
+    taken: dict[tuple[str, str], str] = {}
     for i in range(layout.trainers):
         f = facts[layout.trainer_rank(i)]
         who = f"{layout.name(layout.trainer_rank(i))} on {f['host']}"
-        if f["cuda"] == 0:
-            raise ConfigError(f"--device {cfg.device}: {who} has no CUDA device "
-                              "(torch.cuda.is_available() is False); use --device cpu")
-        if cfg.device == "cuda":
-            before = sum(facts[layout.trainer_rank(j)]["host"] == f["host"] for j in range(i))
-            dev = before % f["cuda"]
-        else:
-            dev = int(cfg.device.split(":", 1)[1])
-            if dev >= f["cuda"]:
-                raise ConfigError(f"--device {cfg.device}: {who} has {f['cuda']} CUDA device(s)")
+        before = sum(facts[layout.trainer_rank(j)]["host"] == f["host"] for j in range(i))
+        dev = pick(cfg.device, f["cuda"], before, who)
         if cfg.backend == "nccl":
+            if dev == "cpu":
+                raise ConfigError(f"--backend nccl: {who} computes on the CPU; NCCL connects "
+                                  "GPUs: use --backend gloo or --device cuda")
             if not f["nccl"]:
                 raise ConfigError(f"--backend nccl: the torch of {who} has no NCCL; use --backend gloo")
             if (f["host"], dev) in taken:
                 raise ConfigError(f"--backend nccl: {who} and {taken[(f['host'], dev)]} would share "
-                                  f"cuda:{dev}, and NCCL needs a GPU per trainer; use --backend gloo "
+                                  f"{dev}, and NCCL needs a GPU per trainer; use --backend gloo "
                                   "or fewer trainers per machine")
             taken[(f["host"], dev)] = who
-        out.append(f"cuda:{dev}")
+        out.append(dev)
     return out

@@ -150,7 +150,8 @@ class LoaderRank:
                     for i, o in enumerate(outs)},
                  **{f"server{k}": sh["stats"] for k, sh in enumerate(shards)}}
         layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,
-                  "trainer_devices": self.devices, "backend": s.cfg.backend,
+                  "trainer_devices": self.devices, "devices": [o["device_info"] for o in outs],
+                  "backend": s.cfg.backend,
                   "placement": self.placements}
         facts = {"runner": "distributed", "transport": "torch", "roles": roles,
                  "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}

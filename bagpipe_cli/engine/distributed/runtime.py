@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.device import computing_on
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
@@ -116,7 +117,9 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
         server_main(s, layout, idx, faults)
     else:
         comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
-        trainer_main(s, layout, idx, TorchCollective(group, layout, device, comm_device), device, faults)
+        with computing_on(device, not cfg.nondeterministic):
+            trainer_main(s, layout, idx, TorchCollective(group, layout, device, comm_device),
+                         device, faults)
     return None
 
 

@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
+from bagpipe_cli.engine.device import describe, to_cpu
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.transport import TorchTransport
-from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj, to_cpu
+from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.loop import TrainingLoop
 from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
@@ -41,8 +42,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
                  device: torch.device, faults: Faults) -> None:
     """Trainer i: its slice of every global batch, synchronised with the other trainers."""
     cfg = s.cfg
-    model, dense_opt = build_dense(cfg, s.mcfg)
-    model.to(device)  # in place: the optimizer keeps the same parameters
+    model, dense_opt = build_dense(cfg, s.mcfg, device)
     info = recv_obj(0, layout, PLANNING_WAIT_S)
     if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
         restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
@@ -59,6 +59,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     transport.close()
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
+           "device_info": describe(device),
            "written_back_at_end": system.written_back_at_end}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())

@@ -116,14 +116,3 @@ def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
             return raw[i] if kind == "tensor" else raw[i].numpy()
 
     return _Unpickler(io.BytesIO(body)).load()
-
-
-def to_cpu(obj: Any) -> Any:
-    """Tensors in (nested) dicts, lists and tuples moved to the CPU, for sending to rank 0."""
-    if isinstance(obj, torch.Tensor):
-        return obj.detach().cpu()
-    if isinstance(obj, dict):
-        return {k: to_cpu(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return type(obj)(to_cpu(v) for v in obj)
-    return obj

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 
 import torch
 
-from bagpipe_cli.engine.collective import Collective, add_floats
+from bagpipe_cli.engine.collective import Collective
 from bagpipe_cli.engine.local.server import ServingThread
 from bagpipe_cli.engine.network import NetworkModel
 
@@ -23,10 +23,10 @@ class LocalCollective(Collective):
         self.network = network
         self._worker = ServingThread("collectives", on_start)
 
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[float]) -> float:
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         self.network.wait(self.network.allreduce_seconds(nbytes, self.size))
-        return add_floats(values)
+        return values  # every trainer's, already
 
     def start_sum(self, x: torch.Tensor) -> Future:
         seconds = self.network.allreduce_seconds(x.numel() * x.element_size(), self.size)

@@ -22,6 +22,7 @@ import torch
 
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
 from bagpipe_cli.engine.feed import planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.loader import LoaderFeed
@@ -43,17 +44,18 @@ from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, pla
 
 def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
     """Run `cfg` in this process and return its metrics, summary and final parameters."""
+    device = pick(cfg.device, cuda_count())
     pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, available_cores()))
-    with pinned as placement:
-        return _train(cfg, pinned, placement, progress)
+    with pinned as placement, computing_on(device, not cfg.nondeterministic) as dev:
+        return _train(cfg, pinned, placement, dev, progress)
 
 
-def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
+def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch.device,
            progress: ProgressFn | None) -> TrainResult:
     s = prepare(cfg)
     ck = open_resume(s)
     start = ck.iteration if ck else 0
-    model, dense_opt = build_dense(cfg, s.mcfg)
+    model, dense_opt = build_dense(cfg, s.mcfg, device)
     if ck is None:
         servers = init_shards(s.cardinalities, s.row_dim, cfg.servers, cfg.seed, s.rowopt.init_state)
     else:  # the checkpoint's true parameters; the cache starts empty
@@ -62,15 +64,15 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
     transport = InProcessTransport(servers, s.network, on_start=pinned.helper)
     planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
-    system = build_system(s, planning.slots, transport, trainers, servers=servers)
+    system = build_system(s, planning.slots, transport, trainers, device, servers=servers)
     collective = LocalCollective(cfg.trainers, s.network, on_start=pinned.helper)
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
     prior = list(ck.metrics[0]) if ck else []
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers, start,
-                        checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
+                        device, checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress)
-    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start),
-                      on_start=pinned.helper)
+    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
+                                     loader_workers(cfg, placement)), on_start=pinned.helper)
     t_start = time.perf_counter()
     try:
         records = loop.run(feed)
@@ -85,14 +87,21 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement,
     frame = pd.DataFrame(prior + records)
     roles = {"oracle": {"busy_s": planning.planner.seconds},
              "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
-                                      bytes_received=transport.bytes_received, device="cpu"),
+                                      bytes_received=transport.bytes_received, device=str(device)),
              **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
     layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
-              "trainer_devices": ["cpu"] * cfg.trainers, "backend": None,
-              "placement": [placement.to_json()]}
+              "trainer_devices": [str(device)] * cfg.trainers, "devices": [describe(device)],
+              "backend": None, "placement": [placement.to_json()]}
     facts = {"runner": "inproc", "transport": "inproc", "roles": roles,
              "rows_written_back_at_end": system.written_back_at_end}
-    return finish_run(s, planning, [frame], wall, model, servers, layout, facts, ckpt, ck)
+    return finish_run(s, planning, [frame], wall, model.cpu(), servers, layout, facts, ckpt, ck)
+
+
+def loader_workers(cfg: TrainConfig, placement: Placement) -> int:
+    """Loader threads: --loader-workers, or the cores placement keeps for the loader."""
+    if cfg.loader_workers is not None:
+        return cfg.loader_workers
+    return max(1, len(placement.helpers)) if placement.policy != "off" else 1
 
 
 def _checkpoint(ckpt: Checkpointer, servers: list[Shard],
@@ -103,7 +112,7 @@ def _checkpoint(ckpt: Checkpointer, servers: list[Shard],
         # over them (the cache keeps them).
         loop.system.flush()
         weight, state = full_tables(servers, [loop.system.resident()])
-        ckpt.save(b, weight, state, loop.model.state_dict(), loop.dense_opt.state_dict(),
-                  torch.get_rng_state(), [prior + loop.records], t)
+        ckpt.save(b, weight, state, to_cpu(loop.model.state_dict()),
+                  to_cpu(loop.dense_opt.state_dict()), torch.get_rng_state(), [prior + loop.records], t)
 
     return take

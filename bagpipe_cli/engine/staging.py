@@ -1,0 +1,114 @@
+"""A round's inputs on the trainer's device, and the clock of an iteration's phases.
+
+On a GPU the training loop must not wait on the host: a round's dense features, labels and
+row indices are copied from pinned host memory on a side stream, one round ahead, so the
+copies overlap the previous round's compute, and the compute stream waits for them on the
+GPU (an event) rather than the host. Phases that are GPU work (forward, backward,
+optimizer) are timed with CUDA events, since a host clock sees only kernel launches. On a
+CPU the inputs are the feed's arrays as they are (no copy) and every phase is host-timed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from bagpipe_cli.engine.feed import Round
+from bagpipe_cli.engine.oracle import IterPlan
+
+
+@dataclass
+class IterInputs:
+    """One iteration's inputs on the device: its plan, this process's samples, and the rows
+    its gradients are taken over (`keys`, host) with each access's position in them."""
+
+    plan: IterPlan
+    dense: torch.Tensor
+    labels: torch.Tensor
+    keys: np.ndarray
+    index: torch.Tensor  # int64, on the device
+
+
+@dataclass
+class StagedRound:
+    """A round's inputs, and (on a GPU) the event its copies complete at."""
+
+    iters: list[IterInputs]
+    ready: Any = None  # torch.cuda.Event, or None on a CPU
+    host: list[torch.Tensor] = field(default_factory=list)  # pinned buffers in flight
+
+
+class Stager:
+    """Moves rounds' inputs to `device` (see the module docstring); `view(plan)` gives the rows
+    an iteration's gradients are taken over and each access's position (`EmbeddingSystem.view`)."""
+
+    def __init__(self, device: torch.device, view: Any):
+        self.device, self.view = device, view
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+
+    def stage(self, rnd: Round) -> StagedRound:
+        """Start moving `rnd`'s inputs (on a GPU, asynchronously)."""
+        views = [self.view(p) for p in rnd.plan.iters]
+        host = []
+        for d, y, (_, index) in zip(rnd.dense, rnd.labels, views, strict=True):
+            host += [torch.from_numpy(np.ascontiguousarray(d)), torch.from_numpy(np.ascontiguousarray(y)),
+                     torch.from_numpy(np.ascontiguousarray(index, dtype=np.int64))]
+        if self.stream is None:
+            staged = host
+            ready = None
+            host = []
+        else:
+            host = [t.pin_memory() for t in host]
+            main = torch.cuda.current_stream(self.device)
+            with torch.cuda.stream(self.stream):
+                staged = [t.to(self.device, non_blocking=True) for t in host]
+                ready = torch.cuda.Event()
+                ready.record(self.stream)
+            for t in staged:  # used on the compute stream: not to be reused before it is done
+                t.record_stream(main)
+        iters = [IterInputs(p, staged[3 * i], staged[3 * i + 1], views[i][0], staged[3 * i + 2])
+                 for i, p in enumerate(rnd.plan.iters)]
+        return StagedRound(iters, ready, host)
+
+    def wait(self, staged: StagedRound) -> None:
+        """Make the compute stream wait (on the GPU) until `staged`'s copies are done."""
+        if staged.ready is not None:
+            torch.cuda.current_stream(self.device).wait_event(staged.ready)
+
+
+class PhaseClock:
+    """Times an iteration's phases into `times` (seconds): on a CPU with the host clock; on a
+    GPU, `gpu(name)` phases with CUDA events, read once the iteration is done (`settle`)."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self._events: list[tuple[str, Any, Any]] = []
+
+    @contextlib.contextmanager
+    def gpu(self, name: str, times: dict[str, float]) -> Iterator[None]:
+        """A phase of GPU work: its GPU time on a GPU, its host time on a CPU."""
+        if not self.cuda:
+            t = time.perf_counter()
+            yield
+            times[name] += time.perf_counter() - t
+            return
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        yield
+        end.record()
+        self._events.append((name, start, end))
+
+    def settle(self, times: dict[str, float]) -> None:
+        """Wait for the GPU's queued work and add the GPU phases' times (a no-op on a CPU)."""
+        if not self.cuda:
+            return
+        torch.cuda.current_stream().synchronize()
+        for name, start, end in self._events:
+            times[name] += start.elapsed_time(end) / 1e3
+        self._events = []

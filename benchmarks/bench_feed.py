@@ -1,0 +1,99 @@
+"""The feed alone: how many samples a second the loader/oracle hands the training loop.
+
+Times the very feed the in-process runner uses (`LoaderFeed` over `planned_rounds`: read a
+batch, find U_b and the inverse, plan it, queue the round), with no model, for local, sync
+and bagpipe at L = 16 and 200, for each number of loader workers, on Criteo-Kaggle-shaped
+synthetic data (the 26 Kaggle tables, scaled) at B = 16,384. A GPU trainer eats such a
+batch in a few milliseconds, so the feed must outrun that: the targets are 4M samples/s on
+16 cores and 2M on a 2-core machine. The planning pass before training (bagpipe's peak) is
+reported apart; repeats are interleaved and the median is reported.
+
+    python benchmarks/bench_feed.py [--scale 0.1] [--rows 4000000] [--workers 1,2] [--json]
+
+Prints a table, or with --json one JSON object a line: system, lookahead, batch_size,
+workers, samples_per_s (and ms_per_batch, planning_s, repeats).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from bagpipe_cli.data.synth import SynthConfig, generate
+from bagpipe_cli.engine import TrainConfig
+from bagpipe_cli.engine.feed import planned_rounds
+from bagpipe_cli.engine.local.loader import LoaderFeed
+from bagpipe_cli.engine.setup import prepare
+
+SETTINGS = [("local", 16), ("sync", 16), ("bagpipe", 16), ("local", 200), ("sync", 200),
+            ("bagpipe", 200)]
+
+
+def feed_rate(data: Path, system: str, lookahead: int, batch_size: int, iterations: int,
+              workers: int) -> tuple[float, float]:
+    """(samples/s of the feed, seconds of the planning pass before it)."""
+    cfg = TrainConfig(data=str(data), system=system, batch_size=batch_size, iterations=iterations,
+                      lookahead=lookahead, eval_rows=0, device="cpu")
+    s = prepare(cfg)
+    t0 = time.perf_counter()
+    planning = s.spec.plan(s, 0)
+    planning_s = time.perf_counter() - t0
+    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, 0,
+                                     workers))
+    t0 = time.perf_counter()
+    samples = 0
+    try:
+        for rnd in feed:
+            samples += batch_size * len(rnd.plan.iters)
+    finally:
+        feed.close()
+    return samples / (time.perf_counter() - t0), planning_s
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, help="a dataset (default: generate Kaggle-shaped data)")
+    ap.add_argument("--scale", type=float, default=0.1, help="table sizes x Kaggle's (synth)")
+    ap.add_argument("--rows", type=int, default=4_000_000, help="samples (synth)")
+    ap.add_argument("--batch-size", type=int, default=16_384)
+    ap.add_argument("--iterations", type=int, default=240)
+    ap.add_argument("--workers", default=f"1,{os.cpu_count()}", help="loader workers to try")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true", help="one JSON object a line, no table")
+    args = ap.parse_args()
+    workers = sorted({int(w) for w in args.workers.split(",")})
+    with tempfile.TemporaryDirectory(prefix="bench-feed-") as tmp:
+        data = args.data
+        if data is None:
+            data = Path(tmp) / "kaggle"
+            generate(SynthConfig(preset="criteo-kaggle", scale=args.scale, rows=args.rows, seed=0), data)
+        rates: dict[tuple, list[float]] = {}
+        plan_s: dict[tuple, list[float]] = {}
+        for _ in range(args.repeats):  # interleaved: drifts of a shared machine hit all alike
+            for system, lookahead in SETTINGS:
+                for w in workers:
+                    r, p = feed_rate(data, system, lookahead, args.batch_size, args.iterations, w)
+                    rates.setdefault((system, lookahead, w), []).append(r)
+                    plan_s.setdefault((system, lookahead, w), []).append(p)
+    rows = [{"system": s, "lookahead": la, "batch_size": args.batch_size, "workers": w,
+             "samples_per_s": statistics.median(v), "ms_per_batch": 1e3 * args.batch_size / statistics.median(v),
+             "planning_s": statistics.median(plan_s[(s, la, w)]), "repeats": len(v)}
+            for (s, la, w), v in rates.items()]
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+        return
+    print(f"feed alone, B = {args.batch_size:,}, {os.cpu_count()} cores, median of {args.repeats}")
+    print(f"{'system':8} {'L':>4} {'workers':>7} {'M samples/s':>12} {'ms/batch':>9} {'planning s':>11}")
+    for r in rows:
+        print(f"{r['system']:8} {r['lookahead']:>4} {r['workers']:>7} {r['samples_per_s'] / 1e6:>12.2f} "
+              f"{r['ms_per_batch']:>9.2f} {r['planning_s']:>11.1f}")
+
+
+if __name__ == "__main__":
+    main()
