@@ -72,9 +72,13 @@ def slugify(s: str) -> str:
 
 
 def value_label(name: str, v: Any) -> str:
+    """`L16` for a setting with a short name and a number, else `device=cuda`."""
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    return slugify(f"{SHORT.get(name, name)}{'none' if v is None else v}")
+    shown = "none" if v is None else v
+    if name in SHORT and not isinstance(v, str):
+        return slugify(f"{SHORT[name]}{shown}")
+    return f"{SHORT.get(name, name)}={slugify(shown)}"
 
 
 def config_key(cfg: Any) -> str:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
     from bagpipe_cli.engine.planner import PolicyPlanner
 
 
+MAX_LOADER_WORKERS = 8  # more reader threads than this only contend with the oracle's pass
+
+
 @dataclass
 class Round:
     """A round's plan and, per iteration, the dense features and labels of this process's samples."""

@@ -8,7 +8,8 @@ share the cores with the trainers. With `--placement auto` (the default):
   cores of the n this process may use (1 of 2..9, 2 of 10..17, ...), the main thread and
   torch's intra-op threads the rest; torch gets as many threads as it has cores;
 - over torch.distributed: the ranks on one machine split its cores: the trainer ranks get
-  an equal share each (as many torch threads as cores), the oracle and server ranks what is
+  an equal share each (as many torch threads as cores; at most GPU_TRAINER_CORES for a
+  trainer on a GPU, whose CPU only launches kernels), the oracle and server ranks what is
   left, at least one core when there is one to spare (else they share every core);
 - threads and processes are pinned to their cores where the OS allows (Linux
   `sched_setaffinity`), and `--threads` still sets torch's thread count.
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 
 PLACEMENTS = ("auto", "off")
+GPU_TRAINER_CORES = 2  # a GPU trainer's cores: its main thread and a helper
 
 
 def available_cores() -> tuple[int, ...]:
@@ -58,25 +60,32 @@ class Placement:
         return d
 
 
-def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...]) -> Placement:
-    """The placement of an in-process run on `cores`."""
+def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
+                    gpu: bool = False) -> Placement:
+    """The placement of an in-process run on `cores` (`gpu`: the trainers compute on a GPU,
+    so the helpers get all but GPU_TRAINER_CORES of them)."""
     if policy == "off":
         return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
     r = reserved_cores(len(cores))
+    if gpu and len(cores) > GPU_TRAINER_CORES:
+        r = len(cores) - GPU_TRAINER_CORES
     compute, helpers = (cores[:-r], cores[-r:]) if r else (cores, cores)
     return Placement(policy, "in-process", compute, helpers, threads or len(compute))
 
 
 def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,
-              cores: tuple[int, ...]) -> Placement:
+              cores: tuple[int, ...], trainer_cores: int | None = None) -> Placement:
     """The placement of local rank `me` among the ranks `roles` ("oracle", "server",
-    "trainer", in local-rank order) that share this machine's `cores`."""
+    "trainer", in local-rank order) that share this machine's `cores`; `trainer_cores` caps
+    a trainer's share (a GPU trainer's CPU only launches kernels: the loader gets the rest)."""
     role = roles[me]
     if policy == "off":
         return Placement(policy, role, cores, cores, threads or 1)
     trainers = [i for i, r in enumerate(roles) if r == "trainer"]
     spare = 1 if len(roles) > len(trainers) and len(cores) > len(trainers) else 0
     per = max(1, (len(cores) - spare) // max(1, len(trainers)))
+    if trainer_cores is not None:
+        per = min(per, trainer_cores)
     left = cores[per * len(trainers):]  # what the trainers do not take goes to the others
     if role != "trainer":
         helper_cores = left or cores

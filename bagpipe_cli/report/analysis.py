@@ -216,7 +216,10 @@ def context(runs: pd.DataFrame) -> str:
     if reps:
         parts.append(f"{reps} repeat{'s' if reps > 1 else ''}")
     cpu = one("env_cpu")
-    thr = one("env_torch_threads", lambda v: f"{int(v)} threads")
+    thr = one("env_torch_threads", lambda v: f"{int(v)} thread" + ("s" if int(v) != 1 else ""))
     if cpu:
         parts.append(f"{cpu}" + (f", {thr}" if thr else ""))
+    gpu = one("trainer_gpu")
+    if gpu:
+        parts.append(f"trainers on {gpu}")
     return " · ".join(p for p in parts if p)

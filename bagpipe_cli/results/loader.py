@@ -142,6 +142,9 @@ def run_row(run: StoredRun) -> dict[str, Any]:
             row[f"{k}_summary"] = v
         elif not isinstance(v, (dict, list)):
             row[k] = v
+    devices = (config.get("layout") or {}).get("devices") or [{}]
+    row["trainer_device"] = devices[0].get("device")  # where trainer 0 computed (and its GPU)
+    row["trainer_gpu"] = devices[0].get("gpu")
     env = run.environment
     for k in ("torch", "cpu", "cpu_count", "torch_threads", "cuda", "git_revision", "git_dirty",
               "hostname", "bagpipe_version"):

@@ -27,7 +27,7 @@ from bagpipe_cli.engine.checkpoint import (
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
-from bagpipe_cli.engine.feed import planned_rounds
+from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.oracle import RoundPlan
 from bagpipe_cli.engine.planner import Planning
@@ -102,7 +102,9 @@ class LoaderRank:
         per = s.cfg.batch_size // lay.trainers
         done = start
         prev = None
-        for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets, start):
+        workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
+        for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
+                                          start, workers):
             for i, r in enumerate(lay.trainer_ranks):
                 sl = slice(i * per, (i + 1) * per)
                 self._send((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r)

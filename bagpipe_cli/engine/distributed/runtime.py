@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.device import computing_on
+from bagpipe_cli.engine.device import computing_on, cuda_count, pick
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
@@ -36,7 +36,13 @@ from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default
 from bagpipe_cli.launch.netshape import ShapedNetwork
-from bagpipe_cli.launch.placement import Placement, available_cores, pin, plan_rank
+from bagpipe_cli.launch.placement import (
+    GPU_TRAINER_CORES,
+    Placement,
+    available_cores,
+    pin,
+    plan_rank,
+)
 from bagpipe_cli.launch.processes import spawn_local
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -89,7 +95,9 @@ def _place(cfg: TrainConfig, layout: Layout, rank: int, world: int) -> Placement
     local = int(os.environ.get("LOCAL_RANK", rank))
     here = range(rank - local, rank - local + int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     roles = [layout.role(r)[0] for r in here]
-    p = plan_rank(cfg.placement, cfg.threads, roles, local, available_cores())
+    gpu = pick(cfg.device, cuda_count()) != "cpu"  # trainers here will be on GPUs
+    p = plan_rank(cfg.placement, cfg.threads, roles, local, available_cores(),
+                  GPU_TRAINER_CORES if gpu else None)
     pinned = p.policy != "off" and pin(p.compute)
     torch.set_num_threads(p.torch_threads)
     return replace(p, pinned=pinned)

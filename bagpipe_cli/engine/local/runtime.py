@@ -1,10 +1,11 @@
 """The in-process runtime: N logical trainers in one process over a local collective.
 
-    loader thread:   read batch b+L, plan it (local/loader.py) -> bounded queue of rounds
+    loader thread:   read batch b+L (with --loader-workers threads reading and indexing
+                     batches ahead), plan it (local/loader.py) -> bounded queue of rounds
     main thread:     the training loop (engine/loop.py) for every trainer: their slices'
-                     forward/backward in trainer order, the sums already complete; it and
-                     torch's threads on the compute cores, the other threads on the
-                     reserved ones (engine/placement.py)
+                     forward/backward in trainer order, the sums already complete, on the
+                     trainers' device (--device); it and torch's threads on the compute
+                     cores, the other threads on the reserved ones (launch/placement.py)
     server workers:  one thread per embedding server, requests in FIFO order, the emulated
                      network held there (local/server.py)
     checkpoints:     at the boundary before iteration b (main thread): pending work lands,
@@ -23,7 +24,7 @@ import torch
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
-from bagpipe_cli.engine.feed import planned_rounds
+from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.loader import LoaderFeed
 from bagpipe_cli.engine.local.transport import InProcessTransport
@@ -45,7 +46,7 @@ from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, pla
 def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
     """Run `cfg` in this process and return its metrics, summary and final parameters."""
     device = pick(cfg.device, cuda_count())
-    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, available_cores()))
+    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, available_cores(), device != "cpu"))
     with pinned as placement, computing_on(device, not cfg.nondeterministic) as dev:
         return _train(cfg, pinned, placement, dev, progress)
 
@@ -101,7 +102,7 @@ def loader_workers(cfg: TrainConfig, placement: Placement) -> int:
     """Loader threads: --loader-workers, or the cores placement keeps for the loader."""
     if cfg.loader_workers is not None:
         return cfg.loader_workers
-    return max(1, len(placement.helpers)) if placement.policy != "off" else 1
+    return min(MAX_LOADER_WORKERS, len(placement.helpers)) if placement.policy != "off" else 1
 
 
 def _checkpoint(ckpt: Checkpointer, servers: list[Shard],
