@@ -204,8 +204,12 @@ def test_trainer_devices():
         trainer_devices(cfg, lay, [_facts("cpu0", 0)] * 7)
     with pytest.raises(ConfigError, match="has no NCCL"):
         trainer_devices(cfg, lay, [_facts(f"h{r}", 1, nccl=False) for r in range(7)])
-    cpu = TrainConfig(data="x", transport="torch", trainers=4, servers=2, batch_size=1024)
+    cpu = TrainConfig(data="x", transport="torch", trainers=4, servers=2, batch_size=1024,
+                      device="cpu")
     assert trainer_devices(cpu, lay, one_gpu) == ["cpu"] * 4
+    auto = TrainConfig(**{**cpu.__dict__, "device": "auto"})  # a GPU where a host has one
+    assert trainer_devices(auto, lay, facts) == ["cuda:0", "cuda:1", "cuda:0", "cuda:1"]
+    assert trainer_devices(auto, lay, [_facts("cpu0", 0)] * 7) == ["cpu"] * 4
 
 
 def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path):

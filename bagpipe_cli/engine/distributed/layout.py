@@ -81,8 +81,8 @@ def trainer_devices(cfg: TrainConfig, layout: Layout, facts: list[dict[str, Any]
         dev = pick(cfg.device, f["cuda"], before, who)
         if cfg.backend == "nccl":
             if dev == "cpu":
-                raise ConfigError(f"--backend nccl: {who} computes on the CPU; NCCL connects "
-                                  "GPUs: use --backend gloo or --device cuda")
+                raise ConfigError(f"--backend nccl: NCCL connects GPUs, and {who} computes on "
+                                  "the CPU; use --backend gloo or --device cuda")
             if not f["nccl"]:
                 raise ConfigError(f"--backend nccl: the torch of {who} has no NCCL; use --backend gloo")
             if (f["host"], dev) in taken:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.device import computing_on, cuda_count, pick
+from bagpipe_cli.engine.device import computing_on, cuda_count
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
@@ -95,7 +95,7 @@ def _place(cfg: TrainConfig, layout: Layout, rank: int, world: int) -> Placement
     local = int(os.environ.get("LOCAL_RANK", rank))
     here = range(rank - local, rank - local + int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     roles = [layout.role(r)[0] for r in here]
-    gpu = pick(cfg.device, cuda_count()) != "cpu"  # trainers here will be on GPUs
+    gpu = cfg.device != "cpu" and cuda_count() > 0  # trainers here will be on GPUs
     p = plan_rank(cfg.placement, cfg.threads, roles, local, available_cores(),
                   GPU_TRAINER_CORES if gpu else None)
     pinned = p.policy != "off" and pin(p.compute)
