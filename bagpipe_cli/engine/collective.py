@@ -2,9 +2,23 @@
 
 The training loop sums the partial gradients of the trainers its process runs (in trainer
 order, `ordered_sum`), then asks a `Collective` for the sum over *all* trainers. Runtimes:
-`engine/local/collective.py` (every trainer in this process: the sums are already complete)
-and `engine/distributed/collective.py` (trainer ranks over torch.distributed, summed in the
-same order, so the sums are bitwise those of the in-process runtime).
+`engine/local/collective.py` (every trainer in this process: the sums are already complete;
+an emulated network waits what the distributed runtime would) and
+`engine/distributed/collective.py` (trainer ranks over torch.distributed).
+
+How trainers sum (`--collective`, `KINDS`):
+
+- `exact` (the default): the vector is cut into N chunks; an all-to-all sends chunk j of
+  every trainer to trainer j, which adds its N pieces in trainer order (the additions of
+  `ordered_sum`), and an all-gather returns the summed chunks. Bitwise the in-process sums,
+  and each trainer sends and receives 2(N-1)/N of the vector, as a ring all-reduce;
+- `allgather`: every trainer receives every other's whole vector and adds them in trainer
+  order: bitwise too, at (N-1) vectors a trainer;
+- `allreduce`: the library's all-reduce (gloo's or NCCL's own order): the fastest kernel,
+  within float rounding of the others, not bitwise.
+
+The dense gradients are summed in buckets while the backward pass runs (`Collective.wrap`:
+DDP with a comm hook that does the chosen sum), the rows' gradients after it.
 """
 
 from __future__ import annotations
@@ -14,18 +28,48 @@ from concurrent.futures import Future
 
 import torch
 
+from bagpipe_cli.engine.config import COLLECTIVE_KINDS
+
+KINDS = COLLECTIVE_KINDS
+
+
+def traffic(kind: str, elements: int, itemsize: int, n: int) -> int:
+    """Bytes one trainer sends (and receives) to sum a vector of `elements` over `n` trainers."""
+    if n <= 1 or elements == 0:
+        return 0
+    if kind == "allgather":
+        return (n - 1) * elements * itemsize
+    chunk = -(-elements // n)  # exact: all-to-all + all-gather of N chunks; allreduce: a ring's
+    return 2 * (n - 1) * chunk * itemsize
+
 
 class Collective(ABC):
     """Sums over every trainer of the run (`size` of them)."""
 
     size: int
+    kind: str = "exact"
+    bytes_sent = 0  # what this process's trainers sent and received in collectives
+    bytes_received = 0
+    busy_s = 0.0  # seconds of collective work (critical and in the background)
+    exposed_s = 0.0  # of which the training loop waited
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """The module the loop runs forward and backward through: one that sums the dense
+        gradients while the backward runs (distributed), or the model itself."""
+        return model
+
+    def take_dense_wait(self) -> float:
+        """Seconds the last backward waited at its end for the dense sums (then reset)."""
+        return 0.0
 
     @abstractmethod
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
+                   dense: list[torch.Tensor] = (), overlap_s: float = 0.0) -> list:
         """Replace every tensor by its sum over all trainers, in place, on the critical path;
         return every trainer's value (a float32 scalar each: the process passes its own
         trainers' sums and values), in trainer order, as tensors or floats: the caller adds
-        them as Python floats (`add_floats`) once it reads them."""
+        them as Python floats (`add_floats`) once it reads them. `dense`: the dense gradients,
+        summed during the `overlap_s` seconds of the backward (by `wrap`'s module)."""
 
     @abstractmethod
     def start_sum(self, x: torch.Tensor) -> Future:
@@ -52,3 +96,12 @@ def ordered_sum(parts: list[torch.Tensor]) -> torch.Tensor:
     for p in parts[1:]:
         total += p
     return total
+
+
+def collective_figures(c: Collective) -> dict[str, float]:
+    """A trainer process's collective traffic and time, for summary.json's roles: bytes sent
+    and received among trainers (apart from the servers'), the seconds the training loop
+    waited for sums (exposed) and those the sums ran hidden behind other work (overlapped)."""
+    return {"collective_bytes_sent": int(c.bytes_sent), "collective_bytes_received": int(c.bytes_received),
+            "collective_exposed_s": float(c.exposed_s),
+            "collective_overlapped_s": max(0.0, float(c.busy_s) - float(c.exposed_s))}

@@ -22,6 +22,7 @@ from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.models import MODELS
 
 DENSE_OPTIMIZERS = ("sgd", "adam")
+COLLECTIVE_KINDS = ("exact", "allgather", "allreduce")  # engine/collective.py KINDS
 DEVICE_FORM = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
 TRANSPORTS = ("inproc", "torch")
 BACKENDS = ("gloo", "nccl")
@@ -110,6 +111,11 @@ class TrainConfig:
                                            "unlimited].", section="cluster and network")
     net_latency_us: float = setting(0.0, "Network latency per message (microseconds).",
                                     section="cluster and network")
+    collective: str = setting("exact", "How trainers sum gradients: exact (bitwise the "
+                                       "in-process sums at a ring all-reduce's bytes), allgather "
+                                       "(bitwise, N times the bytes) or allreduce (the "
+                                       "library's own order: within float rounding).",
+                              choices=COLLECTIVE_KINDS, section="cluster and network")
     net_shape: bool = setting(False, "With --procs: run every rank in a network namespace of its "
                                      "own whose link the kernel rate-limits to --net-gbps (tc "
                                      "token bucket; needs root) instead of sleeping per transfer.",

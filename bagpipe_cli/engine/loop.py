@@ -52,7 +52,7 @@ from bagpipe_cli.engine.trainer_set import TrainerSet
 ProgressFn = Callable[[int, dict[str, Any]], None]
 
 
-def slice_partials(model, inp: IterInputs, values: torch.Tensor, slices: list[slice],
+def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[slice],
                    batch_size: int, clock: PhaseClock,
                    times: dict[str, float]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Forward/backward of trainer slices (sample ranges); their losses (0-d tensors, read
@@ -60,7 +60,8 @@ def slice_partials(model, inp: IterInputs, values: torch.Tensor, slices: list[sl
 
     `values` [accesses, dim] are the rows each access reads and `inp.index` their positions
     among the rows `inp.keys`; a slice's partial is the sum, per row, of its accesses'
-    gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order).
+    gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order);
+    `forward` is the model, or the module that sums them while the backward runs.
     """
     n_tables = len(inp.plan.inverse) // batch_size
     losses, partials = [], []
@@ -68,7 +69,7 @@ def slice_partials(model, inp: IterInputs, values: torch.Tensor, slices: list[sl
         pos = slice(sl.start * n_tables, sl.stop * n_tables)
         with clock.gpu("forward", times):
             emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
-            logits = model(inp.dense[sl], emb)
+            logits = forward(inp.dense[sl], emb)
             loss = F.binary_cross_entropy_with_logits(logits, inp.labels[sl], reduction="sum") / batch_size
         with clock.gpu("backward", times):
             loss.backward()
@@ -117,6 +118,7 @@ class TrainingLoop:
         self.slices = [slice(k * self.per, (k + 1) * self.per) for k in range(trainers.count)]
         self.records: list[dict[str, Any]] = []
         self._pending: list[_Later] = []
+        self.forward = collective.wrap(model)  # sums the dense gradients in the backward, or not
         self.stager = Stager(self.device, system.view)
         self.clock = PhaseClock(self.device)
 
@@ -168,8 +170,11 @@ class TrainingLoop:
         self.settle(plan.b - 2)  # the sync_later sums of b-2 land before b reads its rows
         step.times["sync"] += time.perf_counter() - t
         values = self.system.read(step, inp.keys, inp.index)
-        losses, partials = slice_partials(self.model, inp, values, self.slices, self.cfg.batch_size,
+        losses, partials = slice_partials(self.forward, inp, values, self.slices, self.cfg.batch_size,
                                           self.clock, step.times)
+        waited = self.collective.take_dense_wait()  # the backward's end, waiting for dense sums
+        step.times["backward"] -= waited
+        step.times["sync"] += waited
         grad = ordered_sum(partials)
         if self.clock.cuda and self.collective.size > 1:
             # The collective waits for the backward on the host: that wait is the backward's.
@@ -200,15 +205,17 @@ class TrainingLoop:
         in trainer order, how rows were synchronised, or None for a pushing system)."""
         plan = step.plan
         dense = [p.grad for p in self.params]
+        coll = self.collective
+        hidden = {"dense": dense, "overlap_s": step.times["backward"]}  # summed in the backward
         if not self.system.replicated:  # row gradients go to the servers
             step.sync_counts = (0, 0, len(plan.uniq))
-            return self.collective.allreduce_(dense, losses), None
+            return coll.allreduce_([], losses, **hidden), None
         lrpp = self.system.classes(plan)
         step.sync_counts = ((plan.sync_now, plan.sync_later, plan.no_sync) if lrpp is not None
                             else (len(keys), 0, 0))
-        cls = lrpp if self.collective.size > 1 else None  # one trainer: nothing to wait for
+        cls = lrpp if coll.size > 1 else None  # one trainer: nothing to wait for
         if cls is None:
-            loss = self.collective.allreduce_([*dense, grad], losses)
+            loss = coll.allreduce_([grad], losses, **hidden)
             return loss, _Sync(None, grad, np.empty(0, np.int64), None, None)
         now = np.flatnonzero(cls == SYNC_NOW)
         mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
@@ -217,9 +224,9 @@ class TrainingLoop:
         # part is summed in place on the critical path, the last in the background.
         order = np.concatenate([now, mine, later])
         g = grad[self._idx(order)]
-        loss = self.collective.allreduce_([*dense, g[:len(now)]], losses)
+        loss = coll.allreduce_([g[:len(now)]], losses, **hidden)
         n = len(now) + len(mine)
-        later_sum = self.collective.start_sum(g[n:]) if len(later) else None
+        later_sum = coll.start_sum(g[n:]) if len(later) else None
         return loss, _Sync(order[:n], g[:n], later, later_sum, cls)
 
     def _update(self, step: Step, sync: _Sync, first_of_round: bool) -> None:

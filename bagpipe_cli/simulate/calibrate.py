@@ -95,6 +95,7 @@ def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
         return max(0.0, 1e3 * float(np.median(x))) if len(x) else 0.0
 
     return ComputeTimes(data_ms=med(starts["data"]), fwd_bwd_ms=med(m["forward"] + m["backward"]),
+                        backward_ms=med(m["backward"]),
                         optimizer_ms=med(m["optimizer"]), other_ms=med(other),
                         fetch_cpu_ms=0.0 if emulated else med(starts["prefetch_wait"]))
 
@@ -127,7 +128,9 @@ def read_measured(folder: Path) -> MeasuredRun:
     )
     cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
                       train.get("net_gbps"), float(train.get("net_latency_us") or 0.0),
-                      collectives_on_network=on_network)
+                      collectives_on_network=on_network,
+                      # runs before the exact sum: the distributed runtime all-gathered
+                      collective=train.get("collective", "allgather" if distributed else "exact"))
     work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
                     state_dim=state_dim(train.get("optimizer", "sgd")),
                     dense_bytes=dense_bytes(mcfg), warmup=warmup)
@@ -263,9 +266,12 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     out = {}
     for s in sorted({r.system for r in use}):
         out[s] = least_disturbed([r for r in use if r.system == s])
-    out["*"] = ComputeTimes(*(float(np.median([getattr(c, f) for c in out.values()]))
-                              for f in ("data_ms", "fwd_bwd_ms", "optimizer_ms", "other_ms",
-                                        "fetch_cpu_ms")))
+    def med(f: str) -> float:
+        return float(np.median([getattr(c, f) for c in out.values()]))
+
+    out["*"] = ComputeTimes(data_ms=med("data_ms"), fwd_bwd_ms=med("fwd_bwd_ms"),
+                            backward_ms=med("bwd_ms"), optimizer_ms=med("optimizer_ms"),
+                            other_ms=med("other_ms"), fetch_cpu_ms=med("fetch_cpu_ms"))
     source = {"batch_size": ref_b, "trainers": ref_n, "runs": len(use),
               "network_emulated_runs": not quiet, "models": sorted({_model_of(r) for r in use}),
               "paths": [str(p) for p in paths], "skipped": [s.to_dict() for s in skipped]}

@@ -15,7 +15,7 @@ the file. Besides the fields, a file may have a `description` and a `synth:` map
     net_latency_us: 10
     trainer_gbps: 10                 # every trainer's link (collectives) [default: net_gbps]
     runtime: distributed             # a process per trainer (default); or inproc
-    collective: allreduce            # allreduce (ring, as DDP/NCCL) or allgather [default: auto]
+    collective: exact                # exact (the default), allgather or allreduce (engine/collective.py)
     compute_ms: 5.0                  # per iteration on one trainer; or `calibrate: RESULTS`
     batch_size: 16384                # global batch
     iterations: 488                  # [default: train's 100, wrapping around the data]
@@ -46,7 +46,7 @@ import yaml
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.simulate.model import COLLECTIVES, SYSTEMS, Cluster, ComputeTimes
+from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
 from bagpipe_cli.simulate.volumes import RUNTIMES
 
 DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
@@ -98,9 +98,7 @@ class SimulateConfig:
     runtime: str = setting("distributed", "distributed: a process per trainer, each fetching and "
                                           "pushing its own rows; inproc: one process for every "
                                           "trainer.", choices=RUNTIMES, section="runtime")
-    collective: str = setting("auto", "How trainers sum gradients: allreduce (ring, as "
-                                      "NCCL/DDP), allgather (the engine's bitwise sums); auto: "
-                                      "the runtime's.", choices=COLLECTIVES, section="runtime")
+    collective: str = shared("collective")
     warmup: int = shared("warmup")
     sweep_trainers: tuple[int, ...] | None = setting(
         None, "Trainer counts of the sweep, comma-separated [default: those of "

@@ -9,10 +9,13 @@ docs/performance-model.md for the formulas):
   when its slowest shard is;
 - the main thread: per round, load the data, wait for the round's rows (fetched now, or
   prefetched one round earlier), start the next round's prefetch (bagpipe); per iteration,
-  read (sync/het fetch here), forward+backward, all-reduce `sync_now` rows and the dense
-  parameters on the critical path (N > 1), queue `sync_later` on the collective link,
-  optimizer, queue write-backs;
-- one collective link for asynchronous all-reduces, waited for two iterations later.
+  read (sync/het fetch here), forward+backward, sum the `sync_now` rows and the losses on
+  the critical path (N > 1) once the dense gradients' sum is done, queue `sync_later` on
+  the background link, optimizer, queue write-backs;
+- the trainers' sums cost what `--collective` moves (a ring's bytes for the exact sum and
+  allreduce, N-1 vectors for allgather); the dense gradients' sum runs on the background
+  link during the backward (as the engine's DDP buckets), the asynchronous sums after it,
+  waited for two iterations later.
 
 Compute is given per phase (`ComputeTimes`): calibrated from a measured run or chosen.
 Everything here is pure: no I/O, no printing.
@@ -25,12 +28,14 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from bagpipe_cli.engine.collective import KINDS
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
 from bagpipe_cli.errors import ConfigError
 
 SYSTEMS = ENGINE_SYSTEMS  # the model replays the engine's systems
-COLLECTIVES = ("auto", "allreduce", "allgather")
+COLLECTIVES = KINDS  # how trainers sum: exact (the default), allgather, allreduce
+BACKWARD_SHARE = 2 / 3  # of forward + backward, when a run did not measure the backward apart
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,8 @@ class ComputeTimes:
 
     data_ms: float = 0.0  # loading a round's batches (at each round's start)
     fwd_bwd_ms: float = 0.0  # forward + backward (all of one trainer's samples)
+    backward_ms: float | None = None  # of which the backward, which the dense sums overlap
+    #   (None: BACKWARD_SHARE of fwd_bwd_ms)
     optimizer_ms: float = 0.0  # dense + row optimizer, cache updates; write-backs are queued at its end
     other_ms: float = 0.0  # untimed work, most of it when rows are read (het assembles them)
     fetch_cpu_ms: float = 0.0  # CPU of receiving a fetch (gather, cache insert), at each wait for rows
@@ -50,6 +57,8 @@ class ComputeTimes:
 
     def __post_init__(self) -> None:
         for k, v in asdict(self).items():
+            if v is None and k == "backward_ms":
+                continue
             if not (v >= 0 and math.isfinite(v)):
                 raise ConfigError(f"compute time {k} must be a finite number >= 0 (got {v})")
 
@@ -65,7 +74,12 @@ class ComputeTimes:
         return cls(data_ms=0.0, fwd_bwd_ms=0.9 * ms, optimizer_ms=0.1 * ms, other_ms=0.0)
 
     def scaled(self, factor: float) -> ComputeTimes:
-        return ComputeTimes(*(factor * v for v in asdict(self).values()))
+        return ComputeTimes(**{k: None if v is None else factor * v for k, v in asdict(self).items()})
+
+    @property
+    def bwd_ms(self) -> float:
+        """The backward's part of fwd_bwd_ms."""
+        return self.backward_ms if self.backward_ms is not None else BACKWARD_SHARE * self.fwd_bwd_ms
 
 
 @dataclass(frozen=True)
@@ -79,7 +93,7 @@ class Cluster:
     trainer_gbps: float | None = None  # the trainers' links, for their collectives (None: net_gbps)
     collectives_on_network: bool = True  # False: the trainers' collectives take ComputeTimes.sync_ms
     #   (a --procs run with the sleep emulation: its collectives cross loopback, not the model)
-    collective: str = "auto"  # allreduce (ring) | allgather | auto (the runtime's: Volumes.all_gather)
+    collective: str = "exact"  # how the trainers sum (engine/collective.py): exact, allgather, allreduce
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -124,7 +138,6 @@ class Volumes:
     push_gradients: bool = False  # sync, het: write_back carries gradients (no optimizer state)
     empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
     messages: int = 1  # latencies per transfer on a link (distributed: one per trainer)
-    all_gather: bool = False  # trainers all-gather (distributed) rather than all-reduce
 
     def totals(self) -> dict[str, int]:
         return {
@@ -229,6 +242,7 @@ class _Replay:
         self.c_data, self.c_fb, self.c_opt, self.c_other, self.c_fcpu = (
             compute.data_ms * s, compute.fwd_bwd_ms * s, compute.optimizer_ms * s,
             compute.other_ms * s, compute.fetch_cpu_ms * s)
+        self.c_bwd = min(compute.bwd_ms * s, self.c_fb)
         self.c_sync = compute.sync_ms * s
         self.cpu_bound = compute.cpu_bound_ms * s
         I = vol.iterations  # noqa: E741 - the paper's symbol
@@ -293,23 +307,26 @@ class _Replay:
         self._compute(b, self.c_other + (self.c_fcpu if fetched else 0.0))
 
     def _collective(self, nbytes: int) -> float:
-        """A sum of `nbytes` per trainer over the trainers' links: a ring all-reduce, or the
-        distributed runtime's all-gather (each trainer receives every other one's bytes)."""
-        net, n = self.cluster.trainer_network, self.n
-        kind = self.cluster.collective
-        if kind == "allgather" or (kind == "auto" and self.vol.all_gather):
-            return (n - 1) * net.transfer_seconds(nbytes) if n > 1 and net.emulated else 0.0
-        return net.allreduce_seconds(nbytes, n)
+        """A sum of `nbytes` per trainer over the trainers' links, by the cluster's collective."""
+        return self.cluster.trainer_network.collective_seconds(self.cluster.collective, nbytes, self.n)
 
     def sync(self, b: int) -> None:
+        """The dense gradients' sum runs on the background link while the backward runs,
+        after what that link still carries (FIFO, as the engine's background thread); the
+        loop waits for it, then sums the sync_now rows and the losses on the critical path;
+        the sync_later sum queues on the background link, waited for two iterations later."""
         vol, work = self.vol, self.work
         if not self.cluster.collectives_on_network:  # as measured, sync_later included
             self.t += self.c_sync
             self.sync_wait[b] += self.c_sync
             return
-        d = self._collective(work.dense_bytes + int(vol.sync_now[b]) * work.grad_bytes)
-        self.t += d
-        self.sync_wait[b] += d
+        t0 = self.t
+        dense = self._collective(work.dense_bytes)
+        if dense > 0:
+            self.coll_free = max(self.t - self.c_bwd, self.coll_free) + dense
+            self.t = max(self.t, self.coll_free)
+        self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
+        self.sync_wait[b] += self.t - t0
         if vol.sync_later[b]:
             d = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
             self.coll_free = max(self.t, self.coll_free) + d

@@ -150,8 +150,7 @@ class _Trace:
         return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(),
                        np.zeros((i, m, k), np.int64), z.copy(),
                        np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64),
-                       messages=self.cfg.trainers if self.distributed else 1,
-                       all_gather=self.distributed)
+                       messages=self.cfg.trainers if self.distributed else 1)
 
     def slices(self, keys: np.ndarray) -> list[np.ndarray]:
         """The unique keys of each trainer's samples."""

@@ -1,66 +1,187 @@
-"""Collectives among the trainer ranks: all-gathers, summed in trainer order on every trainer.
+"""Sums among the trainer ranks over torch.distributed (`--collective`: engine/collective.py).
 
-An all-gather and an ordered sum, rather than an all-reduce, make the sums bitwise those
-of the in-process engine (the same additions in the same order) at the price of moving N
-times the data of a ring all-reduce's 2. Tensors travel on `comm` (the CPU for gloo, the
-trainer's GPU for NCCL) and the sums come back on `device`.
+The exact sum (the default) moves a ring's bytes and gives bitwise the in-process sums:
+
+    pad the vector to N chunks of c = ceil(n / N) elements
+    all-to-all:  trainer j receives chunk j of every trainer's vector
+    add:         trainer j adds its N pieces in trainer order (`ordered_sum`)
+    all-gather:  every trainer receives every summed chunk; the padding is dropped
+
+The losses ride in the same sum: each trainer puts its loss at its own position of an
+N-float vector of zeros, so every trainer reads every loss exactly (x + 0 == x).
+
+The dense gradients are summed while the backward runs: `wrap` puts the model in DDP with a
+comm hook that hands each bucket, as DDP makes it ready, to a background thread doing the
+chosen sum on a process group of its own (the `sync_later` sums queue on the same thread),
+so the rest of the backward overlaps it; DDP waits for every bucket before the backward
+returns. DDP carries the bucketing, the hooks' order and the wait: only the sum is ours.
+
+Tensors travel on `comm_device` (the CPU for gloo, the trainer's GPU for NCCL) and the sums
+come back on `device`.
 """
 
 from __future__ import annotations
 
+import queue
+import threading
+import time
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
-from bagpipe_cli.engine.collective import Collective, ordered_sum
+from bagpipe_cli.engine.collective import Collective, ordered_sum, traffic
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.wire import comm
 
+# torch >= 2.12 names it all_gather_single; older ones all_gather_into_tensor.
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
 
 class TorchCollective(Collective):
-    """The collective of the trainer ranks' process group `group`."""
+    """The collective of trainer `index` among the trainer ranks: `group` for the sums on the
+    critical path, `background` for those of the background thread."""
 
-    def __init__(self, group, layout: Layout, device: torch.device, comm_device: torch.device):
-        self.group, self.layout, self.device, self.comm_device = group, layout, device, comm_device
+    def __init__(self, group, background, layout: Layout, index: int, device: torch.device,
+                 comm_device: torch.device, kind: str = "exact"):
+        self.group, self.background, self.layout = group, background, layout
+        self.index, self.device, self.comm_device, self.kind = index, device, comm_device, kind
         self.size = layout.trainers
+        self.bytes_sent = self.bytes_received = 0
+        self.busy_s = self.exposed_s = 0.0
+        self.failure: BaseException | None = None  # a background sum's, re-raised by the trainer
+        self._lock = threading.Lock()  # the counters, kept by two threads
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._last_bucket: list[float] = [0.0, 0.0]  # (handed over, summed) of the last bucket
 
-    def _gather(self, x: torch.Tensor, async_op: bool = False):
-        x = x.to(self.comm_device).contiguous()
-        parts = [torch.empty_like(x) for _ in range(self.size)]
-        work = comm(self.layout, TRAINERS, dist.all_gather, parts, x, self.group, async_op)
-        return x, parts, work
+    # ------------------------------------------------------------------ the sums
 
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
-        """One all-gather of every tensor and the values (which travel in the tensors' dtype,
-        so they must be exact in it: a float32 loss is). One trainer: nothing to gather."""
+    def _sum(self, x: torch.Tensor, group) -> torch.Tensor:
+        """The sum over the trainers of `x`, by `kind`, on the comm device (in `x`'s shape)."""
+        t0 = time.perf_counter()
+        shape = x.shape
+        x = x.reshape(-1).to(self.comm_device).contiguous()
+        n, size = x.numel(), self.size
+        if self.kind == "allreduce":
+            comm(self.layout, TRAINERS, dist.all_reduce, x, dist.ReduceOp.SUM, group)
+            out = x
+        elif self.kind == "allgather":
+            parts = [torch.empty_like(x) for _ in range(size)]
+            comm(self.layout, TRAINERS, dist.all_gather, parts, x, group)
+            out = ordered_sum(parts)
+        else:
+            c = -(-n // size)
+            padded = x.new_zeros(size * c)
+            padded[:n] = x
+            pieces = torch.empty_like(padded)
+            comm(self.layout, TRAINERS, dist.all_to_all_single, pieces, padded, None, None, group)
+            mine = ordered_sum([pieces[i * c:(i + 1) * c] for i in range(size)]).contiguous()
+            gathered = torch.empty_like(padded)
+            comm(self.layout, TRAINERS, _ALL_GATHER, gathered, mine, group)
+            out = gathered[:n]
+        moved = traffic(self.kind, n, x.element_size(), size)
+        with self._lock:
+            self.bytes_sent += moved
+            self.bytes_received += moved
+            self.busy_s += time.perf_counter() - t0
+        return out.reshape(shape)
+
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
+                   dense: list[torch.Tensor] = (), overlap_s: float = 0.0) -> list:
+        """The critical sum of `tensors` and the losses (the dense gradients were summed by
+        the wrapped model during the backward). One trainer: nothing to sum."""
         if self.size == 1:
             return values
-        k = len(values)
-        flat = torch.cat([*(t.reshape(-1) for t in tensors),
-                          torch.stack(values).reshape(-1).to(tensors[0].dtype)])
-        _, parts, _ = self._gather(flat)
-        summed = ordered_sum([p[:len(p) - k] for p in parts]).to(self.device)
+        t0 = time.perf_counter()
+        losses = torch.zeros(self.size, dtype=torch.float32, device=values[0].device)
+        losses[self.index] = values[0]
+        total = self._sum(torch.cat([*(t.reshape(-1) for t in tensors), losses]), self.group)
+        summed = total[:-self.size].to(self.device)
         off = 0
         for t in tensors:
             t.copy_(summed[off:off + t.numel()].view_as(t))
             off += t.numel()
-        return [v for p in parts for v in p[len(p) - k:].tolist()]
+        self.exposed_s += time.perf_counter() - t0
+        return total[-self.size:].tolist()
 
-    def start_sum(self, x: torch.Tensor) -> _PendingSum | Future:
+    def start_sum(self, x: torch.Tensor) -> Future:
+        """The sum of `x` on the background thread: `.result()` waits for it."""
+        done: Future = Future()
         if self.size == 1:
-            done: Future = Future()
             done.set_result(x)
             return done
-        return _PendingSum(self, *self._gather(x, async_op=True))
+        self._submit(lambda: self._sum(x, self.background).to(self.device), done.set_result,
+                     done.set_exception)
+        return _Waited(done, self)
+
+    # ------------------------------------------------------------------ dense buckets
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """`model` in DDP, whose comm hook sums each bucket on the background thread."""
+        if self.size == 1:
+            return model
+        ids = [self.device] if self.device.type == "cuda" else None
+        ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group)
+        ddp.register_comm_hook(None, self._bucket_hook)
+        return ddp
+
+    def _bucket_hook(self, state: Any, bucket):  # DDP checks a return annotation: none here
+        fut: torch.futures.Future = torch.futures.Future()
+        buf = bucket.buffer()
+        self._last_bucket[0] = time.perf_counter()
+
+        def summed(result: torch.Tensor) -> None:
+            self._last_bucket[1] = time.perf_counter()
+            fut.set_result(result)
+
+        self._submit(lambda: self._sum(buf, self.background).to(buf.device), summed, fut.set_exception)
+        return fut
+
+    def take_dense_wait(self) -> float:
+        handed, done = self._last_bucket
+        self._last_bucket = [0.0, 0.0]
+        wait = max(0.0, done - handed) if handed else 0.0
+        self.exposed_s += wait
+        return wait
+
+    # ------------------------------------------------------------------ background thread
+
+    def _submit(self, job: Callable[[], torch.Tensor], ok: Callable, fail: Callable) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="collective", daemon=True)
+            self._thread.start()
+        self._jobs.put((job, ok, fail))
+
+    def _serve(self) -> None:
+        while True:
+            item = self._jobs.get()
+            if item is None:
+                return
+            job, ok, fail = item
+            try:
+                ok(job())
+            except BaseException as e:  # noqa: BLE001 - surfaced on the trainer's thread
+                self.failure = self.failure or e
+                fail(e)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=5)
 
 
-class _PendingSum:
-    """An all-gather in flight; `result()` waits for it and sums in trainer order."""
+class _Waited:
+    """A background sum whose wait counts as exposed collective time."""
 
-    def __init__(self, group: TorchCollective, x, parts, work):
-        self.group, self.x, self.parts, self.work = group, x, parts, work  # x: kept until done
+    def __init__(self, fut: Future, owner: TorchCollective):
+        self.fut, self.owner = fut, owner
 
     def result(self) -> torch.Tensor:
-        comm(self.group.layout, TRAINERS, self.work.wait)
-        return ordered_sum(self.parts).to(self.group.device)
+        t0 = time.perf_counter()
+        out = self.fut.result()
+        self.owner.exposed_s += time.perf_counter() - t0
+        return out

@@ -148,7 +148,9 @@ class LoaderRank:
                  **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
                                                 cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
                                                 bytes_sent=o["bytes_sent"],
-                                                bytes_received=o["bytes_received"])
+                                                bytes_received=o["bytes_received"],
+                                                **{k: v for k, v in o.items()
+                                                   if k.startswith("collective_")})
                     for i, o in enumerate(outs)},
                  **{f"server{k}": sh["stats"] for k, sh in enumerate(shards)}}
         layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,

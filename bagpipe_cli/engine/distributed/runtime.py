@@ -115,8 +115,11 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     device = torch.device(devices[idx] if role == "trainer" else "cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before the trainers' group: NCCL binds to it
-    group = dist.new_group(layout.trainer_ranks, timeout=datetime.timedelta(seconds=cfg.timeout_s),
-                           backend=cfg.backend)
+    timeout = datetime.timedelta(seconds=cfg.timeout_s)
+    # The trainers' sums: one group for the critical path, one for the background thread's
+    # (every rank takes part in making a group, in the same order).
+    group = dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
+    background = dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
@@ -126,8 +129,9 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     else:
         comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
         with computing_on(device, not cfg.nondeterministic):
-            trainer_main(s, layout, idx, TorchCollective(group, layout, device, comm_device),
-                         device, faults)
+            collective = TorchCollective(group, background, layout, idx, device, comm_device,
+                                         cfg.collective)
+            trainer_main(s, layout, idx, collective, device, faults)
     return None
 
 

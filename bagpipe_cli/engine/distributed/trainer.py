@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.device import describe, to_cpu
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
@@ -53,13 +54,20 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers,
                         info["start"], device, checkpoint=hook)
     cpu = time.process_time()
-    records = loop.run(remote_rounds(layout))
+    try:
+        records = loop.run(remote_rounds(layout))
+    except RuntimeError:  # a background sum failed (DDP re-raises it): its own error says why
+        if collective.failure is not None:
+            raise collective.failure from None
+        raise
+    finally:
+        collective.close()
     cpu = time.process_time() - cpu
     system.flush()
     transport.close()
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
-           "device_info": describe(device),
+           "device_info": describe(device), **collective_figures(collective),
            "written_back_at_end": system.written_back_at_end}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())

@@ -1,7 +1,10 @@
 """Sums among the trainers of the in-process runtime: every trainer is in this process, so
-its sums are already complete; with an emulated network the collective holds the caller for
-the time the distributed runtime's sum of the same bytes would take (asynchronous sums on a
-serving thread of their own)."""
+its sums are already complete. With an emulated network the collective holds the caller for
+the time the distributed runtime's sum of the same bytes would take (`--collective`): the
+rows' gradients and the losses on the critical path, and whatever of the dense gradients'
+sum the backward pass did not hide (the distributed runtime sums them in buckets while the
+backward runs); asynchronous sums wait on a serving thread of their own. It counts the
+bytes one trainer would send and receive."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from concurrent.futures import Future
 
 import torch
 
-from bagpipe_cli.engine.collective import Collective
+from bagpipe_cli.engine.collective import Collective, traffic
 from bagpipe_cli.engine.local.server import ServingThread
 from bagpipe_cli.engine.network import NetworkModel
 
@@ -18,23 +21,39 @@ from bagpipe_cli.engine.network import NetworkModel
 class LocalCollective(Collective):
     """All trainers in one process (see the module docstring)."""
 
-    def __init__(self, size: int, network: NetworkModel, on_start: Callable[[], None] | None = None):
-        self.size = size
-        self.network = network
+    def __init__(self, size: int, network: NetworkModel, kind: str = "exact",
+                 on_start: Callable[[], None] | None = None):
+        self.size, self.network, self.kind = size, network, kind
         self._worker = ServingThread("collectives", on_start)
+        self.bytes_sent = self.bytes_received = 0
+        self.exposed_s = 0.0
 
-    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor]) -> list:
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        self.network.wait(self.network.allreduce_seconds(nbytes, self.size))
+    def _count(self, tensors: list[torch.Tensor], extra: int = 0) -> int:
+        """Bytes of `tensors` (plus `extra` float32s); counts one trainer's traffic of them."""
+        n = sum(t.numel() for t in tensors) + extra
+        moved = traffic(self.kind, n, 4, self.size)
+        self.bytes_sent += moved
+        self.bytes_received += moved
+        return 4 * n
+
+    def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
+                   dense: list[torch.Tensor] = (), overlap_s: float = 0.0) -> list:
+        if self.size > 1:
+            net = self.network
+            hidden = net.collective_seconds(self.kind, self._count(list(dense)), self.size)
+            critical = net.collective_seconds(self.kind, self._count(tensors, self.size), self.size)
+            wait = max(0.0, hidden - overlap_s) + critical
+            net.wait(wait)
+            self.exposed_s += wait
         return values  # every trainer's, already
 
     def start_sum(self, x: torch.Tensor) -> Future:
-        seconds = self.network.allreduce_seconds(x.numel() * x.element_size(), self.size)
+        seconds = self.network.collective_seconds(self.kind, self._count([x]), self.size)
         return self._worker.submit(lambda: (x, seconds))
 
     @property
     def busy_s(self) -> float:
-        return self._worker.busy_s
+        return self._worker.busy_s + self.exposed_s
 
     def close(self) -> None:
         self._worker.close()

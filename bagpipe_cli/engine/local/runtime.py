@@ -22,6 +22,7 @@ import pandas as pd
 import torch
 
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
+from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
@@ -66,7 +67,7 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch
     planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
     system = build_system(s, planning.slots, transport, trainers, device, servers=servers)
-    collective = LocalCollective(cfg.trainers, s.network, on_start=pinned.helper)
+    collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper)
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
     prior = list(ck.metrics[0]) if ck else []
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers, start,
@@ -88,7 +89,8 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch
     frame = pd.DataFrame(prior + records)
     roles = {"oracle": {"busy_s": planning.planner.seconds},
              "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
-                                      bytes_received=transport.bytes_received, device=str(device)),
+                                      bytes_received=transport.bytes_received, device=str(device),
+                                      **collective_figures(collective)),
              **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
     layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
               "trainer_devices": [str(device)] * cfg.trainers, "devices": [describe(device)],
