@@ -23,6 +23,7 @@ from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.processes import free_port
+from bagpipe_cli.models import build_model
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -38,6 +39,11 @@ def _run(tmp_path, data, name, *extra, env=None, timeout=120):
            "--out", str(tmp_path / name), "--save-model", str(tmp_path / f"{name}.pt")]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})})
+
+
+def s_model(cfg: TrainConfig):
+    """The ModelConfig a run of `cfg` builds."""
+    return prepare(cfg).mcfg
 
 
 def _slice_rows(data, trainers):
@@ -112,6 +118,13 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     assert sum(s["roles"][f"server{k}"]["bytes_sent"] for k in range(servers)) == rows.sum() * 16 * 4
     m = pd.read_csv(tmp_path / "bag" / "metrics.csv")
     assert m["rows_fetched"].sum() == rows.sum()
+    # The exact sum moves a ring's bytes: per trainer, at most 1.1 x 2(N-1)/N of the vectors
+    # summed (the dense model, the sync_now and sync_later rows, the N losses).
+    dense = sum(p.numel() for p in build_model(s_model(cfg)).parameters())
+    vectors = 4 * (len(m) * (dense + n) + 16 * (m["sync_now"] + m["sync_later"]).sum())
+    for i in range(n):
+        sent = s["roles"][f"trainer{i}"]["collective_bytes_sent"]
+        assert 2 * (n - 1) / n * vectors <= sent <= 1.1 * 2 * (n - 1) / n * vectors
 
 
 def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path):
