@@ -63,7 +63,7 @@ def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[
     gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order);
     `forward` is the model, or the module that sums them while the backward runs.
     """
-    n_tables = len(inp.plan.inverse) // batch_size
+    n_tables = len(inp.index) // sum(sl.stop - sl.start for sl in slices)
     losses, partials = [], []
     for sl in slices:
         pos = slice(sl.start * n_tables, sl.stop * n_tables)

@@ -57,6 +57,19 @@ class IterPlan:
     row_class: np.ndarray | None = None  # [|U_b|] SYNC_NOW / SYNC_LATER / NO_SYNC per row of uniq
     owner: np.ndarray | None = None  # [|U_b|] the one trainer using a row (meaningful for NO_SYNC)
     private_fetched: np.ndarray | None = None  # [N] rows fetched for b that only trainer i holds
+    # The trainers whose accesses `inverse` holds, (first, count) of N: None, all of them; a
+    # trainer rank receives only its own (`engine/distributed/rounds.py`).
+    inverse_of_trainers: tuple[int, int] | None = None
+
+    def accesses_of(self, first: int, count: int, total: int) -> np.ndarray:
+        """Positions in U_b of the accesses of trainers first..first+count-1 of `total`
+        (trainer i: samples [i B/N, (i+1) B/N), sample by sample)."""
+        if self.inverse_of_trainers is not None:
+            if self.inverse_of_trainers != (first, count):
+                raise ValueError(f"this plan holds the accesses of trainers {self.inverse_of_trainers}")
+            return self.inverse
+        per = len(self.inverse) // total
+        return self.inverse[first * per:(first + count) * per]
 
     def fetched_by(self, i: int, count: int = 1) -> int:
         """Rows trainers i..i+count-1 fetch for this iteration (the others' private rows excluded)."""

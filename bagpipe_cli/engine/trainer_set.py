@@ -38,10 +38,9 @@ class TrainerSet:
     def indices(self) -> range:
         return range(self.first, self.first + self.count)
 
-    def accesses(self, plan: IterPlan) -> slice:
-        """The positions of this set's accesses in the global batch's [B*T] accesses."""
-        per = len(plan.inverse) // self.total
-        return slice(self.first * per, (self.first + self.count) * per)
+    def inverse(self, plan: IterPlan) -> np.ndarray:
+        """The positions in U_b of this set's accesses (its samples' rows, sample by sample)."""
+        return plan.accesses_of(self.first, self.count, self.total)
 
     def owns(self, trainer: np.ndarray) -> np.ndarray:
         """Which entries of an array of trainer indices are trainers of this set."""

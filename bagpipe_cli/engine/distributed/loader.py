@@ -26,6 +26,7 @@ from bagpipe_cli.engine.checkpoint import (
 )
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.rounds import key_dtype, narrow
 from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn
@@ -47,7 +48,7 @@ class LoaderRank:
                  faults: Faults, progress: ProgressFn | None = None):
         self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
         self.placements = placements
-        self.sent = {"bytes_sent": 0, "waiting_s": 0.0}  # blocked while a trainer is behind
+        self.sent = {"bytes_sent": 0, "waiting_s": 0.0, "iterations": 0}  # waiting: a trainer behind
         self.ckpt: Checkpointer | None = None
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
 
@@ -99,15 +100,15 @@ class LoaderRank:
     def _feed(self, planning: Planning, start: int) -> None:
         """Plan and send every round; take the checkpoints inside the round before."""
         s, lay = self.s, self.layout
-        per = s.cfg.batch_size // lay.trainers
+        keys = key_dtype(s.total_rows)
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
                                           start, workers):
-            for i, r in enumerate(lay.trainer_ranks):
-                sl = slice(i * per, (i + 1) * per)
-                self._send((rp, [(b.dense[sl], b.labels[sl]) for b in batches]), r)
+            for i, r in enumerate(lay.trainer_ranks):  # each trainer only what it reads
+                self._send(narrow(rp, batches, i, lay.trainers, keys), r)
+            self.sent["iterations"] += len(rp.iters)
             # The trainers got this round while they train the previous one, which is when
             # they reach its checkpoint boundaries.
             if prev is not None:
@@ -144,7 +145,10 @@ class LoaderRank:
         model.load_state_dict(outs[0]["dense"])
         servers = [_shard(k, lay, sh) for k, sh in enumerate(shards)]
         frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
-        roles = {"oracle": {"busy_s": planning.planner.seconds, **self.sent, "peak_rss_mb": peak_rss_mb()},
+        sent = {k: v for k, v in self.sent.items() if k != "iterations"}
+        per_it = self.sent["bytes_sent"] / max(1, self.sent["iterations"])
+        roles = {"oracle": {"busy_s": planning.planner.seconds, **sent,
+                            "bytes_per_iteration": per_it, "peak_rss_mb": peak_rss_mb()},
                  **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
                                                 cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
                                                 bytes_sent=o["bytes_sent"],

@@ -20,6 +20,7 @@ from bagpipe_cli.engine.device import describe, to_cpu
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.rounds import widen
 from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj
 from bagpipe_cli.engine.feed import Round
@@ -35,8 +36,7 @@ def remote_rounds(layout: Layout) -> Iterator[Round]:
         msg = recv_obj(0, layout)
         if msg is None:
             return
-        rp, batches = msg
-        yield Round(rp, [d for d, _ in batches], [y for _, y in batches])
+        yield widen(msg)
 
 
 def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective,

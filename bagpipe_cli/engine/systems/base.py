@@ -79,7 +79,7 @@ class EmbeddingSystem(ABC):
     def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
         """(keys, index): the rows gradients are taken over, and each of this set's accesses'
         position in them. Replicated systems: U_b."""
-        return plan.uniq, plan.inverse[self.trainers.accesses(plan)]
+        return plan.uniq, self.trainers.inverse(plan)
 
     @abstractmethod
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:

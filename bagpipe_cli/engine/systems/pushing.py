@@ -27,8 +27,7 @@ class _PushingSystem(EmbeddingSystem):
     def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
         if self.trainers.all:
             return plan.uniq, plan.inverse
-        keys, index = np.unique(plan.uniq[plan.inverse[self.trainers.accesses(plan)]],
-                                return_inverse=True)
+        keys, index = np.unique(plan.uniq[self.trainers.inverse(plan)], return_inverse=True)
         return keys, index.reshape(-1)
 
     def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
@@ -113,11 +112,11 @@ class HetSystem(_PushingSystem):
 
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         p = step.plan
-        per = len(p.inverse) // self.trainers.total  # accesses of one trainer
+        per = len(self.trainers.inverse(p)) // self.trainers.count  # accesses of one trainer
         out = torch.empty(self.trainers.count * per, self.store[0].shape[1])
         fetched = stale = 0
         for c, i in enumerate(self.trainers.indices()):
-            used = p.uniq[p.inverse[i * per:(i + 1) * per]]
+            used = p.uniq[p.accesses_of(i, 1, self.trainers.total)]
             n, s, waited = self._refresh(c, np.unique(used))
             fetched, stale = fetched + n, stale + s
             step.times["prefetch_wait"] += waited
