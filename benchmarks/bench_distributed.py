@@ -1,14 +1,18 @@
-"""sync vs bagpipe (and any other system) over torch.distributed (gloo, loopback), side by side.
+"""sync vs bagpipe over torch.distributed (gloo), for each way the trainers sum, side by side.
 
-Each run is a real job of 4 processes (1 oracle/loader, 1 embedding server, 2 trainers)
-launched with `bagpipe train --procs 4`, with and without an emulated network (default
-10 Gbit/s, 50 us). Repeats are interleaved. Prints samples/s (median over repeats) and the
-ratio to sync, how many rows bagpipe's trainers fetched against a physically replicated
-cache (every trainer fetching every row), and per-role utilisation from each run's
-summary.json.
+Each run is a real job launched with `bagpipe train --procs` (1 oracle/loader, 1 embedding
+server, N trainers), for N = 2 and 4, with no network and with every rank's link shaped by
+the kernel to 1 Gbit/s (`--net-shape`, needs root; `--no-shape` skips it), and for each
+collective (exact, allgather, allreduce: engine/collective.py). Repeats are interleaved;
+medians are printed: samples/s and bagpipe/sync, each trainer's collective bytes per
+iteration (against 2(N-1)/N of the vector a ring moves), the exposed sync ms (median of
+the `sync` column) and rank 0's bytes per iteration (the rounds it sends). The run folders
+stay in --out, so `bagpipe simulate --validate OUT` checks the model against them (--validate
+runs it).
 
-    python benchmarks/bench_distributed.py [--rows 200000] [--iterations 60] [--repeat 3]
-        [--systems sync,bagpipe,lru,local] [--device cuda [--backend nccl]]
+    python benchmarks/bench_distributed.py [--out results/bench-dist] [--repeat 2]
+        [--trainers 2,4] [--collectives exact,allgather,allreduce] [--no-shape] [--validate]
+        [--device cuda [--backend nccl]]
 """
 
 from __future__ import annotations
@@ -25,71 +29,83 @@ import pandas as pd
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 
+SYSTEMS = ("sync", "bagpipe")
+
+
+def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: list[str],
+        kind: str) -> dict:
+    cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), "--system", system,
+           "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
+           "--lookahead", str(a.lookahead), "--trainers", str(n), "--servers", "1",
+           "--procs", str(2 + n), "--eval-rows", "0", "--warmup", "5", "--collective", kind, *net,
+           "--device", a.device, "--backend", a.backend, "--out", str(out)]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    s = json.loads((out / "summary.json").read_text())
+    m = pd.read_csv(out / "metrics.csv").iloc[5:]
+    trainers = [v for k, v in s["roles"].items() if k.startswith("trainer")]
+    iters = len(pd.read_csv(out / "metrics.csv"))
+    return {"sps": s["samples_per_s"], "sync_ms": 1e3 * float(m["sync"].median()),
+            "coll_mb": statistics.mean(t["collective_bytes_sent"] for t in trainers) / iters / 1e6,
+            "oracle_mb": s["roles"]["oracle"]["bytes_per_iteration"] / 1e6}
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, help="keep the runs here [default: a temporary folder]")
     ap.add_argument("--rows", type=int, default=200_000)
     ap.add_argument("--batch-size", type=int, default=2048)
-    ap.add_argument("--iterations", type=int, default=60)
+    ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--lookahead", type=int, default=16)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--net-gbps", type=float, default=10.0)
-    ap.add_argument("--net-latency-us", type=float, default=50.0)
-    ap.add_argument("--systems", default="sync,bagpipe", help="comma-separated; sync is always run")
-    ap.add_argument("--device", default="cpu", help="where the trainers compute (cpu, cuda, cuda:K)")
-    ap.add_argument("--backend", default="gloo", help="the trainers' collectives (gloo, nccl)")
-    ap.add_argument("--net-shape", action="store_true",
-                    help="also run with the links shaped by the kernel (--net-shape, needs root)")
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--trainers", default="2,4")
+    ap.add_argument("--collectives", default="exact,allgather,allreduce")
+    ap.add_argument("--net-gbps", type=float, default=1.0, help="the shaped links' rate")
+    ap.add_argument("--no-shape", action="store_true", help="no shaped-network runs (not root)")
+    ap.add_argument("--validate", action="store_true", help="run simulate --validate over the runs")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--backend", default="gloo")
     a = ap.parse_args()
-    systems = ["sync"] + [s for s in a.systems.split(",") if s and s != "sync"]
-    trainers = 2
-    tmp = Path(tempfile.mkdtemp(prefix="bench-dist-"))
-    data = tmp / "data"
-    generate(SynthConfig(preset="criteo-kaggle", scale=0.01, rows=a.rows, seed=0), data)
-    emulated = ["--net-gbps", str(a.net_gbps), "--net-latency-us", str(a.net_latency_us)]
-    settings = {"no network": [], "emulated": emulated}
-    if a.net_shape:  # the same bandwidth, TCP shaped by tc on every rank's link
-        settings["shaped"] = [*emulated, "--net-shape"]
-    sps: dict[tuple[str, str], list[float]] = {}
-    last: dict[tuple[str, str], tuple[dict, pd.DataFrame]] = {}
-    for rep in range(a.repeat):
-        for setting, net in settings.items():
-            for system in systems:
-                out = tmp / f"{system}-{setting.replace(' ', '')}-{rep}"
-                cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), "--system", system,
-                       "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
-                       "--lookahead", str(a.lookahead), "--trainers", str(trainers), "--servers", "1",
-                       "--procs", str(2 + trainers), "--eval-rows", "0", "--warmup", "5", *net,
-                       "--device", a.device, "--backend", a.backend, "--out", str(out)]
-                subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
-                s = json.loads((out / "summary.json").read_text())
-                sps.setdefault((setting, system), []).append(s["samples_per_s"])
-                last[(setting, system)] = (s, pd.read_csv(out / "metrics.csv"))
-                print(f"  repeat {rep + 1} {setting:10s} {system:8s} {s['samples_per_s']:>9,.0f} samples/s",
-                      file=sys.stderr)
-    print(f"\ndistributed benchmark: 1 oracle + 1 server + {trainers} trainers over gloo (loopback), "
-          f"batch {a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat}; "
-          f"emulated = {a.net_gbps:g} Gbit/s, {a.net_latency_us:g} us (a sleep per server transfer)"
-          + ("; shaped = the same rate on every rank's link by tc, the latency slept"
-             if a.net_shape else "") + f"; trainers on {a.device}, {a.backend}")
-    print(f"{'setting':12s}" + "".join(f"{s:>12s}" for s in systems)
-          + "".join(f"{s + '/sync':>15s}" for s in systems[1:]))
-    for setting in settings:
-        m = {s: statistics.median(sps[(setting, s)]) for s in systems}
-        print(f"{setting:12s}" + "".join(f"{m[s]:>12,.0f}" for s in systems)
-              + "".join(f"{m[s] / m['sync']:>14.2f}x" for s in systems[1:]))
-    if ("emulated", "bagpipe") in last:
-        s, met = last[("emulated", "bagpipe")]
-        logical = int((met["unique_rows"] - met["cache_hits"]).sum())  # rows the oracle fetches
-        got = int(met["rows_fetched"].sum())
-        print(f"\nbagpipe's trainers fetched {got:,} rows; a physically replicated cache fetches "
-              f"{trainers} x {logical:,} = {trainers * logical:,} ({got / (trainers * logical):.2f}x: the "
-              "private rows went to their user only)")
-    print("\nper-role utilisation (last repeat): busy s / waiting s / MB sent")
-    for (setting, system), (s, _) in last.items():
-        parts = [f"{name} {v['busy_s']:.1f}/{v.get('waiting_s', 0.0):.1f}/{v.get('bytes_sent', 0) / 1e6:.1f}"
-                 for name, v in s["roles"].items()]
-        print(f"  {setting:10s} {system:8s} " + ", ".join(parts))
+    out = a.out or Path(tempfile.mkdtemp(prefix="bench-dist-"))
+    data = out / "data"
+    if not (data / "meta.json").is_file():
+        generate(SynthConfig(preset="criteo-kaggle", scale=0.01, rows=a.rows, seed=0), data)
+    nets = {"no network": []}
+    if not a.no_shape:
+        nets[f"shaped {a.net_gbps:g}G"] = ["--net-gbps", str(a.net_gbps), "--net-shape"]
+    kinds = a.collectives.split(",")
+    ns = [int(x) for x in a.trainers.split(",")]
+    res: dict[tuple, list[dict]] = {}
+    for rep in range(a.repeat):  # interleaved: a shared machine's drifts hit every setting alike
+        for n in ns:
+            for net_name, net in nets.items():
+                for kind in kinds:
+                    for system in SYSTEMS:
+                        tag = f"{system}-N{n}-{net_name.split()[0]}-{kind}-r{rep}"
+                        r = run(data, out / "runs" / tag, a, system, n, net, kind)
+                        res.setdefault((n, net_name, kind, system), []).append(r)
+                        print(f"  {tag:40s} {r['sps']:>9,.0f} samples/s", file=sys.stderr, flush=True)
+    report(res, ns, nets, kinds, a)
+    if a.validate:
+        subprocess.run([sys.executable, "-m", "bagpipe_cli", "simulate", "--validate", str(out / "runs")],
+                       check=False)
+    print(f"\nruns kept in {out / 'runs'}; check the model: bagpipe simulate --validate {out / 'runs'}")
+
+
+def report(res: dict, ns: list[int], nets: dict, kinds: list[str], a: argparse.Namespace) -> None:
+    med = {k: {f: statistics.median(r[f] for r in v) for f in v[0]} for k, v in res.items()}
+    print(f"\nbagpipe vs sync over torch.distributed: 1 oracle + 1 server + N trainers, batch "
+          f"{a.batch_size}, L={a.lookahead}, {a.iterations} iterations, medians of {a.repeat} "
+          f"interleaved repeats; trainers on {a.device}, {a.backend}")
+    print(f"{'N':>2} {'network':12} {'collective':10} {'sync sps':>9} {'bagpipe sps':>11} {'bag/sync':>8} "
+          f"{'coll MB/it sync':>15} {'coll MB/it bag':>14} {'sync ms sync':>12} {'sync ms bag':>11} "
+          f"{'rank0 MB/it':>11}")
+    for n in ns:
+        for net in nets:
+            for kind in kinds:
+                s, b = med[(n, net, kind, "sync")], med[(n, net, kind, "bagpipe")]
+                print(f"{n:>2} {net:12} {kind:10} {s['sps']:>9,.0f} {b['sps']:>11,.0f} "
+                      f"{b['sps'] / s['sps']:>7.2f}x {s['coll_mb']:>15.3f} {b['coll_mb']:>14.3f} "
+                      f"{s['sync_ms']:>12.2f} {b['sync_ms']:>11.2f} {b['oracle_mb']:>11.3f}")
 
 
 if __name__ == "__main__":

@@ -29,8 +29,8 @@ lay, cpu = Layout(servers=0, trainers=n), torch.device("cpu")
 def part(i, length):  # trainer i's vector, known to every rank
     return torch.randn(length, generator=torch.Generator().manual_seed(100 * i + length)) * 1e3
 for kind in ("exact", "allgather", "allreduce"):
-    groups = [dist.new_group(list(range(n))) for _ in range(2)]
-    c = TorchCollective(groups[0], groups[1], lay, rank, cpu, cpu, kind)
+    groups = [dist.new_group(list(range(n))) for _ in range(3)]
+    c = TorchCollective(groups[0], tuple(groups[1:]), lay, rank, cpu, cpu, kind)
     sent = 0
     for length in (0, 1, n + 1, 7 * n - 1, 1001):  # empty (no sync_now rows), not divisible by n
         expect = ordered_sum([part(i, length) for i in range(n)])

@@ -250,7 +250,8 @@ class _Replay:
         self.fetch_wait = np.zeros(I)
         self.sync_wait = np.zeros(I)
         self.comp = np.zeros(I)
-        self.coll_free = 0.0
+        self.coll_free = 0.0  # the sync_later sums' link
+        self.dense_free = 0.0  # the dense and critical sums' link
         self.later_done: dict[int, float] = {}
         self.inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
         starts = np.flatnonzero(vol.round_start)
@@ -311,10 +312,10 @@ class _Replay:
         return self.cluster.trainer_network.collective_seconds(self.cluster.collective, nbytes, self.n)
 
     def sync(self, b: int) -> None:
-        """The dense gradients' sum runs on the background link while the backward runs,
-        after what that link still carries (FIFO, as the engine's background thread); the
-        loop waits for it, then sums the sync_now rows and the losses on the critical path;
-        the sync_later sum queues on the background link, waited for two iterations later."""
+        """The dense gradients' sum runs while the backward runs (the engine's DDP buckets);
+        the loop waits for it, then sums the sync_now rows and the losses on the critical
+        path; the sync_later sum queues on a link of its own (the engine's second background
+        thread), waited for two iterations later."""
         vol, work = self.vol, self.work
         if not self.cluster.collectives_on_network:  # as measured, sync_later included
             self.t += self.c_sync
@@ -322,10 +323,11 @@ class _Replay:
             return
         t0 = self.t
         dense = self._collective(work.dense_bytes)
-        if dense > 0:
-            self.coll_free = max(self.t - self.c_bwd, self.coll_free) + dense
-            self.t = max(self.t, self.coll_free)
+        if dense > 0:  # from the backward's start, after the previous iteration's sums
+            self.dense_free = max(self.t - self.c_bwd, self.dense_free) + dense
+            self.t = max(self.t, self.dense_free)
         self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
+        self.dense_free = self.t
         self.sync_wait[b] += self.t - t0
         if vol.sync_later[b]:
             d = self._collective(int(vol.sync_later[b]) * work.grad_bytes)

@@ -12,9 +12,10 @@ N-float vector of zeros, so every trainer reads every loss exactly (x + 0 == x).
 
 The dense gradients are summed while the backward runs: `wrap` puts the model in DDP with a
 comm hook that hands each bucket, as DDP makes it ready, to a background thread doing the
-chosen sum on a process group of its own (the `sync_later` sums queue on the same thread),
-so the rest of the backward overlaps it; DDP waits for every bucket before the backward
-returns. DDP carries the bucketing, the hooks' order and the wait: only the sum is ours.
+chosen sum on a process group of its own, so the rest of the backward overlaps it; DDP waits
+for every bucket before the backward returns. DDP carries the bucketing, the hooks' order
+and the wait: only the sum is ours. The `sync_later` sums run on a second background thread
+and group, so the dense buckets, which the next iteration waits for, never queue behind them.
 
 Tensors travel on `comm_device` (the CPU for gloo, the trainer's GPU for NCCL) and the sums
 come back on `device`.
@@ -43,19 +44,19 @@ _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 
 class TorchCollective(Collective):
     """The collective of trainer `index` among the trainer ranks: `group` for the sums on the
-    critical path, `background` for those of the background thread."""
+    critical path, `lanes` the groups of the two background threads (dense buckets, then
+    sync_later sums)."""
 
-    def __init__(self, group, background, layout: Layout, index: int, device: torch.device,
+    def __init__(self, group, lanes: tuple, layout: Layout, index: int, device: torch.device,
                  comm_device: torch.device, kind: str = "exact"):
-        self.group, self.background, self.layout = group, background, layout
+        self.group, self.layout = group, layout
+        self._lanes = {name: _Lane(name, g) for name, g in zip(("dense", "later"), lanes, strict=True)}
         self.index, self.device, self.comm_device, self.kind = index, device, comm_device, kind
         self.size = layout.trainers
         self.bytes_sent = self.bytes_received = 0
         self.busy_s = self.exposed_s = 0.0
         self.failure: BaseException | None = None  # a background sum's, re-raised by the trainer
         self._lock = threading.Lock()  # the counters, kept by two threads
-        self._jobs: queue.Queue = queue.Queue()
-        self._thread: threading.Thread | None = None
         self._last_bucket: list[float] = [0.0, 0.0]  # (handed over, summed) of the last bucket
 
     # ------------------------------------------------------------------ the sums
@@ -114,8 +115,9 @@ class TorchCollective(Collective):
         if self.size == 1:
             done.set_result(x)
             return done
-        self._submit(lambda: self._sum(x, self.background).to(self.device), done.set_result,
-                     done.set_exception)
+        lane = self._lanes["later"]
+        lane.submit(lambda: self._sum(x, lane.group).to(self.device), done.set_result,
+                    self._failed(done.set_exception))
         return _Waited(done, self)
 
     # ------------------------------------------------------------------ dense buckets
@@ -138,7 +140,9 @@ class TorchCollective(Collective):
             self._last_bucket[1] = time.perf_counter()
             fut.set_result(result)
 
-        self._submit(lambda: self._sum(buf, self.background).to(buf.device), summed, fut.set_exception)
+        lane = self._lanes["dense"]
+        lane.submit(lambda: self._sum(buf, lane.group).to(buf.device), summed,
+                    self._failed(fut.set_exception))
         return fut
 
     def take_dense_wait(self) -> float:
@@ -148,11 +152,29 @@ class TorchCollective(Collective):
         self.exposed_s += wait
         return wait
 
-    # ------------------------------------------------------------------ background thread
+    def _failed(self, fail: Callable[[BaseException], Any]) -> Callable[[BaseException], None]:
+        def record(e: BaseException) -> None:
+            self.failure = self.failure or e
+            fail(e)
 
-    def _submit(self, job: Callable[[], torch.Tensor], ok: Callable, fail: Callable) -> None:
+        return record
+
+    def close(self) -> None:
+        for lane in self._lanes.values():
+            lane.close()
+
+
+class _Lane:
+    """A background thread running sums on a process group of its own, in FIFO order."""
+
+    def __init__(self, name: str, group):
+        self.name, self.group = name, group
+        self._jobs: queue.Queue = queue.Queue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, job: Callable[[], torch.Tensor], ok: Callable, fail: Callable) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._serve, name="collective", daemon=True)
+            self._thread = threading.Thread(target=self._serve, name=f"sum-{self.name}", daemon=True)
             self._thread.start()
         self._jobs.put((job, ok, fail))
 
@@ -165,7 +187,6 @@ class TorchCollective(Collective):
             try:
                 ok(job())
             except BaseException as e:  # noqa: BLE001 - surfaced on the trainer's thread
-                self.failure = self.failure or e
                 fail(e)
 
     def close(self) -> None:

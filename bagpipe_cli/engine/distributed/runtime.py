@@ -116,10 +116,10 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     if device.type == "cuda":
         torch.cuda.set_device(device)  # before the trainers' group: NCCL binds to it
     timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    # The trainers' sums: one group for the critical path, one for the background thread's
-    # (every rank takes part in making a group, in the same order).
-    group = dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
-    background = dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
+    # The trainers' sums: one group for the critical path, one for each background thread
+    # (dense buckets, sync_later sums); every rank takes part in making a group, in order.
+    group, *lanes = [dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
+                     for _ in range(3)]
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
@@ -129,7 +129,7 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     else:
         comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
         with computing_on(device, not cfg.nondeterministic):
-            collective = TorchCollective(group, background, layout, idx, device, comm_device,
+            collective = TorchCollective(group, tuple(lanes), layout, idx, device, comm_device,
                                          cfg.collective)
             trainer_main(s, layout, idx, collective, device, faults)
     return None
