@@ -125,7 +125,9 @@ SUMMARY_KEYS = {
     "backend": "the trainers' collective backend (None in-process)",
     "trainer_devices": "the device of every trainer",
     "roles": "per role (oracle, each trainer process, each server): busy_s, waiting_s, "
-             "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb",
+             "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb; "
+             "trainers also collective_bytes_sent/_received and collective_exposed_s/"
+             "_overlapped_s; the oracle of a distributed run bytes_per_iteration",
     "process_peak_rss_mb": "peak resident memory (MiB) of the process that wrote the summary: "
                            "every role in-process, rank 0 (the oracle) in a distributed run",
     "checkpoints": "checkpoints written", "checkpoint_every": "--checkpoint-every",
