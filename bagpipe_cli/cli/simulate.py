@@ -26,9 +26,9 @@ EPILOG = """\b
 Examples:
   bagpipe simulate data/demo --trainers 8 --net-gbps 25 --net-latency-us 10 --compute-ms 5 \\
       --batch-size 16384 --lookahead 200 --out results/sim
-  bagpipe simulate results/profile-demo --calibrate results/bench-quick --trainers 4 --net-gbps 10
+  bagpipe simulate results/profile-demo --calibrate results/bench-demo --trainers 4 --net-gbps 10
   bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario
-  bagpipe simulate --validate results/bench-quick    # model vs every measured run
+  bagpipe simulate --validate results/bench-demo     # model vs every run `make demo` measured
 """
 
 
