@@ -8,7 +8,8 @@ in the main thread. The process then exits with one `Error:` line and the shell'
 convention for a death by signal, 128 + N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129
 for SIGHUP (`exit_code`). A second SIGTERM or SIGHUP while the first is being cleaned up is
 ignored, so the cleanup finishes; SIGKILL still ends the process at once (its temporaries
-are then removed by a later run: `io.stale_temporaries`).
+are then removed by a later run: `io.stale_temporaries`). A signal the parent ignores
+(`nohup`) stays ignored.
 """
 
 from __future__ import annotations
@@ -36,9 +37,11 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 
 def install() -> None:
-    """Turn SIGTERM and SIGHUP into `Terminated` in this (main) thread."""
+    """Turn SIGTERM and SIGHUP into `Terminated` in this (main) thread. A signal the parent
+    ignores stays ignored (`nohup bagpipe ...` keeps running when its terminal closes)."""
     for s in HANDLED:
-        signal.signal(s, _raise)
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _raise)
 
 
 def exit_code(e: BaseException) -> int:

@@ -182,3 +182,23 @@ def test_a_moved_aside_output_is_never_removed(tmp_path):
     assert r.exit_code == 0, r.output
     assert f"Warning: {aside} is a temporary of another run; left alone (it holds the earlier" in r.stderr
     assert (aside / "x" / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_an_ignored_sighup_stays_ignored(tmp_path):
+    """`nohup bagpipe ...`: the run outlives its terminal."""
+    out = tmp_path / "d"
+    p = subprocess.Popen([sys.executable, "-m", "bagpipe_cli", *BIG_SYNTH, "--out", str(out)],
+                         cwd=tmp_path, env=ENV,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        _wait_writing(p, out)
+        p.send_signal(signal.SIGHUP)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
+    assert p.returncode == 0, err[-2000:]
+    assert (out / "meta.json").is_file()
