@@ -66,9 +66,14 @@ def check_output_dir(out: Path, overwrite: bool, option: str = "--out",
     without `overwrite`), an existing non-empty one unless `overwrite`, and one whose parent
     cannot be made or written. Nothing is touched but a missing parent, which is made."""
     out = Path(out)
-    o, cwd = _real(out), _real(Path.cwd())
-    if o == cwd or o in cwd.parents:
-        what = "the working directory" if o == cwd else f"a folder above the working directory {cwd}"
+    o = _real(out)
+    try:
+        cwd = _real(Path.cwd())
+    except OSError:  # the working directory was removed: it cannot be the output
+        cwd = None
+    if cwd is not None and (o == cwd or o in cwd.parents):
+        what = ("the working directory" if o == cwd
+                else f"a folder above the working directory {cwd}")
         raise ConfigError(f"{option} {out} is {what}, which the output would replace: choose a "
                           "new folder for it")
     check_not_input(out, inputs, option)
@@ -181,7 +186,8 @@ def _replace(tmp: Path, out: Path, parent: Path) -> None:
     except OSError as e:
         if old is not None:
             os.rename(old / "x", out)
-        raise OSError(e.errno, f"cannot move the output into place: {e.strerror}", str(out)) from None
+        raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
+                      str(out)) from None
     except BaseException:
         if old is not None:
             os.rename(old / "x", out)
@@ -228,16 +234,18 @@ class StaleTemporary:
 
 
 def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
-    """The temporaries (`.NAME.tmp-*`, `.NAME.old-*`) of earlier writes of `out`, each removed
-    (with `remove`) when safe: no process holds its lock and it is older than this process.
-    A temporary held by a running process is named and left alone, and so is a `.old-*`
-    folder holding the only copy of an earlier output (a run killed between two renames)."""
+    """The temporaries (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.probe-*`) of earlier writes of
+    `out`, each removed (with `remove`) when safe: no process holds its lock and it is older
+    than this process. A temporary held by a running process is named and left alone, and so
+    is a `.old-*` folder holding the only copy of an earlier output (a run killed between two
+    renames)."""
     out = Path(out)
     parent = _real(out).parent
     if not parent.is_dir():
         return []
     found = []
-    for p in sorted(parent.glob(f".{out.name}.tmp-*")) + sorted(parent.glob(f".{out.name}.old-*")):
+    kinds = ("tmp", "old", "probe")
+    for p in [q for k in kinds for q in sorted(parent.glob(f".{out.name}.{k}-*"))]:
         why = _why_kept(p, out)
         if why or not remove:
             found.append(StaleTemporary(p, False, why))
@@ -247,7 +255,8 @@ def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
         else:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
-        found.append(StaleTemporary(p, not p.exists(), "" if not p.exists() else "could not be removed"))
+        gone = not p.exists()
+        found.append(StaleTemporary(p, gone, "" if gone else "could not be removed"))
     return found
 
 

@@ -51,4 +51,6 @@ def exit_code(e: BaseException) -> int:
 
 def describe(e: BaseException) -> str:
     """'interrupted' (Ctrl-C) or 'terminated by SIGTERM'."""
-    return f"terminated by {signal.Signals(e.signum).name}" if isinstance(e, Terminated) else "interrupted"
+    if isinstance(e, Terminated):
+        return f"terminated by {signal.Signals(e.signum).name}"
+    return "interrupted"

@@ -21,7 +21,8 @@ COMMANDS = {
     "synth": ("bagpipe_cli.cli.synth:synth",
               "Generate a Zipf-skewed synthetic click log (the embedded default dataset)."),
     "preprocess": ("bagpipe_cli.cli.preprocess:preprocess",
-                   "Turn raw click logs (Criteo, Avazu, any CSV/Parquet) into a dataset directory."),
+                   "Turn raw click logs (Criteo, Avazu, any CSV/Parquet) into a dataset "
+                   "directory."),
     "profile": ("bagpipe_cli.cli.profile:profile",
                 "Profile DATA: access skew and every cache policy simulated on the exact batch "
                 "trace."),
