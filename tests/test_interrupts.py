@@ -202,3 +202,22 @@ def test_an_ignored_sighup_stays_ignored(tmp_path):
         p.wait()
     assert p.returncode == 0, err[-2000:]
     assert (out / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_sigterm_while_a_bench_generates_its_dataset_removes_the_temporary(tmp_path):
+    ds = tmp_path / "data" / "big"
+    (tmp_path / "b.yaml").write_text(
+        f"name: b\ndatasets: [{{name: big, path: {ds}, synth: {{preset: criteo-kaggle, "
+        "scale: 0.05, rows: 3000000, seed: 0}}]\nmodels: [dlrm]\nsystems: [sync]\nrepeat: 1\n"
+        "base: {batch_size: 256, iterations: 3, warmup: 0}\nprofile: false\n")
+    p = _start(["bench", tmp_path / "b.yaml", "--out", tmp_path / "bench"], tmp_path)
+    try:
+        _wait_writing(p, ds)
+    finally:
+        err = _end(p, signal.SIGTERM)
+    assert p.returncode == 143, err[-2000:]
+    lines = [ln for ln in err.splitlines() if ln.strip()]  # progress lines, then the error
+    assert lines[-1].startswith("Error: terminated by SIGTERM; 0 finished runs kept"), err
+    assert "Traceback" not in err and sum(ln.startswith("Error") for ln in lines) == 1
+    assert not ds.exists() and _temporaries(ds) == []
