@@ -224,6 +224,9 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
         raise
 
 
+NEWER = "made since this run started"
+
+
 @dataclass(frozen=True)
 class StaleTemporary:
     """A temporary of an earlier write next to an output, and what was done with it."""
@@ -238,7 +241,7 @@ def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
     `out`, each removed (with `remove`) when safe: no process holds its lock and it is older
     than this process. A temporary held by a running process is named and left alone, and so
     is a `.old-*` folder holding the only copy of an earlier output (a run killed between two
-    renames)."""
+    renames). Those made since this process started are another live run's: not listed."""
     out = Path(out)
     parent = _real(out).parent
     if not parent.is_dir():
@@ -247,6 +250,8 @@ def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
     kinds = ("tmp", "old", "probe")
     for p in [q for k in kinds for q in sorted(parent.glob(f".{out.name}.{k}-*"))]:
         why = _why_kept(p, out)
+        if why == NEWER:
+            continue
         if why or not remove:
             found.append(StaleTemporary(p, False, why))
             continue
@@ -263,7 +268,7 @@ def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
 def _why_kept(p: Path, out: Path) -> str:
     try:
         if p.lstat().st_mtime >= STARTED:
-            return "newer than this run"
+            return NEWER
         if ".old-" in p.name and (p / "x").exists() and not out.exists():
             return f"it holds the earlier {out}: move {p / 'x'} back to {out}"
         fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)

@@ -39,15 +39,16 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
     The loss is the mean over the global batch; dense and embedding gradients of the
     trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
     """
+    from bagpipe_cli.data import open_dataset
+
     if kw["procs"] is not None:
         kw["transport"] = "torch"  # the spawned ranks run with --transport torch
     if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
         kw["checkpoint_dir"] = str(out.with_name(out.name + ".ckpt"))
     cfg = TrainConfig(data=str(data), **kw)
-    from bagpipe_cli.data import open_dataset
-
     open_dataset(data)  # a DATA that is no dataset is named first
     _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
+    # The engine (torch) is imported once the options and the paths are known to be good.
     from bagpipe_cli.engine import run
     from bagpipe_cli.engine import save_model as write_model
     from bagpipe_cli.results import write_run
