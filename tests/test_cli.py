@@ -55,3 +55,47 @@ def test_train_options_are_the_config_fields():
     assert set(params["model"].type.choices) == set(MODELS)
     assert set(params["optimizer"].type.choices) == {"sgd", "adagrad"}
     assert tuple(params["system"].type.choices) == ALL_SYSTEMS
+
+
+def _one_line(r, code: int, text: str) -> None:
+    assert r.exit_code == code, r.output
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {text}"), r.output
+    assert "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("signum, code, text", [(None, 130, "interrupted"),
+                                                (15, 143, "terminated by SIGTERM"),
+                                                (1, 129, "terminated by SIGHUP")])
+def test_an_interrupt_in_a_command_is_one_line_with_the_signals_code(tmp_path, monkeypatch,
+                                                                     signum, code, text):
+    import bagpipe_cli.data.synth as synth
+    from bagpipe_cli.signals import Terminated
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt() if signum is None else Terminated(signum)
+
+    monkeypatch.setattr(synth.DatasetWriter, "__init__", stop)
+    r = CliRunner().invoke(cli, ["synth", "--preset", "tiny", "--rows", "1000", "--out",
+                                 str(tmp_path / "d")])
+    _one_line(r, code, f"{text}; no output was written")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_interrupt_while_a_command_loads_is_one_line(monkeypatch):
+    """Ctrl-C while the command's module (and torch) is still being imported."""
+    import importlib
+
+    from bagpipe_cli.cli import COMMANDS
+
+    real = importlib.import_module
+
+    def slow_import(name, *a, **k):
+        if name == COMMANDS["train"][0].partition(":")[0]:
+            raise KeyboardInterrupt()
+        return real(name, *a, **k)
+
+    fresh = type(cli)(name="bagpipe", lazy=dict(COMMANDS))
+    monkeypatch.setattr(importlib, "import_module", slow_import)
+    r = CliRunner().invoke(fresh, ["train", "--help"])
+    _one_line(r, 130, "interrupted")

@@ -43,6 +43,7 @@ from bagpipe_cli.bench.plan import plan_runs, slugify, train_fields, value_label
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import read_text
 from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import POLICIES
 
@@ -61,7 +62,7 @@ def load_bench_config(path: Path) -> BenchConfig:
     if not path.is_file():
         raise ConfigError(f"bench config {path} does not exist" if not path.exists()
                           else f"bench config {path} is not a file")
-    text = path.read_text()
+    text = read_text(path)
     if path.suffix.lower() == ".toml":
         try:
             raw = tomllib.loads(text)

@@ -1,20 +1,119 @@
-"""The `bagpipe` command line: a thin layer that parses options and calls the library."""
+"""The `bagpipe` command line: a thin layer that parses options and calls the library.
+
+The group loads a command's module only when that command runs or shows its help, and the
+command modules import the heavy libraries (torch, pandas, matplotlib) inside their
+functions, so `bagpipe --help` and `bagpipe CMD --help` start at once.
+"""
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Iterator, MutableMapping
+from typing import Any
+
 import click
 
-from bagpipe_cli import __version__
-from bagpipe_cli.cli.bench import bench
-from bagpipe_cli.cli.preprocess import preprocess
-from bagpipe_cli.cli.profile import profile
-from bagpipe_cli.cli.report import report
-from bagpipe_cli.cli.simulate import simulate
-from bagpipe_cli.cli.synth import synth
-from bagpipe_cli.cli.train import train
+from bagpipe_cli import __version__, signals
+
+# name -> (module:command, the command's one-line summary for `bagpipe --help`; a test holds
+# each equal to the command's own first sentence). Listed in this order.
+COMMANDS = {
+    "synth": ("bagpipe_cli.cli.synth:synth",
+              "Generate a Zipf-skewed synthetic click log (the embedded default dataset)."),
+    "preprocess": ("bagpipe_cli.cli.preprocess:preprocess",
+                   "Turn raw click logs (Criteo, Avazu, any CSV/Parquet) into a dataset "
+                   "directory."),
+    "profile": ("bagpipe_cli.cli.profile:profile",
+                "Profile DATA: access skew and every cache policy simulated on the exact batch "
+                "trace."),
+    "train": ("bagpipe_cli.cli.train:train",
+              "Train one system on DATA and write config.json, metrics.csv and summary.json to "
+              "--out."),
+    "bench": ("bagpipe_cli.cli.bench:bench",
+              "Run a benchmark matrix (systems x models x datasets x settings) from a YAML/TOML "
+              "CONFIG."),
+    "report": ("bagpipe_cli.cli.report:report",
+               "Draw the figures and write a report page from stored RESULTS (bench folders, run "
+               "folders or their parents); nothing is re-run."),
+    "simulate": ("bagpipe_cli.cli.simulate:simulate",
+                 "Predict iteration times and speed-ups of every system on a cluster from "
+                 "SOURCE's trace."),
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Commands(MutableMapping):
+    """`Group.commands` whose entries are imported when first looked up."""
+
+    def __init__(self, table: dict[str, tuple[str, str]]):
+        self.table, self.loaded = table, {}
+
+    def __getitem__(self, name: str) -> click.Command:
+        if name not in self.loaded:
+            module, _, attr = self.table[name][0].partition(":")
+            self.loaded[name] = getattr(importlib.import_module(module), attr)
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, cmd: click.Command) -> None:
+        self.loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        self.loaded.pop(name, None)
+        self.table.pop(name, None)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(dict.fromkeys([*self.table, *self.loaded]))
+
+    def __len__(self) -> int:
+        return len(dict.fromkeys([*self.table, *self.loaded]))
+
+
+class LazyGroup(click.Group):
+    """A group whose commands are imported when they run or show their help; `bagpipe --help`
+    lists them from `COMMANDS` without importing any. An interrupt (Ctrl-C, SIGTERM, SIGHUP)
+    anywhere in it, start-up included, is one `Error:` line and the signal's exit code."""
+
+    def __init__(self, *args: Any, lazy: dict[str, tuple[str, str]], **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.commands = _Commands(lazy)
+        self.summaries = {name: summary for name, (_, summary) in lazy.items()}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """As click lists commands, from the summaries (a command added later: its own)."""
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(map(len, names))
+        rows = [(name, (click.Command(name, help=self.summaries[name]) if name in self.summaries
+                        else self.commands[name]).get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _interrupts_as_errors():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx: click.Context) -> Any:
+        with _interrupts_as_errors():
+            return super().invoke(ctx)
+
+
+class _interrupts_as_errors:
+    """An interrupt becomes one `Error:` line with the signal's exit code (130, 143, 129)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind: type | None, e: BaseException | None, tb: Any) -> bool:
+        if isinstance(e, KeyboardInterrupt):
+            from bagpipe_cli.cli.common import OneLineError
+
+            raise OneLineError(signals.describe(e), signals.exit_code(e)) from None
+        return False
+
+
+@click.group(cls=LazyGroup, lazy=COMMANDS,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="bagpipe")
 def cli() -> None:
     """Benchmark and profile Bagpipe-style lookahead embedding caching for DLRM training.
@@ -25,14 +124,6 @@ def cli() -> None:
     """
 
 
-cli.add_command(synth)
-cli.add_command(preprocess)
-cli.add_command(profile)
-cli.add_command(train)
-cli.add_command(bench)
-cli.add_command(report)
-cli.add_command(simulate)
-
-
 def main() -> None:
+    signals.install()
     cli(prog_name="bagpipe")

@@ -20,7 +20,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from bagpipe_cli import signals
 from bagpipe_cli.errors import BagpipeError
+from bagpipe_cli.io import Input, check_output_dir, stale_temporaries
 
 console = Console()
 err_console = Console(stderr=True)
@@ -35,7 +37,8 @@ class OneLineError(click.ClickException):
 
 
 def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Turn library errors, OS errors and Ctrl-C into one clear line and an exit code."""
+    """Turn library errors, OS errors and interrupts (Ctrl-C, SIGTERM, SIGHUP: `signals`) into
+    one clear line and an exit code."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -48,8 +51,9 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
             raise OneLineError(f"{where}{e.strerror or e}", 1) from None
         except MemoryError:
             raise OneLineError("out of memory; use a smaller --batch-size or dataset", 1) from None
-        except KeyboardInterrupt:
-            raise OneLineError("interrupted; no output was written (checkpoints already written are kept)", 130) from None
+        except KeyboardInterrupt as e:
+            raise OneLineError(f"{signals.describe(e)}; no output was written (checkpoints already "
+                               "written are kept)", signals.exit_code(e)) from None
 
     return wrapper
 
@@ -61,6 +65,26 @@ class SectionOption(click.Option):
     def __init__(self, *args: Any, section: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.section = section
+
+
+def check_out(out: Path, overwrite: bool, inputs: list[Input] | tuple[Input, ...] = (),
+              option: str = "--out") -> None:
+    """Before any work: refuse an output that would replace or alter an input, the working
+    directory, or an existing output without --overwrite (`io.check_output_dir`); name the
+    temporaries that earlier killed runs left next to it, removing those that are safe to."""
+    check_output_dir(out, overwrite, option, inputs)
+    warn_stale(out)
+
+
+def warn_stale(out: Path) -> None:
+    """One warning line per temporary an earlier killed run left next to `out`."""
+    for t in stale_temporaries(out):
+        if t.removed:
+            click.echo(f"Warning: removed {t.path}, a temporary that an earlier run left when it "
+                       "was killed", err=True)
+        else:
+            click.echo(f"Warning: {t.path} is a temporary of another run; left alone ({t.why})",
+                       err=True)
 
 
 def list_option(value: str | None, cast: Callable[[str], Any], option: str) -> list[Any] | None:

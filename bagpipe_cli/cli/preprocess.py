@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    check_out,
     console,
     format_si,
     list_option,
@@ -18,8 +19,10 @@ from bagpipe_cli.cli.common import (
     progress_bar,
     translate_errors,
 )
-from bagpipe_cli.data.preprocess import PreprocessConfig, PreprocessResult
-from bagpipe_cli.data.preprocess import preprocess as run_preprocess
+from bagpipe_cli.io import Input
+
+if TYPE_CHECKING:
+    from bagpipe_cli.data.preprocess import PreprocessResult
 
 _PHASES = {"read": "read + count", "write": "write ids", "encode": "read + encode"}
 
@@ -53,7 +56,12 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _run(fmt: str, inputs: tuple[Path, ...], out: Path, overwrite: bool, block_mb: float,
          **kwargs: Any) -> None:
+    from bagpipe_cli.data.preprocess import PreprocessConfig
+    from bagpipe_cli.data.preprocess import preprocess as run_preprocess
+
     cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=int(block_mb * 2**20), **kwargs)
+    check_out(out, overwrite, [Input("INPUTS", p) for p in inputs]
+              + ([Input("--vocab-from", kwargs["vocab_from"])] if kwargs.get("vocab_from") else []))
 
     def progress(phase: str, total: int | None):
         return progress_bar(_PHASES.get(phase, phase), total, unit="rows")

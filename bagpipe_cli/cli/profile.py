@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.progress import (
@@ -16,6 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    check_out,
     console,
     data_argument,
     err_console,
@@ -24,9 +26,11 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.io import check_output_dir
-from bagpipe_cli.profile import POLICIES, ProfileConfig, ProfileResult, run_profile
-from bagpipe_cli.profile.report import write_profile
+from bagpipe_cli.io import Input, path_record
+from bagpipe_cli.policies.table import POLICIES
+
+if TYPE_CHECKING:
+    from bagpipe_cli.profile import ProfileResult
 
 
 def _int(v: str) -> int:
@@ -60,6 +64,10 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     Writes profile.json, CSV tables (profile.csv, skew_tables.csv, access_cdf.csv,
     per_batch.csv, bagpipe_vs_belady.csv) and PNG plots to --out, and prints a summary.
     """
+    from bagpipe_cli.data.format import open_dataset
+    from bagpipe_cli.profile import ProfileConfig, run_profile
+    from bagpipe_cli.profile.report import write_profile
+
     cfg = ProfileConfig(
         data=data, batch_size=batch_size,
         lookaheads=tuple(list_option(lookahead, _int, "--lookahead") or ()),
@@ -69,9 +77,11 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
         dim=dim,
     )
     out = out or Path("results") / f"profile-{Path(data).resolve().name}"
-    check_output_dir(out, overwrite)  # fail before minutes of work, not after
+    open_dataset(data)  # a DATA that is no dataset is named first
+    check_out(out, overwrite, [Input("DATA", data)])  # fail before minutes of work, not after
     with _Stages() as progress:
         result = run_profile(cfg, progress)
+    result.dataset.update(path_record(data))  # found from any directory (simulate reads it)
     write_profile(result, out, overwrite)
     _summary(result, out)
 
@@ -100,7 +110,8 @@ class _Stages:
 
 def _summary(result: ProfileResult, out: Path) -> None:
     t, s = result.trace, result.skew
-    head = Table(title=f"profile of {result.dataset['path']} -> {out}", show_header=False)
+    head = Table(title=f"profile of {result.dataset.get('given', result.dataset['path'])} -> {out}",
+                 show_header=False)
     head.add_row("samples x tables", f"{result.dataset['rows']:,} x {len(result.dataset['tables'])} "
                  f"= {t.accesses:,} accesses")
     head.add_row("embedding rows", f"{s.embedding_rows:,} ({s.accessed_rows:,} accessed)")

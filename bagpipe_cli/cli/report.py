@@ -4,13 +4,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 from rich.table import Table
 
-from bagpipe_cli.cli.common import console, overwrite_option, translate_errors
-from bagpipe_cli.report import ReportConfig, build_report
-from bagpipe_cli.results import SkippedRun
+from bagpipe_cli.cli.common import console, overwrite_option, translate_errors, warn_stale
+from bagpipe_cli.io import Input, check_not_input
+
+if TYPE_CHECKING:
+    from bagpipe_cli.results import SkippedRun
+
+# Files that make a folder stored results (a run, a bench, a dataset): an --out holding one
+# would replace it.
+RESULT_FILES = ("summary.json", "bench.json", "meta.json", "profile.json")
 
 
 @click.command(epilog="""\b
@@ -34,7 +41,11 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     lookahead and vs cache size (when the results vary them), loss curves, rows fetched per
     iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
     """
+    from bagpipe_cli.report import ReportConfig, build_report
+
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
+    check_not_input(cfg.out_dir, _inputs(cfg.results, cfg.out_dir))
+    warn_stale(cfg.out_dir)
     res = build_report(cfg)
     warn_skipped(res.skipped)
     s = res.summary
@@ -52,9 +63,23 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
                   soft_wrap=True)
 
 
+def _inputs(results: tuple[Path, ...], out: Path) -> list[Input]:
+    """What a report reads: the folders given (a report may go inside one, as by default) and
+    any stored results inside --out itself (which the report would replace)."""
+    inputs = [Input("RESULTS", r, may_hold_out=True) for r in results]
+    if out.is_dir():
+        for name in RESULT_FILES:
+            found = next(out.rglob(name), None)
+            if found is not None:
+                inputs.append(Input("RESULTS", found.parent))
+    return inputs
+
+
 def warn_skipped(skipped: Iterable[SkippedRun | dict[str, str]]) -> None:
     """One `Warning: skipped RUN: reason` line on stderr per run left out as unreadable
     (`SkippedRun`s, or their `to_dict()` as stored in a result's JSON)."""
+    from bagpipe_cli.results import SkippedRun
+
     for s in skipped:
         if isinstance(s, dict):
             s = SkippedRun(Path(s["path"]), s["reason"])

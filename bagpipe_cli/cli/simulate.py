@@ -9,6 +9,7 @@ from rich.table import Table
 
 from bagpipe_cli.cli.common import (
     SectionOption,
+    check_out,
     console,
     err_console,
     out_option,
@@ -18,18 +19,16 @@ from bagpipe_cli.cli.common import (
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.cli.report import warn_skipped
 from bagpipe_cli.engine.registry import role
-from bagpipe_cli.io import atomic_dir, check_output_dir
-from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
+from bagpipe_cli.io import Input, atomic_dir
 from bagpipe_cli.simulate.cluster import SimulateConfig, load_cluster
-from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
 
 EPILOG = """\b
 Examples:
   bagpipe simulate data/demo --trainers 8 --net-gbps 25 --net-latency-us 10 --compute-ms 5 \\
       --batch-size 16384 --lookahead 200 --out results/sim
-  bagpipe simulate results/profile-demo --calibrate results/bench-quick --trainers 4 --net-gbps 10
+  bagpipe simulate results/profile-demo --calibrate results/bench-demo --trainers 4 --net-gbps 10
   bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario
-  bagpipe simulate --validate results/bench-quick    # model vs every measured run
+  bagpipe simulate --validate results/bench-demo     # model vs every run `make demo` measured
 """
 
 
@@ -65,7 +64,9 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
         return
     cf = load_cluster(cluster_file) if cluster_file else None
     if out is not None:
-        check_output_dir(out, overwrite)
+        check_out(out, overwrite, _inputs(source, cluster_file, cf, options))
+    from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
+
     cfg = build_config(str(source) if source else None, cf, lambda m: err_console.print(m), **options)
     with err_console.status("simulating") as status:
         result = run_simulate(cfg, lambda m: status.update(m))
@@ -74,6 +75,20 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
         write_simulation(result, out, overwrite)
         console.print(f"wrote {out}/simulate.json, predictions.csv, sweep.csv, "
                       "speedup_vs_trainers.png, speedup_vs_bandwidth.png")
+
+
+def _inputs(source: Path | None, cluster_file: Path | None, cf, options: dict) -> list[Input]:
+    """What a prediction reads: SOURCE, the cluster file and its dataset, --calibrate's runs."""
+    inputs = [Input("--calibrate", Path(p)) for p in options.get("calibrate") or ()]
+    if source is not None:
+        inputs.append(Input("SOURCE", source))
+    if cluster_file is not None:
+        inputs.append(Input("--cluster", cluster_file))
+    for key in ("data", "calibrate"):
+        value = cf.settings.get(key) if cf is not None else None
+        for p in (value,) if isinstance(value, str) else value or ():
+            inputs.append(Input(f"--cluster's {key}", Path(p)))
+    return inputs
 
 
 def _print_result(result) -> None:
@@ -127,8 +142,10 @@ def _print_result(result) -> None:
 
 
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
+    from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
+
     if out is not None:
-        check_output_dir(out, overwrite)
+        check_out(out, overwrite, [Input("--validate", p) for p in paths])
     with err_console.status("validating") as status:
         result = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
     warn_skipped(result.skipped)

@@ -6,10 +6,10 @@ import time
 from pathlib import Path
 
 import click
-import numpy as np
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    check_out,
     console,
     out_option,
     overwrite_option,
@@ -43,6 +43,7 @@ def synth(out: Path, overwrite: bool, **kwargs) -> None:
     trained on it reach an AUC well above 0.5.
     """
     cfg = SynthConfig(**kwargs)
+    check_out(out, overwrite)
     t0 = time.perf_counter()
     with progress_bar("synth", cfg.num_rows) as advance:
         meta = generate(cfg, out, overwrite=overwrite, progress=advance)
@@ -57,5 +58,7 @@ def synth(out: Path, overwrite: bool, **kwargs) -> None:
 
 
 def _pos_rate(out: Path) -> str:
+    import numpy as np
+
     labels = np.load(out / "labels.npy", mmap_mode="r")
     return f"{float(labels.mean()):.3f}"

@@ -10,20 +10,18 @@ from rich.table import Table
 
 from bagpipe_cli.cli.common import (
     SectionOption,
+    check_out,
     console,
     data_argument,
     err_console,
     out_option,
     overwrite_option,
     translate_errors,
+    warn_stale,
 )
 from bagpipe_cli.cli.options import SectionedCommand, config_options
-from bagpipe_cli.data import open_dataset
-from bagpipe_cli.engine import TrainConfig, run
-from bagpipe_cli.engine import save_model as write_model
-from bagpipe_cli.engine.checkpoint import check_compatible, dataset_identity, find_checkpoint
-from bagpipe_cli.io import check_output_dir
-from bagpipe_cli.results import write_run
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.io import Input, check_output_file, check_writable_dir
 
 
 @click.command(cls=SectionedCommand, epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
@@ -41,12 +39,20 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
     The loss is the mean over the global batch; dense and embedding gradients of the
     trainers' slices are summed (see README). Bagpipe and sync give identical parameters.
     """
+    from bagpipe_cli.data import open_dataset
+
     if kw["procs"] is not None:
         kw["transport"] = "torch"  # the spawned ranks run with --transport torch
     if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
         kw["checkpoint_dir"] = str(out.with_name(out.name + ".ckpt"))
     cfg = TrainConfig(data=str(data), **kw)
-    check_output_dir(out, overwrite)  # fail before training, not after
+    open_dataset(data)  # a DATA that is no dataset is named first
+    _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
+    # The engine (torch) is imported once the options and the paths are known to be good.
+    from bagpipe_cli.engine import run
+    from bagpipe_cli.engine import save_model as write_model
+    from bagpipe_cli.results import write_run
+
     if cfg.resume is not None and (cfg.transport == "inproc" or cfg.procs is not None):
         _check_resume(cfg)
     with Progress(TextColumn(f"[bold]train {cfg.system}"), BarColumn(), MofNCompleteColumn(),
@@ -92,8 +98,27 @@ def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
     return t
 
 
+def _check_outputs(cfg: TrainConfig, out: Path, overwrite: bool, save_model: Path | None) -> None:
+    """Every path the run will write, checked before it starts: none replaces or alters an
+    input (the dataset, the checkpoints it resumes from or writes), and each can be written."""
+    inputs = [Input("DATA", Path(cfg.data))]
+    if cfg.resume is not None:
+        inputs.append(Input("--resume", Path(cfg.resume)))
+    if cfg.checkpoint_dir is not None:
+        inputs.append(Input("--checkpoint-dir", Path(cfg.checkpoint_dir)))
+    check_out(out, overwrite, inputs)
+    if cfg.checkpoint_every and cfg.checkpoint_dir is not None:
+        check_writable_dir(Path(cfg.checkpoint_dir), "--checkpoint-dir", inputs[:1])
+    if save_model is not None:
+        check_output_file(save_model, "--save-model", [*inputs, Input("--out", out, may_hold_out=True)])
+        warn_stale(save_model)
+
+
 def _check_resume(cfg: TrainConfig) -> None:
     """Fail before training (or spawning ranks) if --resume cannot be used; say which one is used."""
+    from bagpipe_cli.data import open_dataset
+    from bagpipe_cli.engine.checkpoint import check_compatible, dataset_identity, find_checkpoint
+
     ck = find_checkpoint(Path(cfg.resume))
     check_compatible(cfg, ck, dataset_identity(open_dataset(cfg.data)))
     for why in ck.skipped:

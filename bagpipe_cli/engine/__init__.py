@@ -17,13 +17,31 @@ The core, the same for every runtime:
 The runtimes, each with the same file names for the same roles (runtime, loader, server,
 transport, collective): `local/` (every role in one process) and `distributed/`
 (torch.distributed ranks, launched by torchrun or `--procs`).
+
+The package imports its parts when first asked for them, so `engine.config` (whose fields
+the command line's options are) imports without torch.
 """
 
-from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.result import TrainResult
-from bagpipe_cli.engine.run import run
-from bagpipe_cli.engine.save import save_model
+import importlib
+from typing import Any
 
-train = run  # the name the library has always had
+# name -> "module:attribute"; `train` is the name the library has always had for `run`
+_EXPORTS = {"TrainConfig": "bagpipe_cli.engine.config:TrainConfig",
+            "TrainResult": "bagpipe_cli.engine.result:TrainResult",
+            "run": "bagpipe_cli.engine.run:run", "train": "bagpipe_cli.engine.run:run",
+            "save_model": "bagpipe_cli.engine.save:save_model"}
 
 __all__ = ["TrainConfig", "TrainResult", "run", "save_model", "train"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, _, attr = _EXPORTS[name].partition(":")
+    value = getattr(importlib.import_module(module), attr)
+    # Importing engine.run set this package's `run` to that module; the export wins, as an
+    # eager `from bagpipe_cli.engine.run import run` here would have made it.
+    globals()[name] = value
+    if name in ("run", "train"):
+        globals().update(run=value, train=value)
+    return value

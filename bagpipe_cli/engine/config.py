@@ -4,6 +4,10 @@
 grouped by section, a bench file's `base`/`matrix` keys are these fields, and the whole
 config is stored with every result. Another command's config (`bagpipe simulate`'s) takes
 a field that means the same thing from here with `shared`, so it has one default and help.
+
+This module imports without torch (the command line builds its options from it before it
+knows what will run): the choices come from light constants, held equal to the engine's own
+registries by tests/test_startup.py.
 """
 
 from __future__ import annotations
@@ -15,12 +19,12 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.optim import EMB_OPTIMIZERS, RowOptimizer
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
-from bagpipe_cli.models import MODELS
 
+MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
+EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/optim.py's RowOptimizer
 DENSE_OPTIMIZERS = ("sgd", "adam")
 COLLECTIVE_KINDS = ("exact", "allgather", "allreduce")  # engine/collective.py KINDS
 DEVICE_FORM = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
@@ -77,7 +81,7 @@ class TrainConfig:
     data: str = setting(MISSING, "Dataset directory.", cli=False, section="data")
     system: str = setting("bagpipe", "; ".join(f"{s.name}: {s.summary}" for s in SYSTEMS.values()) + ".",
                           choices=ALL_SYSTEMS, section="system")
-    model: str = setting("dlrm", "Dense model.", choices=tuple(sorted(MODELS)), section="model")
+    model: str = setting("dlrm", "Dense model.", choices=MODEL_NAMES, section="model")
     batch_size: int = setting(1024, "Global batch size (split evenly over the trainers).",
                               at_least=1, section="data")
     iterations: int = setting(100, "Training iterations (the data wraps around if needed).",
@@ -176,7 +180,8 @@ class TrainConfig:
             fix = f"use {option_name(key)} {value} or another system" if key else "use another system"
             raise ConfigError(f"--checkpoint-every/--resume: {self.system} with {s.inexact_when} "
                               f"cannot be resumed exactly; {fix}")
-        RowOptimizer(self.optimizer, self.lr)  # validates --lr
+        if not self.lr > 0:  # what RowOptimizer checks, without importing it (torch)
+            raise ConfigError(f"--lr must be > 0 (got {self.lr})")
 
     def _check_launch(self, s) -> None:
         if s.external and (self.transport != "inproc" or self.procs is not None):

@@ -7,6 +7,10 @@ colour. `train`, `bench`, `simulate`, `report` and the tests ask this registry i
 comparing system names, so a new system is one entry here plus its implementation
 (a plan builder in `engine/planner.py`, an `EmbeddingSystem` in `engine/systems.py` and
 its volumes in `simulate/volumes.py`, or an external runner).
+
+The builders are named ("module:function", as `runner` and `volumes` are) and imported when
+first called (`Lazy`), so this table, and the configs whose choices come from it, import
+without the engine (torch): `bagpipe --help` starts at once.
 """
 
 from __future__ import annotations
@@ -15,24 +19,56 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from bagpipe_cli.engine.planner import PlanBuilder, lookahead_plan, no_plan, policy_plan
-from bagpipe_cli.engine.systems import (
-    CacheSystem,
-    EmbeddingSystem,
-    HetSystem,
-    LocalSystem,
-    SyncSystem,
-    SystemParts,
-)
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy
+
+if TYPE_CHECKING:
+    from bagpipe_cli.engine.planner import PlanBuilder
+    from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
 
 # Settings that belong to one system rather than to the setting it runs in.
 SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample")
 ENGINE = "engine"  # SystemSpec.runner of the systems this package's engine trains
 VOLUMES = "bagpipe_cli.simulate.volumes"  # where the engine's systems' simulated volumes are
+
+
+class Lazy:
+    """A function named "module:name" (`name` may be dotted, a class's method), imported when
+    first called, with `kwargs` bound as `functools.partial` binds them; with `made_by`, the
+    named function is a factory and the function called is the one it makes of `made_by`."""
+
+    def __init__(self, target: str, *, made_by: tuple[Any, ...] | None = None, **kwargs: Any):
+        self.target, self.made_by, self.kwargs = target, made_by, kwargs
+        self._fn: Callable[..., Any] | None = None
+
+    def resolve(self) -> Callable[..., Any]:
+        """The function itself (imported on the first call)."""
+        if self._fn is None:
+            module, _, name = self.target.partition(":")
+            fn: Any = importlib.import_module(module)
+            for part in name.split("."):
+                fn = getattr(fn, part)
+            if self.made_by is not None:
+                fn = fn(*self.made_by)
+            self._fn = partial(fn, **self.kwargs) if self.kwargs else fn
+        return self._fn
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.resolve()(*args, **kwargs)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_fn": None}  # what it resolved to may be a closure
+
+    def __repr__(self) -> str:
+        made = f"({', '.join(map(repr, self.made_by))})" if self.made_by is not None else ""
+        bound = "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
+        return f"Lazy({self.target}{made}{bound})"
+
+
+PLANNER = "bagpipe_cli.engine.planner"
+SYSTEMS_PACKAGE = "bagpipe_cli.engine.systems"
 
 
 @dataclass(frozen=True)
@@ -41,8 +77,8 @@ class SystemSpec:
 
     name: str
     summary: str  # one line, for --help and the README
-    plan: PlanBuilder  # (RunSetup, first iteration) -> Planning: what plans its cache
-    build_system: Callable[[SystemParts], EmbeddingSystem] | None  # one process's system
+    plan: PlanBuilder | Lazy  # (RunSetup, first iteration) -> Planning: what plans its cache
+    build_system: Callable[[SystemParts], EmbeddingSystem] | Lazy | None  # one process's system
     volumes: str | None  # "module:function" of its simulated volumes (simulate imports this
     #                      registry, so it is resolved when asked: `simulated_volumes`)
     replicated: bool  # trainers hold every row of U_b and all-reduce its gradients (else:
@@ -103,20 +139,23 @@ _CACHE_SETTINGS = frozenset({"lookahead", "round", "cache_rows"})
 
 def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS) -> SystemSpec:
     """A fixed-capacity cache that follows cache policy `name` (lru, lfu, fae)."""
-    return SystemSpec(name, summary, plan=policy_plan(name),
-                      build_system=partial(CacheSystem.build, prefetch_ahead=False, lrpp=False),
+    return SystemSpec(name, summary, plan=Lazy(f"{PLANNER}:policy_plan", made_by=(name,)),
+                      build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build",
+                                        prefetch_ahead=False, lrpp=False),
                       volumes=f"{VOLUMES}:policy_volumes", replicated=True, reads=reads,
                       capacity_from_peak=True, color=policy(name).color)
 
 
 _SPECS = (
     SystemSpec("sync", "no cache: every iteration fetches its rows and writes the update back "
-               "(parameter server)", plan=no_plan, build_system=SyncSystem.build,
+               "(parameter server)", plan=Lazy(f"{PLANNER}:no_plan"),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}:SyncSystem.build"),
                volumes=f"{VOLUMES}:fetched_volumes", replicated=False, role="reference",
                color=policy("none").color),
     SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP",
-               plan=lookahead_plan,
-               build_system=partial(CacheSystem.build, prefetch_ahead=True, lrpp=True),
+               plan=Lazy(f"{PLANNER}:lookahead_plan"),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build", prefetch_ahead=True,
+                                 lrpp=True),
                volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
                rounds=True, role="ours", color=policy("bagpipe").color),
     _baseline("lru", "fixed cache, fetch on miss, evict the least recently used"),
@@ -124,14 +163,19 @@ _SPECS = (
     _baseline("fae", "static cache of the hottest rows (FAE); the others fetched every iteration",
               reads=_CACHE_SETTINGS | {"hot_sample"}),
     SystemSpec("het", "bounded-staleness cache (HET): copies may lag --staleness versions",
-               plan=no_plan, build_system=HetSystem.build, volumes=f"{VOLUMES}:stale_volumes",
+               plan=Lazy(f"{PLANNER}:no_plan"),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}:HetSystem.build"),
+               volumes=f"{VOLUMES}:stale_volumes",
                per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}), exact_only_if=("staleness", 0),
                inexact_when="--staleness > 0", color="#ff7f0e"),
     SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
-               plan=no_plan, build_system=LocalSystem.build, volumes=f"{VOLUMES}:local_volumes",
+               plan=Lazy(f"{PLANNER}:no_plan"),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}:LocalSystem.build"),
+               volumes=f"{VOLUMES}:local_volumes",
                replicated=True, role="bound", color="#17becf"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
-               "(optional: make torchrec)", plan=no_plan, build_system=None, volumes=None,
+               "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
+               volumes=None,
                replicated=False, runner="bagpipe_cli.external.torchrec_run:run_torchrec",
                install="make torchrec", color="#8c564b"),
 )

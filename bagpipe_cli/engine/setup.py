@@ -31,6 +31,7 @@ from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import path_record
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
 
 
@@ -125,6 +126,6 @@ def run_config(s: RunSetup, layout: dict[str, Any], runner: dict[str, Any]) -> d
     what ran it (`runner`: its name and the runner's own settings)."""
     ds = s.ds
     return {"train": asdict(s.cfg), "model": asdict(s.mcfg), "row_dim": s.row_dim,
-            "dataset": {"path": str(s.cfg.data), "name": ds.meta.name, "rows": ds.rows,
+            "dataset": {**path_record(s.cfg.data), "name": ds.meta.name, "rows": ds.rows,
                         "cardinalities": s.cardinalities, "dense_features": ds.meta.num_dense},
             "layout": layout, "runner": runner}

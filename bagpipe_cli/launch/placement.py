@@ -24,8 +24,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import torch
-
+# torch is imported where it is used: the run's options (engine/config.py) read PLACEMENTS
+# before anything runs, and must not wait for torch.
 PLACEMENTS = ("auto", "off")
 GPU_TRAINER_CORES = 2  # a GPU trainer's cores: its main thread and a helper
 
@@ -65,6 +65,8 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
     """The placement of an in-process run on `cores` (`gpu`: the trainers compute on a GPU,
     so the helpers get all but GPU_TRAINER_CORES of them)."""
     if policy == "off":
+        import torch
+
         return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
     r = reserved_cores(len(cores))
     if gpu and len(cores) > GPU_TRAINER_CORES:
@@ -119,6 +121,8 @@ class Pinned:
         self._saved: tuple[int, ...] = ()
 
     def __enter__(self) -> Placement:
+        import torch
+
         p = self.placement
         self._saved = available_cores()
         pinned = p.policy != "off" and pin(p.compute)

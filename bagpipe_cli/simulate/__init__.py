@@ -5,6 +5,9 @@ Entry points: `build_config(...)` -> `SimulateConfig`; `run_simulate(config)` ->
 simulate.json (schema_version 1), predictions.csv, sweep.csv and the plots. The model is
 `bagpipe_cli.simulate.model` (documented in docs/performance-model.md); `validate(paths)`
 in `bagpipe_cli.simulate.validate` checks it against stored runs.
+
+The tracing, calibration and plotting (torch, pandas, matplotlib) are imported inside the
+functions that use them: `bagpipe simulate --help` reads only `SimulateConfig`.
 """
 
 from __future__ import annotations
@@ -14,15 +17,11 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import atomic_dir, write_json
-from bagpipe_cli.models import ModelConfig, row_dim
-from bagpipe_cli.simulate.calibrate import calibrate, dense_bytes, state_dim
+from bagpipe_cli.io import atomic_dir, recorded_path, write_json
 from bagpipe_cli.simulate.cluster import ClusterFile, SimulateConfig, ensure_dataset
 from bagpipe_cli.simulate.model import (
     ComputeTimes,
@@ -32,8 +31,9 @@ from bagpipe_cli.simulate.model import (
     add_speedups,
     predict,
 )
-from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
-from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 SCHEMA_VERSION = 1
 
@@ -74,7 +74,7 @@ def _source(data_path: Path, vals: dict[str, Any]) -> tuple[Path, str]:
         return data_path, str(data_path)
     try:
         prof = json.loads((data_path / "profile.json").read_text())
-        ds_path = prof["dataset"]["path"]
+        ds_path = recorded_path(prof["dataset"])  # absolute since profile.json records it so
         pcfg = prof["config"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DataError(f"{data_path}/profile.json: cannot read ({e}); rerun bagpipe profile") from None
@@ -102,6 +102,8 @@ class SimulateResult:
     sweep: pd.DataFrame  # system, sweep, trainers, net_gbps, mean_ms, speedup
 
     def predictions_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
         rows = []
         for p in self.predictions:
             d = p.to_json()
@@ -129,6 +131,8 @@ def _compute(cfg: SimulateConfig) -> tuple[dict[str, ComputeTimes], dict[str, An
     if cfg.compute_ms is not None:
         c = ComputeTimes.from_total(cfg.compute_ms)
         return {s: c for s in cfg.systems}, {"kind": "given", "compute_ms": cfg.compute_ms}
+    from bagpipe_cli.simulate.calibrate import calibrate
+
     per, src = calibrate(*map(Path, cfg.calibrate), model=cfg.model)
     # Runs simulate their trainers in one process: the compute of B_run samples. One trainer
     # here computes batch_size / trainers samples; compute scales with the samples.
@@ -148,6 +152,12 @@ def _mean_volumes(v: Volumes) -> dict[str, float]:
 
 def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = None) -> SimulateResult:
     """Trace the dataset, predict every system at the cluster and along the sweeps."""
+    import pandas as pd
+
+    from bagpipe_cli.models import ModelConfig, row_dim
+    from bagpipe_cli.simulate.calibrate import dense_bytes, state_dim
+    from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
     say = progress or (lambda s: None)
     tc = TraceConfig(data=cfg.data, batch_size=cfg.batch_size, iterations=cfg.iterations,
                      lookahead=cfg.lookahead, round=cfg.round, cache_rows=cfg.cache_rows,
@@ -194,6 +204,8 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
 
 def write_simulation(result: SimulateResult, out: Path, overwrite: bool = False) -> list[Path]:
     """simulate.json, predictions.csv, sweep.csv and the plots, written atomically into `out`."""
+    from bagpipe_cli.simulate.plots import plot_speedup_vs_bandwidth, plot_speedup_vs_trainers
+
     with atomic_dir(Path(out), overwrite) as tmp:
         write_json(tmp / "simulate.json", result.to_json())
         result.predictions_frame().to_csv(tmp / "predictions.csv", index=False)

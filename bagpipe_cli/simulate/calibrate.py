@@ -26,6 +26,7 @@ import torch
 from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
+from bagpipe_cli.io import recorded_path
 from bagpipe_cli.models import ModelConfig, build_model
 from bagpipe_cli.results import (
     SkippedRun,
@@ -109,7 +110,7 @@ def read_measured(folder: Path) -> MeasuredRun:
     try:
         mcfg = ModelConfig(**config["model"])
         system = train["system"]
-        data = config.get("dataset", {}).get("path") or train["data"]
+        data = recorded_path(config.get("dataset", {}), train["data"])  # absolute in new runs
     except (KeyError, TypeError) as e:
         raise DataError(f"{folder}/config.json: missing {e}; not a `bagpipe train` run") from None
     warmup = int(train.get("warmup", 0))

@@ -46,8 +46,12 @@ import yaml
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import read_text
 from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
-from bagpipe_cli.simulate.volumes import RUNTIMES
+
+# simulate/volumes.py's runtimes (a test holds them equal): that module traces with the
+# engine (torch), and `bagpipe simulate --help` reads only this one.
+RUNTIMES = ("inproc", "distributed")
 
 DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
 DEFAULT_SWEEP_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 40.0, 100.0)
@@ -176,12 +180,7 @@ class ClusterFile:
 def load_cluster(path: Path) -> ClusterFile:
     """Read and check a cluster file; every error is one line naming the file (and key)."""
     where = f"--cluster {path}"
-    try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except OSError as e:
-        raise ConfigError(f"{where}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{where}: not UTF-8 text (byte {e.start} is {e.object[e.start]:#04x})") from None
+    text = read_text(Path(path), where)
     try:
         raw = yaml.safe_load(text)
     except yaml.YAMLError as e:

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from bagpipe_cli.engine.collective import KINDS
+from bagpipe_cli.engine.config import COLLECTIVE_KINDS as KINDS
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
 from bagpipe_cli.errors import ConfigError

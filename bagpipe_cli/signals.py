@@ -1,0 +1,56 @@
+"""SIGTERM and SIGHUP end a run the way Ctrl-C does: as an exception, so that every writer's
+cleanup (`io.atomic_dir`'s `finally`, a profile's spilled trace, a launcher's child
+processes) runs before the process exits.
+
+The command line installs the handlers first thing (`install`); a signal raises
+`Terminated` (a `KeyboardInterrupt`, so code that cleans up on Ctrl-C cleans up on it too)
+in the main thread. The process then exits with one `Error:` line and the shell's
+convention for a death by signal, 128 + N: 130 for Ctrl-C (SIGINT), 143 for SIGTERM, 129
+for SIGHUP (`exit_code`). A second SIGTERM or SIGHUP while the first is being cleaned up is
+ignored, so the cleanup finishes; SIGKILL still ends the process at once (its temporaries
+are then removed by a later run: `io.stale_temporaries`). A signal the parent ignores
+(`nohup`) stays ignored.
+"""
+
+from __future__ import annotations
+
+import signal
+from types import FrameType
+
+HANDLED = (signal.SIGTERM, signal.SIGHUP)
+_received: list[int] = []
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by `signum` (SIGTERM or SIGHUP)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise(signum: int, frame: FrameType | None) -> None:
+    if _received:  # the first one is being cleaned up: let that finish
+        return
+    _received.append(signum)
+    raise Terminated(signum)
+
+
+def install() -> None:
+    """Turn SIGTERM and SIGHUP into `Terminated` in this (main) thread. A signal the parent
+    ignores stays ignored (`nohup bagpipe ...` keeps running when its terminal closes)."""
+    for s in HANDLED:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _raise)
+
+
+def exit_code(e: BaseException) -> int:
+    """128 + the signal's number: 130 for Ctrl-C, 143 for SIGTERM, 129 for SIGHUP."""
+    return 128 + (e.signum if isinstance(e, Terminated) else signal.SIGINT)
+
+
+def describe(e: BaseException) -> str:
+    """'interrupted' (Ctrl-C) or 'terminated by SIGTERM'."""
+    if isinstance(e, Terminated):
+        return f"terminated by {signal.Signals(e.signum).name}"
+    return "interrupted"
