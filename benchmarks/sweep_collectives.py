@@ -20,6 +20,7 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+import pandas as pd
 from matplotlib.figure import Figure
 
 from bagpipe_cli.data.synth import SynthConfig, generate
@@ -30,7 +31,9 @@ from bagpipe_cli.simulate.model import add_speedups, predict
 from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
 SYSTEMS = ("sync", "bagpipe", "lru")
-COLORS = {"exact": "#d62728", "allgather": "#7f7f7f", "allreduce": "#1f77b4"}
+STYLE = {"exact": dict(color="#d62728", marker="o", lw=4, alpha=0.6, ms=9),
+         "allgather": dict(color="#7f7f7f", marker="s", lw=1.5),
+         "allreduce": dict(color="#1f77b4", marker=".", lw=1.5, ls="--")}
 
 
 def sweep(cfg, ns: list[int]) -> list[dict]:
@@ -64,7 +67,7 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
         for kind in KINDS:
             ys = [next(r["speedup"] for r in rows if r["trainers"] == n and r["collective"] == kind
                        and r["system"] == system) for n in ns]
-            ax.plot(ns, ys, "o-", color=COLORS[kind], label=f"--collective {kind}")
+            ax.plot(ns, ys, label=f"--collective {kind}", **STYLE[kind])
         ax.axhline(1.0, color="#555555", ls=":", lw=1)
         ax.set_xscale("log", base=2)
         ax.set_xticks(ns, [str(n) for n in ns])
@@ -72,7 +75,8 @@ def plot(rows: list[dict], title: str, path: Path) -> None:
         ax.set_title(f"{system} / sync")
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("predicted speed-up over sync (mean iteration time)")
-    axes[0].legend(fontsize=9)
+    axes[0].legend(fontsize=9, title="exact and allreduce move a ring's\nbytes: their lines coincide",
+                   title_fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -85,6 +89,9 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=Path("results/datasets/synth-criteo-0.1-2M"))
     ap.add_argument("--trainers", default="2,4,8,16,32,64")
     ap.add_argument("--png", type=Path, default=Path("docs/img/collectives_vs_trainers.png"))
+    ap.add_argument("--csv", type=Path, default=Path("results/sweep_collectives.csv"),
+                    help="the predictions (--replot draws them again without simulating)")
+    ap.add_argument("--replot", action="store_true")
     a = ap.parse_args()
     if not (a.data / "meta.json").is_file():
         generate(SynthConfig(preset="criteo-kaggle", scale=0.1, rows=2_000_000, seed=0), a.data)
@@ -92,16 +99,23 @@ def main() -> None:
     cfg = build_config(str(a.data), load_cluster(a.cluster), iterations=rows_in_data // 16384,
                        warmup=20)
     cfg = replace(cfg, cache_rows=None)  # lru's capacity: bagpipe's peak (the file's is for 33.8M rows)
+    title = (f"{a.cluster.stem} on {a.data.name}: {cfg.servers} server at {cfg.net_gbps:g} Gbit/s, "
+             f"trainers at {cfg.trainer_gbps or cfg.net_gbps:g} Gbit/s, batch {cfg.batch_size:,}, "
+             f"L={cfg.lookahead}")
+    if a.replot:
+        plot(pd.read_csv(a.csv).to_dict("records"), title, a.png)
+        print(f"wrote {a.png}")
+        return
     ns = [int(x) for x in a.trainers.split(",")]
     rows = sweep(cfg, ns)
+    a.csv.parent.mkdir(parents=True, exist_ok=True)
+    pd.DataFrame(rows).to_csv(a.csv, index=False)
     print(f"\n{'N':>3} " + "".join(f"{k + ' ' + s:>20}" for k in KINDS for s in SYSTEMS[1:]))
     for n in ns:
         print(f"{n:>3} " + "".join(
             f"{next(r['speedup'] for r in rows if r['trainers'] == n and r['collective'] == k and r['system'] == s):>19.2f}x"
             for k in KINDS for s in SYSTEMS[1:]))
-    plot(rows, f"{a.cluster.stem} on {a.data.name}: {cfg.servers} server at {cfg.net_gbps:g} Gbit/s, "
-               f"trainers at {cfg.trainer_gbps or cfg.net_gbps:g} Gbit/s, batch {cfg.batch_size:,}, "
-               f"L={cfg.lookahead}", a.png)
+    plot(rows, title, a.png)
     print(f"wrote {a.png}")
 
 
