@@ -53,7 +53,7 @@ def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 def _run(fmt: str, inputs: tuple[Path, ...], out: Path, overwrite: bool, block_mb: float,
          **kwargs: Any) -> None:
-    cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=int(block_mb * 2**20), **kwargs)
+    cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=block_mb * 2**20, **kwargs)
 
     def progress(phase: str, total: int | None):
         return progress_bar(_PHASES.get(phase, phase), total, unit="rows")
