@@ -74,6 +74,8 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
         result = run_profile(cfg, progress)
     write_profile(result, out, overwrite)
     _summary(result, out)
+    for w in result.warnings:
+        err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
 
 
 class _Stages:
