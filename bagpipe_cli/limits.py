@@ -95,15 +95,15 @@ def check_int(option: str, value: int | None, low: int = 0, high: int = INT64_MA
         raise ConfigError(f"{option} {value}: too large (at most {high:,})")
 
 
-def check_table_rows(option: str, tables: int, rows_per_table: int) -> None:
-    """Refuse tables (`tables` of up to `rows_per_table` rows, which `option` asks for) that no
-    command could use on this machine: a profile keeps LEAST_BYTES_PER_ROW per row, a run at
-    --emb-dim 16 about 85."""
-    total = tables * rows_per_table
+def check_table_rows(option: str, tables: int, widest: int, total: int | None = None) -> None:
+    """Refuse tables (`tables` of up to `widest` rows, `total` in all, which `option` asks
+    for) that no command could use on this machine: a profile keeps LEAST_BYTES_PER_ROW per
+    row, a run at --emb-dim 16 about 85."""
+    total = tables * widest if total is None else total
     have = machine_memory()
     if total * LEAST_BYTES_PER_ROW > have:
         raise ConfigError(f"{option}: {tables:,} table{'s' if tables != 1 else ''} of up to "
-                          f"{rows_per_table:,} rows; a profile of them would need about "
+                          f"{widest:,} rows; a profile of them would need about "
                           f"{human_bytes(total * LEAST_BYTES_PER_ROW)} of memory and a run at "
                           f"--emb-dim 16 about {human_bytes(total * 85)}, more than this "
                           f"machine's {human_bytes(have)}; ask for fewer rows per table")

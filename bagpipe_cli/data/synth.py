@@ -109,7 +109,7 @@ class SynthConfig:
         widest = max(s.cardinality for s in specs)
         asked = (f"--max-rows-per-table {self.max_rows_per_table}"
                  if widest == self.max_rows_per_table else f"--scale {self.scale:g}")
-        check_table_rows(asked, len(specs), widest)
+        check_table_rows(asked, len(specs), widest, sum(s.cardinality for s in specs))
 
     @property
     def num_rows(self) -> int:
