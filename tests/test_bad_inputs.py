@@ -204,6 +204,9 @@ CASES: list[tuple[str, str, int]] = [
     ("profile {tiny} --lookahead 0", "--lookahead must be an integer >= 1", 2),
     ("profile {tiny} --batch-size 256 --cache-rows 10", "--cache-rows 10 is below", 2),
     ("profile {tiny} --dim 0", "--dim must be >= 1", 2),
+    ("profile {tiny} --dim 100000000000000000000", "--dim 100000000000000000000: too large", 2),
+    ("profile {tiny} --lookahead 100000000000000000000", "--lookahead 100000000000000000000: too", 2),
+    ("profile {tiny} --cache-rows 100000000000000000000", "--cache-rows 100000000000000000000", 2),
     ("profile {tiny} --policies lru,magic", "magic", 2),
     # ---- train: the option (and why), or the dataset's file and row
     ("train {tiny} --lr inf", "--lr must be a finite number (got inf)", 2),

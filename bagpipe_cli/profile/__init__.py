@@ -29,7 +29,7 @@ from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.limits import LEAST_BYTES_PER_ROW, check_memory
+from bagpipe_cli.limits import INT32_MAX, LEAST_BYTES_PER_ROW, check_int, check_memory
 from bagpipe_cli.policies.simulators import (
     BagpipeSimulator,
     PolicyResult,
@@ -93,18 +93,17 @@ class ProfileConfig:
             raise ConfigError("--lookahead: give at least one value")
         for lk in self.lookaheads:
             check_lookahead(lk)
+            check_int("--lookahead", lk, 1, INT32_MAX)  # batch numbers are int32
         if self.cache_rows is not None:
             if not self.cache_rows:
                 raise ConfigError("--cache-rows: give at least one value")
             for r in self.cache_rows:
-                if r < 1:
-                    raise ConfigError(f"--cache-rows must be >= 1 (got {r})")
+                check_int("--cache-rows", r, 1, INT32_MAX)
+        check_int("--dim", self.dim, 1, INT32_MAX)
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
         for p in self.policies:
             policy(p)  # a known one
-        if self.dim < 1:
-            raise ConfigError(f"--dim must be >= 1 (got {self.dim})")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
