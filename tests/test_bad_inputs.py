@@ -229,6 +229,9 @@ CASES: list[tuple[str, str, int]] = [
     ("train {tiny} --threads 100000", "--threads 100000: at most 1,024", 2),
     ("train {tiny} --trainers 100000 --batch-size 100000", "--trainers 100000: at most 4,096", 2),
     ("train {tiny} --hot-sample nan", "--hot-sample must be a finite number", 2),
+    ("train {tiny} --bottom-mlp 1000000,1000000", "--bottom-mlp 1000000,1000000 --top-mlp 64,32: "
+     "the dense model needs about", 2),
+    ("train {tiny} --top-mlp 99999999999999999999", "--top-mlp 99999999999999999999: at most", 2),
     ("train {tiny} --batch-size 100000", "--batch-size 100000 is larger than the", 2),
     ("train {tiny} --eval-rows 10000000", "--eval-rows 10000000 must be in", 2),
     ("train {tiny} --round 100", "--round 100: must be between 1 and", 2),

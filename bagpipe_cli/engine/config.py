@@ -323,20 +323,32 @@ def _typed(hint: Any, v: Any, what: str) -> Any:
     return float(v) if hint is float else v
 
 
-def check_run_memory(cfg: TrainConfig, total_rows: int, row_dim: int, state_dim: int) -> None:
+def check_run_memory(cfg: TrainConfig, total_rows: int, row_dim: int, state_dim: int,
+                     num_dense: int = 0) -> None:
     """Refuse a run whose embedding tables, planner and caches cannot fit this machine's
     memory, before any of them is allocated. A lower bound: the servers' tables (every
     shard when the ranks run here; a torchrun rank: one server's share), the planner's
-    per-row state, and a given --cache-rows per trainer process (on the CPU)."""
+    per-row state, a given --cache-rows per trainer process (on the CPU), and the dense
+    model's layers (`num_dense` features in, E out of the bottom MLP; at least E into the top)."""
     row = 4 * (row_dim + state_dim)  # float32 values and optimizer state
     here = cfg.transport == "inproc" or cfg.procs is not None
     tables = total_rows * row if here else -(-total_rows // cfg.servers) * row
     caches = 0
     if cfg.cache_rows is not None and cfg.device in ("auto", "cpu"):
         caches = cfg.cache_rows * row * (cfg.trainers if cfg.procs is not None else 1)
-    need = tables + PLANNER_BYTES_PER_ROW * total_rows + caches
+    # The dense model: its layers' weights and their gradients (float32).
+    chains = ((num_dense, *cfg.bottom_mlp, cfg.emb_dim), (cfg.emb_dim, *cfg.top_mlp, 1))
+    dense = sum(8 * a * b for mlp in chains for a, b in zip(mlp[:-1], mlp[1:], strict=True))
+    need = tables + PLANNER_BYTES_PER_ROW * total_rows + caches + dense
+    if dense > need / 2:
+        check_memory(need, f"--bottom-mlp {_sizes(cfg.bottom_mlp)} --top-mlp "
+                           f"{_sizes(cfg.top_mlp)}: the dense model", "use smaller layers")
     what = (f"a run over {total_rows:,} embedding rows of {row_dim + state_dim:,} floats"
             + (f" with --cache-rows {cfg.cache_rows:,}" if caches else ""))
     check_memory(need, f"--emb-dim {cfg.emb_dim}: {what}",
                  "lower --emb-dim or --cache-rows, or use a dataset with fewer rows per table "
                  "(preprocess --max-rows-per-table)")
+
+
+def _sizes(layers: tuple[int, ...]) -> str:
+    return ",".join(map(str, layers))
