@@ -71,5 +71,5 @@ def test_the_memory_a_run_needs_is_checked_before_it_starts(tiny_dataset):
                                           "rows of 100,000,000 floats needs about"):
         train(TrainConfig(data=str(tiny_dataset), emb_dim=10**8, **SMALL))
     with pytest.raises(ConfigError, match="with --cache-rows 2,000,000,000 needs about"):
-        train(TrainConfig(data=str(tiny_dataset), cache_rows=2 * 10**9, **SMALL))
+        train(TrainConfig(data=str(tiny_dataset), cache_rows=2 * 10**9, emb_dim=4096, **SMALL))
     assert np.isfinite(train(TrainConfig(data=str(tiny_dataset), **SMALL)).summary["final_loss"])
