@@ -1,7 +1,10 @@
 import json
+import shutil
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bagpipe_cli.data import DatasetWriter, TableSpec, iter_batches, open_dataset
 from bagpipe_cli.data.format import META_FILE, sparse_file
@@ -121,3 +124,151 @@ def test_write_json_is_strict(tmp_path):
 
     write_json(tmp_path / "x.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": np.float32(2)})
     assert json.loads((tmp_path / "x.json").read_text()) == {"a": None, "b": [1.5, None], "c": 2.0}
+
+
+# --------------------------------------------------------------------------- the arrays' values
+
+
+def _damaged(tmp_path, fname, row, value):
+    _write(tmp_path / "d", n=10)
+    a = np.load(tmp_path / "d" / fname)
+    a[row] = value
+    np.save(tmp_path / "d" / fname, a)
+    return tmp_path / "d"
+
+
+@pytest.mark.parametrize("fname, row, value, match", [
+    (sparse_file(0), 7, -1, r"cat_000.npy: row 7: id -1 is outside \[0, 5\) of table 'a'"),
+    (sparse_file(0), 3, 5, r"cat_000.npy: row 3: id 5 is outside \[0, 5\)"),
+    (sparse_file(1), 9, 3_000_000_000, r"cat_001.npy: row 9: id 3000000000 is outside"),
+    ("labels.npy", 4, np.nan, r"labels.npy: row 4: label nan is not 0 or 1"),
+    ("labels.npy", 0, 0.5, r"labels.npy: row 0: label 0.5 is not 0 or 1"),
+    ("dense.npy", 6, [0.0, np.inf], r"dense.npy: row 6: dense feature 'y' is inf"),
+    ("dense.npy", 2, [np.nan, 1.0], r"dense.npy: row 2: dense feature 'x' is nan"),
+])
+def test_every_open_checks_the_values(tmp_path, fname, row, value, match):
+    with pytest.raises(DataError, match=match):
+        open_dataset(_damaged(tmp_path, fname, row, value))
+
+
+def test_the_values_are_checked_in_chunks_and_once_per_file(tmp_path, monkeypatch):
+    from bagpipe_cli.data import checks
+
+    monkeypatch.setattr(checks, "CHUNK_BYTES", 8)  # two int32 ids, one dense row a chunk
+    d = _damaged(tmp_path, sparse_file(0), 9, 4)  # still in range
+    calls = []
+    monkeypatch.setattr(checks, "_ids", lambda *a: calls.append(a[0].name))
+    open_dataset(d)
+    open_dataset(d)  # unchanged: not checked again
+    assert sorted(calls) == [sparse_file(t) for t in range(3)]
+    monkeypatch.undo()
+    monkeypatch.setattr(checks, "CHUNK_BYTES", 8)
+    a = np.load(d / sparse_file(0))
+    a[9] = 5  # out of range, in the last chunk
+    np.save(d / sparse_file(0), a)
+    with pytest.raises(DataError, match="row 9: id 5"):
+        open_dataset(d)
+
+
+def test_a_wrongly_typed_meta_mapping_is_a_data_error(tmp_path):
+    _write(tmp_path / "d")
+    _edit_meta(tmp_path / "d", options=[1, 2])
+    with pytest.raises(DataError, match="field 'options' must be a JSON object"):
+        open_dataset(tmp_path / "d")
+    _edit_meta(tmp_path / "d", options={}, tables=[{"name": "a", "cardinality": 2**62},
+                                                   {"name": "b", "cardinality": 2**62}])
+    with pytest.raises(DataError, match="2\\^62"):
+        open_dataset(tmp_path / "d")
+
+
+# --------------------------------------------------------------------------- fuzz
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=5),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=5), inner, max_size=3),
+    max_leaves=6)
+_META_KEYS = ("schema_version", "name", "rows", "tables", "dense_features", "label", "source",
+              "options", "checksums", "extra", "created")
+_DTYPES = ("int8", "int16", "int32", "int64", "uint32", "uint64", "float16", "float32", "float64",
+           "bool", "complex64")
+
+
+@st.composite
+def _damage(draw):
+    kind = draw(st.sampled_from(["meta", "table", "array", "bytes", "value", "remove"]))
+    fname = draw(st.sampled_from([sparse_file(0), sparse_file(1), sparse_file(2), "dense.npy",
+                                  "labels.npy"]))
+    if kind == "meta":
+        return kind, draw(st.sampled_from(_META_KEYS)), draw(st.none() | _JSON.map(lambda v: [v]))
+    if kind == "table":
+        return kind, draw(st.integers(0, 2)), draw(_JSON)
+    if kind == "array":
+        shape = draw(st.lists(st.integers(0, 12), max_size=3))
+        return kind, fname, (draw(st.sampled_from(_DTYPES)), tuple(shape))
+    if kind == "bytes":
+        return kind, fname, draw(st.binary(max_size=300))
+    if kind == "value":
+        return kind, fname, (draw(st.integers(0, 9)),
+                             draw(st.integers(-2**63, 2**63 - 1) | st.floats(width=32)))
+    return kind, fname, None
+
+
+def _apply(d, damage):
+    kind, where, what = damage
+    if kind == "meta":
+        m = json.loads((d / META_FILE).read_text())
+        if what is None:
+            m.pop(where, None)
+        else:
+            m[where] = what[0]
+        (d / META_FILE).write_text(json.dumps(m))
+    elif kind == "table":
+        m = json.loads((d / META_FILE).read_text())
+        m["tables"][where]["cardinality"] = what
+        (d / META_FILE).write_text(json.dumps(m))
+    elif kind == "array":
+        np.save(d / where, np.zeros(what[1], dtype=what[0]))
+    elif kind == "bytes":
+        (d / where).write_bytes(what)
+    elif kind == "value":
+        a = np.load(d / where)
+        row, v = what
+        with np.errstate(all="ignore"):
+            try:
+                a[row] = v
+            except (OverflowError, ValueError):
+                a[row] = -1  # beyond the array's type: out of range anyway
+        np.save(d / where, a)
+    else:
+        (d / where).unlink()
+
+
+@pytest.fixture(scope="module")
+def fuzz_base(tmp_path_factory):
+    base = tmp_path_factory.mktemp("fuzz") / "base"
+    _write(base)
+    return base
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(damages=st.lists(_damage(), min_size=1, max_size=3))
+def test_fuzz_the_dataset_reader_raises_only_its_errors(fuzz_base, tmp_path_factory, damages):
+    d = tmp_path_factory.mktemp("case") / "d"
+    shutil.copytree(fuzz_base, d)
+    for damage in damages:
+        try:
+            _apply(d, damage)
+        except (KeyError, TypeError, IndexError, ValueError, OSError, EOFError):
+            pass  # an earlier damage left nothing for this one to edit
+    try:
+        ds = open_dataset(d)
+    except (DataError, ConfigError) as e:
+        assert "\n" not in str(e) and str(e)
+        return
+    # Opened: every row reads, every id within its table.
+    block = ds.sparse_block(0, ds.rows)
+    assert ((block >= 0) & (block < np.array(ds.meta.cardinalities))).all()
+    if ds.labels is not None:
+        assert set(np.unique(ds.labels)) <= {0.0, 1.0}
+    assert np.isfinite(ds.dense).all()

@@ -404,3 +404,31 @@ def test_hex_check_every_byte():
         words[:, pos] = np.arange(256)
         got = hex_bad(words.view("<i8").ravel())
         assert list(got) == [c not in ok_bytes for c in range(256)]
+
+
+def test_parquet_is_known_by_its_magic_bytes_not_its_name(tmp_path):
+    src = tmp_path / "clicks.parquet.brotli"
+    pq.write_table(pa.table({"label": [0, 1, 0, 1], "item": ["x", "y", "x", "z"],
+                             "price": [1.5, 2.0, None, 4.0]}), src, compression="brotli")
+    ok("csv", src, "--label", "label", "--categorical", "item", "--dense", "price",
+       "--out", tmp_path / "out")
+    ds = open_dataset(tmp_path / "out")
+    assert ds.rows == 4 and ds.sparse(0).tolist() == [1, 2, 1, 3]
+    np.testing.assert_allclose(ds.dense[:, 0], np.log1p([1.5, 2.0, 0.0, 4.0]).astype(np.float32))
+
+
+def test_integers_beyond_a_c_long_are_values_not_tracebacks(tmp_path):
+    """A Criteo count past int64 is still a count (its log is kept), and an Avazu hour past
+    int64 is a bad line, not an overflow."""
+    big = "99999999999999999999999"
+    src = write(tmp_path / "day.tsv", [criteo_line("1", (big,) + ("1",) * 12, cats_with("0a")),
+                                       criteo_line("0", ("2",) * 13, cats_with("0b"))])
+    ok("criteo", src, "--out", tmp_path / "out")
+    dense = open_dataset(tmp_path / "out").dense
+    assert dense[0, 0] == pytest.approx(np.log1p(float(big)), rel=1e-6) and np.isfinite(dense).all()
+    av = write(tmp_path / "av.csv", ["id,click,hour,C1\n", "1,0,14102100,a\n",
+                                     "2,1,9223372036854775807,b\n", "3,1,-9223372036854775808,c\n"])
+    r = run("avazu", av, "--on-bad-line", "skip", "--out", tmp_path / "av")
+    assert r.exit_code == 0, r.output
+    meta = json.loads((tmp_path / "av" / "meta.json").read_text())
+    assert meta["rows"] == 1 and meta["extra"]["bad_lines"]["count"] == 2

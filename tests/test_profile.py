@@ -534,3 +534,23 @@ def test_criteo_head_profile_matches_definitions(tmp_path):
         assert (p["fetched_rows"], p["peak_resident_rows"]) == ref_fae(batches, cap, counts)
     for c in j["bagpipe_vs_belady"]:
         assert c["belady_fetched_rows"] == ref_cache(batches, c["belady_cache_rows"], "belady")[0]
+
+
+def test_a_profile_of_too_few_batches_warns_and_goes_on(tmp_path):
+    """Its defaults (B = 4096, L = 200) on 5,000 rows simulate 2 batches: a warning says so."""
+    data = tmp_path / "small"
+    generate(SynthConfig(preset="tiny", rows=5000, seed=1), data)
+    r = CliRunner().invoke(cli, ["profile", str(data), "--policies", "none,bagpipe",
+                                 "--out", str(tmp_path / "p")])
+    assert r.exit_code == 0, r.output
+    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("Warning:")]
+    assert len(warnings) == 1 and "2 batches of 4,096, fewer than the lookahead (200) and 10" in warnings[0]
+    assert json.loads((tmp_path / "p" / "profile.json").read_text())["warnings"] == [warnings[0][9:]]
+    # Enough batches for the lookahead and for 10: no warning.
+    assert run_profile(ProfileConfig(data, batch_size=100, lookaheads=(20,),
+                                     policies=("none", "bagpipe"))).warnings == []
+    # The lookahead counts only for a policy that reads it.
+    w = run_profile(ProfileConfig(data, batch_size=400, lookaheads=(20,), policies=("none",))).warnings
+    assert w == []
+    w = run_profile(ProfileConfig(data, batch_size=400, lookaheads=(20,))).warnings
+    assert len(w) == 1 and "13 batches of 400, fewer than the lookahead (20):" in w[0]

@@ -146,3 +146,40 @@ def test_bad_inputs(tmp_path):
 def test_report_help_has_example():
     r = CliRunner().invoke(cli, ["report", "--help"])
     assert r.exit_code == 0 and "Example" in r.output
+
+
+def test_a_thin_held_out_auc_is_noted(tmp_path):
+    """A held-out AUC on fewer than 30 samples of a class: a note on the page and in report.json."""
+    bench = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, bench)
+    runs = sorted((bench / "runs").iterdir())
+    for i, run in enumerate(runs[:2]):
+        s = json.loads((run / "summary.json").read_text())
+        s.update(eval_positives=3 + i, eval_negatives=997 - i)
+        (run / "summary.json").write_text(json.dumps(s))
+    s = json.loads((runs[2] / "summary.json").read_text())
+    s.update(eval_positives=30, eval_negatives=970)  # enough of each
+    (runs[2] / "summary.json").write_text(json.dumps(s))
+    res = build_report(ReportConfig(results=(bench,), out=tmp_path / "r", formats=("md",)))
+    notes = [n for n in res.notes if n.startswith("Held-out AUC")]
+    assert len(notes) == 1
+    assert f"`{runs[0].name}` (3 positive, 997 negative)" in notes[0]
+    assert f"`{runs[1].name}` (4 positive, 996 negative)" in notes[0] and runs[2].name not in notes[0]
+    assert notes[0] in json.loads((tmp_path / "r" / "report.json").read_text())["notes"]
+    assert notes[0] in (tmp_path / "r" / "report.md").read_text()
+    # Without the counts (runs written before they were kept) nothing is said.
+    assert not [n for n in build_report(ReportConfig(results=(EXAMPLE,), out=tmp_path / "r2",
+                                                     formats=("md",))).notes
+                if n.startswith("Held-out AUC")]
+
+
+def test_the_lookahead_plot_labels_every_measured_value():
+    from bagpipe_cli.report.plots import plot_sweep
+
+    runs = pd.DataFrame({"setting": ["s"] * 4, "system": ["bagpipe"] * 4,
+                         "lookahead": [3, 3, 7, 7], "samples_per_s": [10.0, 11.0, 12.0, 13.0]})
+    fig = plot_sweep(runs, "lookahead", runs.iloc[0:0], "sub")
+    ax = fig.axes[0]
+    fig.canvas.draw()
+    labels = {t.get_text() for t in ax.get_xticklabels() if t.get_text()}
+    assert list(ax.get_xticks()) == [3, 7] and labels == {"3", "7"}

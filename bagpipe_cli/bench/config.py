@@ -51,6 +51,7 @@ BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", 
               "profile")
 DATASET_KEYS = ("name", "path", "synth")
 PROFILE_KEYS = ("enabled", "batch_size", "lookaheads", "policies", "dim")
+_EXPONENT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 NULL_WORDS = ("none", "null")  # a YAML string that means "not set" for an optional setting
 # Set by `datasets`, `systems` and `models`, never by `base` or `matrix`.
 RESERVED_FIELDS = ("data", "system", "model")
@@ -221,6 +222,8 @@ def _setting(key: str, v: Any, tf: dict[str, Any], where: str, what: str) -> Any
         return v
     if float in args and isinstance(v, (int, float)) and not isinstance(v, bool):
         return float(v)
+    if float in args and isinstance(v, str) and _EXPONENT.fullmatch(v.strip()):
+        return float(v)  # YAML 1.1 reads 1e-3 (no dot) as a string
     if str in args and isinstance(v, str):
         return v
     kind = " or ".join(t.__name__ for t in args if t is not type(None))

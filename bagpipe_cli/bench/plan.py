@@ -24,6 +24,8 @@ from bagpipe_cli.errors import ConfigError
 # Settings that belong to a system rather than to the environment it runs in: the report
 # compares systems across them (Bagpipe at L=16 against sync in the same setting).
 SYSTEM_OWN_SETTINGS = SYSTEM_SETTINGS
+MAX_REPEAT = 1000  # repeats of every run
+MAX_RUNS = 100_000  # runs of a bench, repeats included
 # Short names for run ids and labels.
 SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
          "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
@@ -141,4 +143,16 @@ def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
                 parts.append(ds.name)
             parts += [slugify(x.split("=")[-1]) for x in [*variant.values(), *setting.values()]]
             seen[key] = PlannedRun(eff, ds.name, setting, variant, slugify("-".join(parts)), key)
+    _check_size(cfg, len(seen))
     return list(seen.values())
+
+
+def _check_size(cfg: BenchConfig, runs: int) -> None:
+    """A bench that can finish: at most MAX_REPEAT repeats and MAX_RUNS runs in all."""
+    if cfg.repeat > MAX_REPEAT:
+        raise ConfigError(f"{cfg.source}: repeat {cfg.repeat:,} (the file's, or --repeat): at "
+                          f"most {MAX_REPEAT:,}; a median over more repeats says nothing new")
+    if runs * cfg.repeat > MAX_RUNS:
+        raise ConfigError(f"{cfg.source}: {runs:,} runs x {cfg.repeat:,} repeats = "
+                          f"{runs * cfg.repeat:,} runs, more than {MAX_RUNS:,} (28 hours at 1 s "
+                          "a run); cut the matrix or the repeats")

@@ -59,7 +59,7 @@ def _run(fmt: str, inputs: tuple[Path, ...], out: Path, overwrite: bool, block_m
     from bagpipe_cli.data.preprocess import PreprocessConfig
     from bagpipe_cli.data.preprocess import preprocess as run_preprocess
 
-    cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=int(block_mb * 2**20), **kwargs)
+    cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=block_mb * 2**20, **kwargs)
     check_out(out, overwrite, [Input("INPUTS", p) for p in inputs]
               + ([Input("--vocab-from", kwargs["vocab_from"])] if kwargs.get("vocab_from") else []))
 

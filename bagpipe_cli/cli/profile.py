@@ -84,6 +84,8 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     result.dataset.update(path_record(data))  # found from any directory (simulate reads it)
     write_profile(result, out, overwrite)
     _summary(result, out)
+    for w in result.warnings:
+        err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
 
 
 class _Stages:

@@ -75,6 +75,8 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
     if save_model is not None:
         write_model(result, save_model, [t.name for t in open_dataset(data).meta.tables])
     console.print(_summary_table(cfg, result.summary, out))
+    for w in result.warnings:
+        err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
 
 
 def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:

@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli import __version__
+from bagpipe_cli.data.checks import check_arrays
 from bagpipe_cli.errors import ConfigError, DataError
 
 SCHEMA_VERSION = 1
@@ -40,6 +41,7 @@ META_FILE = "meta.json"
 DENSE_FILE = "dense.npy"
 LABELS_FILE = "labels.npy"
 _INT32_MAX = 2**31 - 1
+MAX_KEYS = 2**62  # row keys (table offset + id) are int64, with room to add
 
 
 def table_offsets(cardinalities: Sequence[int]) -> np.ndarray:
@@ -133,10 +135,15 @@ class DatasetMeta:
                 not isinstance(t, dict)
                 or not isinstance(t.get("name"), str)
                 or not isinstance(t.get("cardinality"), int)
+                or isinstance(t["cardinality"], bool)
                 or t["cardinality"] < 1
             ):
                 raise DataError(f"{where}: tables[{i}] must be {{name, cardinality >= 1}}")
             tables.append(TableSpec(t["name"], t["cardinality"]))
+        if sum(t.cardinality for t in tables) > MAX_KEYS:
+            raise DataError(f"{where}: the tables' cardinalities add up to "
+                            f"{sum(t.cardinality for t in tables):,} rows, more than the "
+                            f"{MAX_KEYS:,} (2^62) row keys a dataset may have")
         dense = need("dense_features", list)
         if not all(isinstance(x, str) for x in dense):
             raise DataError(f"{where}: dense_features must be a list of names")
@@ -149,13 +156,20 @@ class DatasetMeta:
             tables=tables,
             dense_features=list(dense),
             label=label,
-            source=dict(d.get("source") or {}),
-            options=dict(d.get("options") or {}),
-            checksums=dict(d.get("checksums") or {}),
-            extra=dict(d.get("extra") or {}),
+            **{k: _mapping(d, k, where) for k in ("source", "options", "checksums", "extra")},
             created=str(d.get("created", "")),
             bagpipe_version=str(d.get("bagpipe_version", "")),
         )
+
+
+def _mapping(d: dict[str, Any], key: str, where: str) -> dict[str, Any]:
+    """Field `key` of meta.json: a JSON object, or absent/null (empty)."""
+    v = d.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise DataError(f"{where}: field {key!r} must be a JSON object")
+    return dict(v)
 
 
 # --------------------------------------------------------------------------- reading
@@ -251,7 +265,7 @@ class Dataset:
         return Batch(read_rows(self.dense, start, stop), self.sparse_block(start, stop), labels, index)
 
     def verify(self) -> None:
-        """Check every array against its checksum and every id against its table's range."""
+        """Check every array against its checksum (its values are checked on opening)."""
         for fname, digest in self.meta.checksums.items():
             a = self._arrays.get(fname)
             if a is None:
@@ -263,13 +277,15 @@ class Dataset:
                 h.update(np.ascontiguousarray(flat[i : i + step]).data.cast("B"))
             if h.hexdigest() != digest:
                 raise DataError(f"{self.path / fname}: checksum mismatch; the file is corrupt")
-        for t, spec in enumerate(self.meta.tables):
-            ids = self.sparse(t)
-            if ids.shape[0] and (ids.min() < 0 or ids.max() >= spec.cardinality):
-                raise DataError(
-                    f"{self.path / sparse_file(t)}: ids outside [0, {spec.cardinality}) "
-                    f"for table {spec.name!r}"
-                )
+
+    def check_values(self) -> None:
+        """Every id within its table, every label 0 or 1, every dense value finite (`checks`)."""
+        m = self.meta
+        check_arrays(self.path,
+                     [(sparse_file(t), self.sparse(t), s.cardinality, s.name)
+                      for t, s in enumerate(m.tables)],
+                     (DENSE_FILE, self.dense, m.dense_features),
+                     (LABELS_FILE, self.labels) if self.labels is not None else None, release_rows)
 
 
 def read_meta(path: Path) -> DatasetMeta:
@@ -305,7 +321,8 @@ def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarr
 
 
 def open_dataset(path: Path | str, verify: bool = False) -> Dataset:
-    """Open and validate a dataset directory; `verify` also checks checksums and id ranges."""
+    """Open and validate a dataset directory: its meta.json, every array's dtype and shape,
+    and their values (`Dataset.check_values`); `verify` also checks the checksums."""
     path = Path(path)
     meta = read_meta(path)
     arrays: dict[str, np.ndarray] = {}
@@ -317,6 +334,7 @@ def open_dataset(path: Path | str, verify: bool = False) -> Dataset:
     ds = Dataset(path, meta, arrays)
     if verify:
         ds.verify()
+    ds.check_values()
     return ds
 
 

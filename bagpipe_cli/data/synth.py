@@ -27,8 +27,10 @@ from bagpipe_cli.data.format import DatasetMeta, TableSpec
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.limits import check_disk, check_int, check_table_rows
 
 CHUNK_ROWS = 1 << 18  # part of the output's definition: changing it changes the bytes
+MAX_COLUMNS = 4096  # tables or dense features: a chunk of CHUNK_ROWS rows of each is 8 GiB
 
 # Criteo Kaggle (Display Advertising Challenge) per-feature cardinalities, C1..C26.
 CRITEO_KAGGLE_CARDINALITIES = [
@@ -92,18 +94,22 @@ class SynthConfig:
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ConfigError(f"--preset {self.preset!r}: unknown; choose one of {', '.join(PRESETS)}")
-        for opt, v in [("--rows", self.rows), ("--tables", self.tables),
-                       ("--max-rows-per-table", self.max_rows_per_table)]:
-            if v is not None and v < 1:
-                raise ConfigError(f"{opt} must be >= 1 (got {v})")
+        check_int("--rows", self.rows, 1)
+        check_int("--max-rows-per-table", self.max_rows_per_table, 1)
+        check_int("--tables", self.tables, 1, MAX_COLUMNS)
+        check_int("--dense", self.dense, 0, MAX_COLUMNS)
+        check_int("--seed", self.seed, 0)
         if self.max_rows_per_table is not None and self.max_rows_per_table < 2:
             raise ConfigError("--max-rows-per-table must be >= 2 (id 0 is reserved for missing)")
         if not (self.scale > 0 and math.isfinite(self.scale)):
             raise ConfigError(f"--scale must be > 0 (got {self.scale})")
         if not (self.alpha > 0 and math.isfinite(self.alpha)):
             raise ConfigError(f"--alpha must be > 0 (got {self.alpha})")
-        if self.dense is not None and self.dense < 0:
-            raise ConfigError(f"--dense must be >= 0 (got {self.dense})")
+        specs = self.table_specs()
+        widest = max(s.cardinality for s in specs)
+        asked = (f"--max-rows-per-table {self.max_rows_per_table}"
+                 if widest == self.max_rows_per_table else f"--scale {self.scale:g}")
+        check_table_rows(asked, len(specs), widest, sum(s.cardinality for s in specs))
 
     @property
     def num_rows(self) -> int:
@@ -201,6 +207,9 @@ def generate(cfg: SynthConfig, out: Path, overwrite: bool = False,
     dense_names = cfg.dense_names()
     model = _hidden_model(cfg, len(specs), len(dense_names))
     rows = cfg.num_rows
+    row_bytes = sum(s.dtype.itemsize for s in specs) + 4 * len(dense_names) + 4
+    check_disk(rows * row_bytes, Path(out).absolute().parent,
+               f"--rows {rows}: samples of {row_bytes} bytes each", "ask for fewer --rows")
     with atomic_dir(out, overwrite) as tmp, ThreadPoolExecutor(2) as pool:
         w = DatasetWriter(tmp, specs, dense_names, label="label")
         try:

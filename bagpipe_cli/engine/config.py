@@ -13,6 +13,7 @@ registries by tests/test_startup.py.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
@@ -22,6 +23,7 @@ from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
+from bagpipe_cli.limits import INT32_MAX, check_memory
 
 MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
 EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/optim.py's RowOptimizer
@@ -32,22 +34,32 @@ TRANSPORTS = ("inproc", "torch")
 BACKENDS = ("gloo", "nccl")
 # The sections of a command's help, in this order (a field's `section`).
 SECTIONS = ("data", "model", "system", "cluster and network", "runtime", "checkpoints", "output")
+# Upper bounds, with why (a field's `at_most`); every other integer is at most INT32_MAX.
+MAX_ITERATIONS = (10**9, "at 1 ms an iteration, 10^9 iterations take 11.6 days")
+MAX_PEERS = (4096, "a thread or process each")
+MAX_THREADS = (1024, "more threads than any machine has cores")
+MAX_SEED = 2**63 - 1
+MAX_LR = (10**6, "rates that large only overflow the float32 weights")
+# The least memory per embedding row a run keeps whatever its system: the planner's four
+# int32 arrays and the key sets' mark and position (bool + int32).
+PLANNER_BYTES_PER_ROW = 21
 
 
 def setting(default: Any, help: str, *, section: str, option: str | None = None,
             choices: tuple[str, ...] | None = None, at_least: int | None = None,
-            cli: bool = True, multiple: bool = False, factory: Any = None) -> Any:
+            cli: bool = True, multiple: bool = False, factory: Any = None,
+            at_most: tuple[int, str] | None = None) -> Any:
     """A config field with its command-line help and the section of the help it is shown in.
 
-    `option` overrides `--field-name`; `choices` and `at_least` (a lower bound, of every
-    element of a tuple) are checked by `check_settings`; `multiple`: a tuple option given
-    once per value (`--calibrate A --calibrate B`) instead of comma-separated; `factory`
-    makes a mutable default (dict).
+    `option` overrides `--field-name`; `choices`, `at_least` and `at_most` (bounds of every
+    element of a tuple; `at_most` is (bound, why)) are checked by `check_settings`;
+    `multiple`: a tuple option given once per value (`--calibrate A --calibrate B`) instead
+    of comma-separated; `factory` makes a mutable default (dict).
     """
     if section not in SECTIONS:
         raise ValueError(f"section {section!r}: choose one of {SECTIONS}")
     meta = {"help": help, "option": option, "choices": choices, "cli": cli, "section": section,
-            "at_least": at_least, "multiple": multiple}
+            "at_least": at_least, "multiple": multiple, "at_most": at_most}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -85,7 +97,7 @@ class TrainConfig:
     batch_size: int = setting(1024, "Global batch size (split evenly over the trainers).",
                               at_least=1, section="data")
     iterations: int = setting(100, "Training iterations (the data wraps around if needed).",
-                              at_least=1, section="data")
+                              at_least=1, section="data", at_most=MAX_ITERATIONS)
     lookahead: int = setting(16, "L: batches the oracle looks ahead.", at_least=1, section="system")
     round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].",
                                 section="system")
@@ -103,13 +115,15 @@ class TrainConfig:
                                                  "sizes, e.g. 1024,1024,1024,256,128.", section="model")
     optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).", choices=EMB_OPTIMIZERS,
                              section="model")
-    lr: float = setting(0.1, "Embedding learning rate.", section="model")
+    lr: float = setting(0.1, "Embedding learning rate.", section="model", at_most=MAX_LR)
     dense_optimizer: str = setting("sgd", "Dense optimizer.", choices=DENSE_OPTIMIZERS, section="model")
-    dense_lr: float | None = setting(None, "Dense learning rate [default: --lr].", section="model")
+    dense_lr: float | None = setting(None, "Dense learning rate [default: --lr].", section="model",
+                                     at_most=MAX_LR)
     seed: int = setting(0, "Seed of the dense weights and the initial tables.", section="model")
-    trainers: int = setting(1, "N data-parallel trainers.", at_least=1, section="cluster and network")
+    trainers: int = setting(1, "N data-parallel trainers.", at_least=1, section="cluster and network",
+                            at_most=MAX_PEERS)
     servers: int = setting(1, "K embedding server shards (rows sharded by key % K).", at_least=1,
-                           section="cluster and network")
+                           section="cluster and network", at_most=MAX_PEERS)
     net_gbps: float | None = setting(None, "Network bandwidth (Gbit/s) between trainers and servers, "
                                            "and among trainers (train emulates it) [default: "
                                            "unlimited].", section="cluster and network")
@@ -135,7 +149,8 @@ class TrainConfig:
                                       "--servers + --trainers (implies --transport torch).",
                                 at_least=1, section="runtime")
     timeout_s: float = setting(120.0, "torch transport: seconds a rank waits for a peer.",
-                               option="--timeout", section="runtime")
+                               option="--timeout", section="runtime",
+                               at_most=(365 * 86400, "a year"))
     device: str = setting("auto", "Where trainers compute: cpu, cuda (a machine's GPUs in turn), "
                                   "cuda:K, or auto (a GPU where there is one); servers and the "
                                   "oracle stay on the CPU.", section="runtime")
@@ -146,12 +161,12 @@ class TrainConfig:
     loader_workers: int | None = setting(None, "Threads that read batches and find their unique "
                                                "rows ahead of the oracle [default: the cores "
                                                "--placement keeps for the loader].", at_least=1,
-                                         section="runtime")
+                                         section="runtime", at_most=MAX_THREADS)
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,
                            section="runtime")
     threads: int | None = setting(None, "torch compute threads [default: from --placement].",
-                                  at_least=1, section="runtime")
+                                  at_least=1, section="runtime", at_most=MAX_THREADS)
     placement: str = setting("auto", "auto: keep cores for the oracle/loader and the servers, give "
                                      "the trainers' torch threads the rest, pinned where the OS "
                                      "allows; off: leave it to the OS and torch's default.",
@@ -182,6 +197,17 @@ class TrainConfig:
                               f"cannot be resumed exactly; {fix}")
         if not self.lr > 0:  # what RowOptimizer checks, without importing it (torch)
             raise ConfigError(f"--lr must be > 0 (got {self.lr})")
+        self._check_measured()
+
+    def _check_measured(self) -> None:
+        """A dense learning rate torch accepts, and a warm-up that leaves iterations to measure
+        (the default warm-up of a run at most that long measures every iteration)."""
+        if self.dense_lr is not None and not self.dense_lr > 0:
+            raise ConfigError(f"--dense-lr must be > 0 (got {self.dense_lr})")
+        default = type(self).__dataclass_fields__["warmup"].default
+        if self.warmup >= self.iterations and self.warmup != default:
+            raise ConfigError(f"--warmup {self.warmup} leaves none of the {self.iterations} "
+                              "iterations measured; lower --warmup or raise --iterations")
 
     def _check_launch(self, s) -> None:
         if s.external and (self.transport != "inproc" or self.procs is not None):
@@ -240,6 +266,7 @@ def check_settings(cfg: Any) -> None:
                                   f"{', '.join(sorted(choices))}")
             if low is not None and v < low:
                 raise ConfigError(f"{field_option(f)} must be >= {low} (got {v})")
+            _check_number(f, v)
     if {"batch_size", "trainers"} <= names and cfg.batch_size % cfg.trainers:
         raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --trainers "
                           f"{cfg.trainers}")
@@ -247,6 +274,18 @@ def check_settings(cfg: Any) -> None:
         raise ConfigError(f"--hot-sample must be in (0, 1] (got {cfg.hot_sample})")
     if {"net_gbps", "net_latency_us"} <= names:
         NetworkModel(cfg.net_gbps, cfg.net_latency_us)  # validates the network options
+
+
+def _check_number(f: Field, v: Any) -> None:
+    """A number the engine can hold: finite, within the field's `at_most` (an integer
+    without one: within int32, the engine's arrays' type; the seed: within int64)."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ConfigError(f"{field_option(f)} must be a finite number (got {v})")
+    high, why = f.metadata.get("at_most") or (MAX_SEED if f.name == "seed" else INT32_MAX, "")
+    if abs(v) > high and (isinstance(v, int) or f.metadata.get("at_most")):
+        raise ConfigError(f"{field_option(f)} {v}: at most {high:,}" + (f" ({why})" if why else ""))
 
 
 _KINDS = {bool: ("true or false", lambda v: isinstance(v, bool)),
@@ -293,3 +332,34 @@ def _typed(hint: Any, v: Any, what: str) -> Any:
     if not ok(v):
         raise ConfigError(f"{what} must be {kind} (got {v!r})")
     return float(v) if hint is float else v
+
+
+def check_run_memory(cfg: TrainConfig, total_rows: int, row_dim: int, state_dim: int,
+                     num_dense: int = 0) -> None:
+    """Refuse a run whose embedding tables, planner and caches cannot fit this machine's
+    memory, before any of them is allocated. A lower bound: the servers' tables (every
+    shard when the ranks run here; a torchrun rank: one server's share), the planner's
+    per-row state, a given --cache-rows per trainer process (on the CPU), and the dense
+    model's layers (`num_dense` features in, E out of the bottom MLP; at least E into the top)."""
+    row = 4 * (row_dim + state_dim)  # float32 values and optimizer state
+    here = cfg.transport == "inproc" or cfg.procs is not None
+    tables = total_rows * row if here else -(-total_rows // cfg.servers) * row
+    caches = 0
+    if cfg.cache_rows is not None and cfg.device in ("auto", "cpu"):
+        caches = cfg.cache_rows * row * (cfg.trainers if cfg.procs is not None else 1)
+    # The dense model: its layers' weights and their gradients (float32).
+    chains = ((num_dense, *cfg.bottom_mlp, cfg.emb_dim), (cfg.emb_dim, *cfg.top_mlp, 1))
+    dense = sum(8 * a * b for mlp in chains for a, b in zip(mlp[:-1], mlp[1:], strict=True))
+    need = tables + PLANNER_BYTES_PER_ROW * total_rows + caches + dense
+    if dense > need / 2:
+        check_memory(need, f"--bottom-mlp {_sizes(cfg.bottom_mlp)} --top-mlp "
+                           f"{_sizes(cfg.top_mlp)}: the dense model", "use smaller layers")
+    what = (f"a run over {total_rows:,} embedding rows of {row_dim + state_dim:,} floats"
+            + (f" with --cache-rows {cfg.cache_rows:,}" if caches else ""))
+    check_memory(need, f"--emb-dim {cfg.emb_dim}: {what}",
+                 "lower --emb-dim or --cache-rows, or use a dataset with fewer rows per table "
+                 "(preprocess --max-rows-per-table)")
+
+
+def _sizes(layers: tuple[int, ...]) -> str:
+    return ",".join(map(str, layers))

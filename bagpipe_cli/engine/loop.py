@@ -44,7 +44,7 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
-from bagpipe_cli.engine.records import Step, iteration_record
+from bagpipe_cli.engine.records import Step, check_loss, iteration_record
 from bagpipe_cli.engine.staging import IterInputs, PhaseClock, Stager
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
 from bagpipe_cli.engine.trainer_set import TrainerSet
@@ -192,6 +192,7 @@ class TrainingLoop:
         self.clock.settle(step.times)  # the GPU's queued work belongs to this iteration's time
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
         rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
+        check_loss(rec["loss"], plan.b)  # a NaN loss stops the run, naming the iteration
         self.records.append(rec)
         if self.progress is not None:
             self.progress(plan.b, rec)

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.limits import human_seconds
+
+# A network a run can finish on: a 16 KB row (a 4096-dim row) takes at most 0.13 s on the
+# slowest link, and a message waits at most 1 s; anything slower is a run that never ends.
+MIN_GBPS = 1e-3
+MAX_LATENCY_US = 1e6
+_ROW_BYTES = 16 * 1024
 
 
 @dataclass(frozen=True)
@@ -16,10 +24,18 @@ class NetworkModel:
     latency_us: float = 0.0  # per-message latency in microseconds
 
     def __post_init__(self) -> None:
-        if self.gbps is not None and not self.gbps > 0:
-            raise ConfigError(f"--net-gbps must be > 0 (got {self.gbps})")
-        if self.latency_us < 0:
-            raise ConfigError(f"--net-latency-us must be >= 0 (got {self.latency_us})")
+        g, lat = self.gbps, self.latency_us
+        if g is not None and not (g > 0 and math.isfinite(g)):
+            raise ConfigError(f"--net-gbps must be a finite number > 0 (got {g})")
+        if g is not None and g < MIN_GBPS:
+            raise ConfigError(f"--net-gbps {g:g}: a 16 KB row would take "
+                              f"{human_seconds(_ROW_BYTES * 8 / (g * 1e9))}; give at least "
+                              f"{MIN_GBPS:g} (1 Mbit/s, where it takes 0.13 s)")
+        if not (lat >= 0 and math.isfinite(lat)):
+            raise ConfigError(f"--net-latency-us must be a finite number >= 0 (got {lat})")
+        if lat > MAX_LATENCY_US:
+            raise ConfigError(f"--net-latency-us {lat:g}: every message would wait "
+                              f"{human_seconds(lat * 1e-6)}; give at most {MAX_LATENCY_US:,.0f} (1 s)")
 
     @property
     def emulated(self) -> bool:

@@ -17,6 +17,7 @@ import pandas as pd
 import torch
 
 from bagpipe_cli.engine.oracle import IterPlan
+from bagpipe_cli.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -112,8 +113,11 @@ SUMMARY_KEYS = {
     "final_loss": "loss of the last iteration", "final_loss_mean10": "mean loss of the last 10",
     "wall_s": "seconds from the start of training to the last write-back",
     "eval_auc": "AUC on the held-out tail", "eval_logloss": "log loss on the held-out tail",
+    "eval_positives": "held-out samples labelled 1", "eval_negatives": "held-out samples labelled 0",
     "oracle_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
-    "peak_resident_rows": "bagpipe's peak resident rows (None without a planned cache)",
+    "peak_resident_rows": "the run's own peak of resident cache rows (None without a planned cache)",
+    "bagpipe_peak_rows": "bagpipe's peak resident rows at --lookahead: the default --cache-rows "
+                         "(None without a planned cache)",
     "cache_rows": "the cache's capacity in rows (None without a cache)",
     "network_emulated": "whether --net-gbps/--net-latency-us delayed transfers",
     "network_shaping": "how: sleep (per transfer) or kernel (--net-shape: rate-limited links)",
@@ -160,6 +164,30 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),
         "wall_s": wall,
     }
+
+
+MIN_AUC_CLASS = 30  # fewer held-out samples of a class than this: the AUC says little
+
+
+def auc_warning(positives: Any, negatives: Any) -> str | None:
+    """A warning when a held-out AUC rests on fewer than MIN_AUC_CLASS samples of a class
+    (None when it does not, or the counts are unknown or zero: no AUC then)."""
+    if positives is None or negatives is None or not positives + negatives:
+        return None
+    low = min(positives, negatives)
+    if low >= MIN_AUC_CLASS:
+        return None
+    return (f"the held-out AUC rests on {positives:,} positive and {negatives:,} negative "
+            f"samples (fewer than {MIN_AUC_CLASS} of one class), so it says little; raise "
+            "--eval-rows")
+
+
+def check_loss(loss: float, iteration: int) -> None:
+    """Stop a run whose loss is no longer a number: nothing it trains after that means anything."""
+    if not math.isfinite(loss):
+        what = "NaN" if math.isnan(loss) else f"{loss}"
+        raise ConfigError(f"the loss became {what} at iteration {iteration}; lower --lr (or "
+                          "--dense-lr), or check the dataset's dense values")
 
 
 def complete_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -7,16 +7,19 @@ summary has the same keys (`records.SUMMARY_KEYS`).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import torch
 
+from bagpipe_cli.data.checks import small_data_warning
+from bagpipe_cli.data.format import read_rows
 from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.evaluation import evaluate
 from bagpipe_cli.engine.planner import Planning
-from bagpipe_cli.engine.records import complete_summary, merge_records, summarize
+from bagpipe_cli.engine.records import auc_warning, complete_summary, merge_records, summarize
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.shards import Shard, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
@@ -33,6 +36,7 @@ class TrainResult:
     tables: list[torch.Tensor]
     # every trainer process's own records (a `trainer` column first), when there are several
     trainer_metrics: pd.DataFrame | None = None
+    warnings: list[str] = field(default_factory=list)  # for the user (the CLI prints them)
 
 
 def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
@@ -48,9 +52,33 @@ def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
 
 
 def planner_summary(planning: Planning) -> dict[str, Any]:
+    """The planner's speed, the run's own peak of resident cache rows (its planner's: the
+    oracle's, or the policy's), Bagpipe's peak at --lookahead (which sized the cache when
+    --cache-rows was not given) and the cache's capacity; None without a cache."""
     p = planning.planner
+    cached = planning.capacity is not None
     return {"oracle_ms_per_batch": p.ms_per_batch if p is not None else math.nan,
-            "peak_resident_rows": planning.peak, "cache_rows": planning.capacity}
+            "peak_resident_rows": int(p.peak_resident) if cached else None,
+            "bagpipe_peak_rows": planning.peak, "cache_rows": planning.capacity}
+
+
+def held_out_classes(s: RunSetup) -> dict[str, Any]:
+    """How many held-out samples of each class the AUC rests on."""
+    if s.eval_rows == 0:
+        return {"eval_positives": 0, "eval_negatives": 0}
+    y = read_rows(s.ds.labels, s.train_rows, s.train_rows + s.eval_rows)
+    pos = int(np.count_nonzero(y))
+    return {"eval_positives": pos, "eval_negatives": s.eval_rows - pos}
+
+
+def run_warnings(s: RunSetup, summary: dict[str, Any]) -> list[str]:
+    """What the user should know about a run's figures: too few batches, a thin AUC."""
+    cfg = s.cfg
+    reads_lookahead = "lookahead" not in s.spec.ignored_settings(cfg.cache_rows)
+    out = [small_data_warning(f"dataset {cfg.data}", s.train_rows // cfg.batch_size,
+                              cfg.batch_size, cfg.lookahead if reads_lookahead else None),
+           auc_warning(summary.get("eval_positives"), summary.get("eval_negatives"))]
+    return [w for w in out if w]
 
 
 def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall: float,
@@ -63,6 +91,7 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
     summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, wall)
     summary.update(evaluate(model, [sv.weight for sv in servers], s.ds, s.offsets, s.train_rows,
                             s.eval_rows))
+    summary.update(held_out_classes(s))
     summary.update(planner_summary(planning))
     emulated = cfg.net_gbps is not None or cfg.net_latency_us > 0
     summary.update({"network_emulated": emulated,
@@ -74,7 +103,8 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
     summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
     runner = {"name": facts["runner"], "launch": _launch(cfg)}
     return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
-                       assemble_tables(servers, s.cardinalities), trainer_records(frames))
+                       assemble_tables(servers, s.cardinalities), trainer_records(frames),
+                       run_warnings(s, summary))
 
 
 def trainer_records(frames: list[pd.DataFrame]) -> pd.DataFrame | None:

@@ -22,7 +22,7 @@ from bagpipe_cli.engine.checkpoint import (
     dataset_identity,
     find_checkpoint,
 )
-from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.config import TrainConfig, check_run_memory
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.registry import SystemSpec, spec
@@ -78,6 +78,8 @@ def prepare(cfg: TrainConfig) -> RunSetup:
     train_rows, eval_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)
     mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim,
                        bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
+    check_run_memory(cfg, sum(ds.meta.cardinalities), row_dim(mcfg),  # before any allocation
+                     RowOptimizer(cfg.optimizer, cfg.lr).state_dim, ds.meta.num_dense)
     # With --net-shape the kernel limits the bandwidth; only the latency is slept.
     network = NetworkModel(None if cfg.net_shape else cfg.net_gbps, cfg.net_latency_us)
     return RunSetup(cfg, spec(cfg.system), ds, train_rows, eval_rows,

@@ -10,18 +10,23 @@ counts every such transfer. Definitions (batch granular; `U_b` = unique rows of 
   stays resident from its fetch through the last use of its chain of uses that are at
   most L batches apart; `peak_resident_rows` is the most rows resident at one batch.
 - lru(R): before batch b the missing rows of `U_b` are fetched, all of `U_b` becomes most
-  recently used, then rows are evicted, least recently used first, until at most R
-  remain, never a row of `U_b`. Ties (rows last used in the same batch): the row whose
-  first access in that batch came earliest is evicted first.
+  recently used, then rows outside `U_b` are evicted, least recently used first, until at
+  most R remain. Ties (rows last used in the same batch): the row whose first access
+  within that batch came earlier is evicted first (its first access within its last-use
+  batch, not its first access ever).
 - lfu(R): as lru, evicting the lowest access count first. The count of a row is the
   number of its accesses (every sample's, not once per batch) in all batches so far,
-  the current one included; it persists across evictions (perfect LFU). Ties as lru.
+  the current one included; it persists across evictions (perfect LFU). Ties (equal
+  counts): the row with the earlier last-use batch is evicted first, then, within that
+  batch, the row whose first access came earlier.
 - belady(R): as lru, evicting the row whose next use is furthest in the future (rows
-  never used again first); ties as lru. The offline optimum at a fixed capacity.
-- fae(R): the R most-accessed rows of the whole trace (by access count, ties to the
-  smaller key; rows never accessed are not loaded) are loaded once at the start (counted
-  as fetched) and stay; every other row of `U_b` is fetched for each batch.
-  `peak_resident_rows` = loaded rows + the most non-hot rows of one batch.
+  never used again first). Ties (the same next use, or none): as lfu's ties. The offline
+  optimum at a fixed capacity.
+- fae(R): the R most-accessed rows of the whole trace (by access count; ties go to the
+  smaller (table, id), that is the smaller row key; rows never accessed are not loaded)
+  are loaded once at the start (counted as fetched) and stay; every other row of `U_b`
+  is fetched for each batch. `peak_resident_rows` = loaded rows + the most non-hot rows
+  of one batch.
 
 lru, lfu and belady share one engine (`bagpipe_cli.policies.eviction.EvictingCache`): a
 queue of (priority, stamp) keys sorted ascending, with lazy deletion. `stamp` is the

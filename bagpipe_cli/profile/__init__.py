@@ -25,9 +25,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.limits import INT32_MAX, LEAST_BYTES_PER_ROW, check_int, check_memory
 from bagpipe_cli.policies.simulators import (
     BagpipeSimulator,
     PolicyResult,
@@ -91,18 +93,17 @@ class ProfileConfig:
             raise ConfigError("--lookahead: give at least one value")
         for lk in self.lookaheads:
             check_lookahead(lk)
+            check_int("--lookahead", lk, 1, INT32_MAX)  # batch numbers are int32
         if self.cache_rows is not None:
             if not self.cache_rows:
                 raise ConfigError("--cache-rows: give at least one value")
             for r in self.cache_rows:
-                if r < 1:
-                    raise ConfigError(f"--cache-rows must be >= 1 (got {r})")
+                check_int("--cache-rows", r, 1, INT32_MAX)
+        check_int("--dim", self.dim, 1, INT32_MAX)
         if not self.policies:
             raise ConfigError("--policies: give at least one policy")
         for p in self.policies:
             policy(p)  # a known one
-        if self.dim < 1:
-            raise ConfigError(f"--dim must be >= 1 (got {self.dim})")
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -158,6 +159,7 @@ class ProfileResult:
     policies: list[PolicyResult]
     bagpipe_vs_belady: list[BagpipeComparison]
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)  # for the user (the CLI prints them)
 
     def to_json(self) -> dict[str, Any]:
         dim = self.config.dim
@@ -174,6 +176,7 @@ class ProfileResult:
             "policies": [p.to_json(dim) for p in self.policies],
             "bagpipe_vs_belady": [c.to_json() for c in self.bagpipe_vs_belady],
             "timing": self.timing,
+            "warnings": self.warnings,
         }
 
     def policies_frame(self) -> pd.DataFrame:
@@ -213,6 +216,9 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     ds = open_dataset(config.data)
     meta = ds.meta
     check_batch_size(meta, config.batch_size)
+    check_memory(LEAST_BYTES_PER_ROW * sum(meta.cardinalities),
+                 f"profiling the {sum(meta.cardinalities):,} embedding rows of {config.data}",
+                 "use a dataset with fewer rows per table (preprocess --max-rows-per-table)")
     timing: dict[str, dict[str, float]] = {}
     accesses = meta.rows * meta.num_tables
 
@@ -249,10 +255,13 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         "tables": [{"name": t.name, "cardinality": t.cardinality} for t in meta.tables],
         "embedding_rows": tp.num_rows,
     }
+    reads_lookahead = any(p.setting == "lookahead" for p in pols)
+    warning = small_data_warning(f"dataset {config.data}", tp.info.batches, config.batch_size,
+                                 max(config.lookaheads) if reads_lookahead else None)
     return ProfileResult(
         config=config, dataset=dataset, trace=tp.info, cache_rows=cache_rows if want_capacity else [],
         cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
-        bagpipe_vs_belady=comparisons, timing=timing,
+        bagpipe_vs_belady=comparisons, timing=timing, warnings=[warning] if warning else [],
     )
 
 

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bagpipe_cli.engine.records import MIN_AUC_CLASS, auc_warning
 from bagpipe_cli.engine.registry import role
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
@@ -166,11 +167,29 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     _draw_sweeps(runs, sub, figures, notes)
     _draw_curves(runs, metrics, sub, figures)
     _draw_access_cdf(cfg, runs, figures, notes)
+    notes += auc_notes(runs)
     blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped)
     result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes,
                           loaded.skipped)
     result.files = _write_report(cfg, result, figures, blocks)
     return result
+
+
+def auc_notes(runs: pd.DataFrame) -> list[str]:
+    """A note naming the runs whose held-out AUC rests on fewer than MIN_AUC_CLASS samples of a
+    class (runs written before the summary counted the classes are not judged)."""
+    if not {"eval_positives", "eval_negatives"} <= set(runs):
+        return []
+    thin = []
+    for _, r in runs.iterrows():
+        p, n = r["eval_positives"], r["eval_negatives"]
+        if pd.notna(p) and pd.notna(n) and auc_warning(int(p), int(n)):
+            thin.append(f"`{r['run_id']}` ({int(p):,} positive, {int(n):,} negative)")
+    if not thin:
+        return []
+    return [f"Held-out AUC: {len(thin)} run{'s' if len(thin) != 1 else ''} rest on fewer than "
+            f"{MIN_AUC_CLASS} held-out samples of one class, so their AUC says little (raise "
+            "--eval-rows): " + "; ".join(thin) + "."]
 
 
 def _draw_speedup(runs: pd.DataFrame, summary: pd.DataFrame, sub: str, figures: list[_Figure],

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, NullLocator
 
 from bagpipe_cli.engine.registry import SYSTEMS, color, role
 from bagpipe_cli.profile.plots import cdf_axes
@@ -175,6 +175,9 @@ def plot_sweep(runs: pd.DataFrame, column: str, baseline: pd.DataFrame, subtitle
             ax.axhline(g["samples_per_s"].median(), color=system_color(BASELINE), ls=LINESTYLES[k % 4],
                        lw=1.5, label=f"sync · {setting}")
     ax.set_xscale("log", base=2 if column != "cache_rows" else 10)
+    # A tick at every measured value, and only there (log ticks may fall between them).
+    ax.set_xticks(sorted(set(runs[x_col].dropna())), minor=False)
+    ax.xaxis.set_minor_locator(NullLocator())
     ax.xaxis.set_major_formatter(FuncFormatter(_si))
     ax.yaxis.set_major_formatter(FuncFormatter(_si))
     ax.set_ylim(bottom=0)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from bagpipe_cli.data.preprocess.reader import is_parquet
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.limits import check_int, check_memory, check_table_rows
 
 FORMATS = ("criteo", "avazu", "csv")
+BLOCKS_IN_FLIGHT = 8  # input blocks' worth of memory a pass holds at once (raw, parsed, decoded)
 
 
 @dataclass(frozen=True)
@@ -26,7 +29,7 @@ class PreprocessConfig:
     max_rows_per_table: int | None = None  # hash values into this many ids instead of a vocabulary
     vocab_from: Path | None = None  # reuse the vocabularies (or hashing) of this dataset
     on_bad_line: str = "error"  # "error": stop at the first bad line; "skip": drop and count
-    block_size: int = 16 << 20  # bytes of input per block (memory is a few blocks)
+    block_size: int = 16 << 20  # bytes of input per block (memory is a few blocks); MiB x 2^20
     name: str = ""  # dataset name in meta.json
 
     def __post_init__(self) -> None:
@@ -56,10 +59,12 @@ class PreprocessConfig:
             raise ConfigError(f"INPUT: Parquet input needs `bagpipe preprocess csv`, not {self.format}")
         if self.hour not in ("split", "keep"):
             raise ConfigError(f"--hour {self.hour!r}: choose split or keep")
-        if self.min_count < 1:
-            raise ConfigError(f"--min-count must be >= 1 (got {self.min_count})")
-        if self.max_rows_per_table is not None and self.max_rows_per_table < 2:
-            raise ConfigError("--max-rows-per-table must be >= 2 (id 0 is reserved for missing)")
+        check_int("--min-count", self.min_count, 1)
+        check_int("--max-rows-per-table", self.max_rows_per_table, 2)
+        if self.max_rows_per_table is not None:  # id 0 is reserved for missing values
+            tables = len(self.categorical) if self.format == "csv" else 26 if self.format == "criteo" else 1
+            check_table_rows(f"--max-rows-per-table {self.max_rows_per_table}", tables,
+                             self.max_rows_per_table)
         if self.vocab_from is not None:
             object.__setattr__(self, "vocab_from", Path(self.vocab_from))
             if self.min_count != 1:
@@ -69,8 +74,18 @@ class PreprocessConfig:
                 raise ConfigError("--max-rows-per-table cannot be combined with --vocab-from")
         if self.on_bad_line not in ("error", "skip"):
             raise ConfigError(f"--on-bad-line {self.on_bad_line!r}: choose error or skip")
-        if self.block_size < 1024:
-            raise ConfigError(f"--block-mb is too small ({self.block_size} bytes; at least 1 KiB)")
+        self._check_block()
+
+    def _check_block(self) -> None:
+        """A block size in bytes (the command line gives MiB, maybe fractional) whose few
+        blocks in flight fit this machine's memory."""
+        mb = self.block_size / 2**20
+        if not math.isfinite(self.block_size) or self.block_size < 1024:
+            raise ConfigError(f"--block-mb {mb:g}: give at least 0.001 (1 KiB), a finite number")
+        object.__setattr__(self, "block_size", int(self.block_size))
+        # Read, parsed (pyarrow) and decoded copies of a block or two are in flight at once.
+        check_memory(BLOCKS_IN_FLIGHT * self.block_size,
+                     f"--block-mb {mb:g}: {BLOCKS_IN_FLIGHT} blocks in flight", "lower --block-mb")
 
     @property
     def mode(self) -> str:

@@ -112,7 +112,7 @@ def _numbers(col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, np.ndarra
     value that did not convert) is checked here, vectorised.
     """
     if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
-        vals = pc.cast(col, pa.float64()).to_numpy()  # nulls -> NaN
+        vals = pc.cast(col, pa.float64(), safe=False).to_numpy()  # nulls -> NaN; |x| > 2^53 rounds
         return vals, np.zeros(len(vals), bool)
     arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
     arr = pc.cast(arr, pa.binary())
@@ -192,7 +192,10 @@ def _hour_parts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarra
     """Avazu `hour` (YYMMDDHH) -> (hour of day, day of week, missing, bad) per row."""
     vals, bad = _numbers(col, integer=True)
     missing = np.isnan(vals) & ~bad
-    v = np.where(np.isnan(vals), 0, vals).astype(np.int64)
+    with np.errstate(invalid="ignore"):
+        huge = ~np.isnan(vals) & (np.abs(vals) >= 1e10)  # no YYMMDDHH; beyond int64, maybe
+    bad |= huge
+    v = np.where(np.isnan(vals) | huge, 0, vals).astype(np.int64)
     hh = v % 100
     ymd = v // 100
     dates = pd.to_datetime(
@@ -350,7 +353,7 @@ def _blocks(path: Path, layout: Layout, block_size: int,
         rows = max(1024, block_size // 256)
         return iter_parquet_blocks(path, layout.types(), rows)
     return prefetch(iter_text_blocks(path, layout.text, list(layout.columns), layout.types(),
-                                     block_size, hasher, layout.field_hint))
+                                     block_size, hasher, layout.hint))
 
 
 def decoded_blocks(path: Path, layout: Layout, block_size: int, bad: BadLines,

@@ -15,6 +15,8 @@ import pyarrow as pa
 from bagpipe_cli.data.preprocess.reader import TextFormat, is_parquet, read_header
 from bagpipe_cli.errors import ConfigError, DataError
 
+# Field separators a file may use instead of the expected one, as messages name them.
+SEPARATORS = {"\t": "tabs", ",": "','", ";": "';'", "|": "'|'"}
 CRITEO_DENSE = [f"I{i}" for i in range(1, 14)]
 CRITEO_CATS = [f"C{i}" for i in range(1, 27)]
 AVAZU_LABEL = "click"
@@ -46,7 +48,8 @@ class Layout:
     dense_integer: bool  # dense values must be integers (Criteo)
     cats: tuple[CatSpec, ...]
     parquet: bool = False
-    field_hint: str = ""  # appended to wrong-field-count messages
+    field_hints: tuple[tuple[int, str], ...] = ()  # (fields found, what it means) for messages
+    other_sep: str = "pass --sep '{sep}'"  # what to do when lines use another separator
 
     def types(self) -> dict[str, pa.DataType]:
         """pyarrow type of every column that is read."""
@@ -64,6 +67,18 @@ class Layout:
                 t[c.column] = pa.binary()
         return t
 
+    def hint(self, found: int, text: str) -> str:
+        """What a line of `found` fields (`text`) may mean, appended to its error message."""
+        for n, why in self.field_hints:
+            if n == found:
+                return f" ({why})"
+        own = self.text.delimiter
+        other = next((sep for sep in SEPARATORS if sep != own and sep in text), None)
+        if found == 1 and other is not None and self.other_sep:
+            return (f" (it is separated by {SEPARATORS[other]}, not {SEPARATORS.get(own, repr(own))}; "
+                    + self.other_sep.format(sep="\\t" if other == "\t" else other) + ")")
+        return ""
+
     def signature(self) -> tuple:
         """What must agree between several input files."""
         return (self.label, self.dense, tuple((c.name, c.kind) for c in self.cats))
@@ -71,8 +86,8 @@ class Layout:
 
 def criteo_layout(label: bool) -> Layout:
     cols = (["label"] if label else []) + CRITEO_DENSE + CRITEO_CATS
-    hint = (" (a file without labels, like Kaggle's test.txt, needs --no-label)" if label
-            else " (a file with labels is read without --no-label)")
+    hint = ((len(cols) - 1, "a file without labels, like Kaggle's test.txt, needs --no-label")
+            if label else (len(cols) + 1, "a file with labels is read without --no-label"))
     return Layout(
         text=TextFormat(delimiter="\t", quoting=False, header=False),
         columns=tuple(cols),
@@ -80,7 +95,8 @@ def criteo_layout(label: bool) -> Layout:
         dense=tuple(CRITEO_DENSE),
         dense_integer=True,
         cats=tuple(CatSpec(c, c, "hex") for c in CRITEO_CATS),
-        field_hint=hint,
+        field_hints=(hint,),
+        other_sep="`bagpipe preprocess csv --sep '{sep}'` reads such a file",
     )
 
 
@@ -99,7 +115,7 @@ def avazu_layout(path: Path, hour: str) -> Layout:
             cats += [CatSpec("hour_of_day", c, "hour_of_day"), CatSpec("day_of_week", c, "day_of_week")]
         else:
             cats.append(CatSpec(c, c, "str"))
-    return Layout(fmt, tuple(header), AVAZU_LABEL, (), False, tuple(cats))
+    return Layout(fmt, tuple(header), AVAZU_LABEL, (), False, tuple(cats), other_sep="")
 
 
 def csv_layout(path: Path, sep: str, label: str, categorical: tuple[str, ...],
@@ -108,6 +124,12 @@ def csv_layout(path: Path, sep: str, label: str, categorical: tuple[str, ...],
     fmt = TextFormat(delimiter=sep, quoting=True, header=True)
     header = read_header(path, fmt)
     where = "schema" if parquet else "header"
+    if not parquet and len(header) == 1:
+        other = next((sep for sep in SEPARATORS if sep != fmt.delimiter and sep in header[0]), None)
+        if other is not None:
+            shown = "\\t" if other == "\t" else other
+            raise ConfigError(f"--sep {sep!r}: the header of {path} has no {sep!r} but has "
+                              f"{SEPARATORS[other]} ({header[0]!r}); pass --sep '{shown}'")
     for opt, names in (("--label", [label]), ("--categorical", categorical), ("--dense", dense)):
         for n in names:
             if n not in header:

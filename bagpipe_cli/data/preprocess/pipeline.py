@@ -167,6 +167,8 @@ def preprocess(cfg: PreprocessConfig, out: Path, overwrite: bool = False,
             meta, vocabs = _count_then_remap(inputs, tmp, progress)
         else:
             meta = _encode_once(inputs, tmp, progress, vocabs, hash_rows)
+        if meta.rows == 0:  # raised inside atomic_dir: nothing is written
+            raise DataError(_no_rows(cfg, bad))
     specs = meta.tables
     stats = [TableStats(s.name, s.cardinality,
                         v.distinct if (v is not None and cfg.mode == "vocab") else None)
@@ -283,6 +285,17 @@ def _encode(cat: CatColumn, vocab: Vocab | None, hash_rows: int | None, dtype: n
     ids = vocab.ids(cat.keys) if vocab is not None else hash_bucket(cat.keys, hash_rows)  # type: ignore[arg-type]
     ids[~cat.valid] = 0
     return ids.astype(dtype)[cat.codes]
+
+
+def _no_rows(cfg: PreprocessConfig, bad: BadLines) -> str:
+    """Why a dataset of 0 rows is not written."""
+    names = ", ".join(map(str, cfg.inputs))
+    if not bad.count:
+        return f"{names}: no data rows; nothing was written"
+    first = bad.first[0]
+    where = f"{first['file']}:{first['line']}" if "line" in first else f"{first['file']}: row {first['row']}"
+    return (f"{names}: every one of the {bad.count:,} data lines was bad (the first: {where}: "
+            f"{first['problem']}); a dataset of 0 rows was not written")
 
 
 def _file_entry(path: Path, start: int, stop: int, bad: BadLines) -> dict[str, Any]:

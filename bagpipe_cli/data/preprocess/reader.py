@@ -20,7 +20,7 @@ import hashlib
 import queue
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +34,7 @@ from bagpipe_cli.data.preprocess.stream import InputStream
 from bagpipe_cli.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
+PARQUET_MAGIC = b"PAR1"
 _SUB_BLOCK = 1 << 20  # pyarrow's own parallel parse unit (also the longest line allowed)
 
 
@@ -70,7 +71,20 @@ class Block:
 
 
 def is_parquet(path: Path) -> bool:
-    return Path(path).suffix.lower() in PARQUET_SUFFIXES
+    """Whether `path` is a Parquet file, by its magic bytes (`PAR1` at the start; any name:
+    `clicks.parquet.brotli` too). A file named like Parquet without them is an error."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(PARQUET_MAGIC))
+    except OSError:
+        return False  # reading it later gives the error
+    if magic == PARQUET_MAGIC:
+        return True
+    if path.suffix.lower() in PARQUET_SUFFIXES:
+        raise DataError(f"{path}: named like a Parquet file, but it does not start with "
+                        f"{PARQUET_MAGIC.decode()}: not a Parquet file")
+    return False
 
 
 def read_header(path: Path, fmt: TextFormat) -> list[str]:
@@ -211,7 +225,7 @@ def _fields(text: str, fmt: TextFormat) -> int:
 
 def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[str, pa.DataType],
                      block_size: int, hasher: hashlib._Hash | None = None,
-                     field_hint: str = "") -> Iterator[Block]:
+                     field_hint: Callable[[int, str], str] | None = None) -> Iterator[Block]:
     """Parsed blocks of a text file. `names` are all its columns, `types` those to convert.
 
     Lines with the wrong number of fields are left out of the table and listed in
@@ -240,7 +254,8 @@ def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[
             if bad_texts:
                 located = _locate(bytes(buf), bad_texts)
                 block.bad = [
-                    (first + i, f"expected {len(names)} fields, found {_fields(t, fmt)}{field_hint}")
+                    (first + i, f"expected {len(names)} fields, found {_fields(t, fmt)}"
+                                f"{field_hint(_fields(t, fmt), t) if field_hint else ''}")
                     for i, t in located
                 ]
                 keep = np.ones(nlines, bool)
