@@ -2,6 +2,7 @@
 
     processes   start a job's ranks as local processes and report one cause when one fails
                 (`bagpipe train --procs`, and the TorchRec runner's trainers)
+    forkserver  fork the ranks from one process that imported torch once (a test session's)
     netshape    `--net-shape`: each rank in a network namespace behind a rate-limited link
     placement   which cores the trainer's torch threads get, and which the helpers get
 """

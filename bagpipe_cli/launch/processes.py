@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 
 from bagpipe_cli.errors import BagpipeError, RankFailure
+from bagpipe_cli.launch import forkserver
+from bagpipe_cli.launch.forkserver import ForkedProcess
 from bagpipe_cli.launch.netshape import ShapedNetwork
 
 
@@ -48,14 +50,18 @@ class _Job:
                  shaped: ShapedNetwork | None = None):
         port = free_port()
         self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
-        self.procs: list[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen | ForkedProcess] = []
         self.readers: list[threading.Thread] = []
         for rank in range(world):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
             cmd, env = command, rank_env(rank, world, port)
             if shaped is not None:  # the rank in its namespace, rank 0 at its address there
                 cmd, env = shaped.command(rank, command), {**env, **shaped.env(rank)}
-            p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
+            server = forkserver.connect() if shaped is None and cmd[1:2] == ["-c"] else None
+            if server is not None:  # forked with torch and the engine imported already
+                p = ForkedProcess(server, cmd[2], ["-c", *cmd[3:]], env, out)
+            else:
+                p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
             self.procs.append(p)
             self.readers.append(threading.Thread(target=self._relay, args=(rank, p.stderr), daemon=True))
         if on_line is not None:
