@@ -24,6 +24,7 @@ from bagpipe_cli.errors import ConfigError
 # Settings that belong to a system rather than to the environment it runs in: the report
 # compares systems across them (Bagpipe at L=16 against sync in the same setting).
 SYSTEM_OWN_SETTINGS = SYSTEM_SETTINGS
+TRACE_FILE = "trace.json"  # a traced bench run's --trace: its trace, in its run folder
 # Short names for run ids and labels.
 SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
          "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
@@ -103,7 +104,7 @@ def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
     seen: dict[str, PlannedRun] = {}
     for ds, model, combo in itertools.product(cfg.datasets, cfg.models,
                                               itertools.product(*[a.choices for a in cfg.matrix])):
-        settings: dict[str, Any] = dict(cfg.base)
+        settings: dict[str, Any] = dict(cfg.base, **({"trace": TRACE_FILE} if cfg.trace else {}))
         for (_, s) in combo:
             settings.update(s)
         for system, own_combo in ((s, oc) for s in cfg.systems for oc in itertools.product(
