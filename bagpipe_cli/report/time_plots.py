@@ -7,6 +7,7 @@ Like `report/plots.py`: matplotlib's object API, stored results in, a `Figure` (
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +15,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
+from bagpipe_cli.engine.registry import role
 from bagpipe_cli.report.analysis import BASELINE
 from bagpipe_cli.report.plots import DPI, system_color, variant_styles
 from bagpipe_cli.report.timeline import CONTAINER_CATS, Overlap, Timeline
@@ -73,16 +75,17 @@ def _draw_panel(ax, p: TimelinePanel, width: float, used: set[str]) -> None:
     ev = ev[(ev["end"] > p.t0) & (ev["start"] < p.t1) & ~ev["cat"].isin(CONTAINER_CATS)]
     tracks = [t for t in p.timeline.tracks if ((ev["role"] == t[0]) & (ev["thread"] == t[1])).any()]
     per_role = pd.Series([r for r, _ in tracks]).value_counts().to_dict()
-    for y, (role, thread) in enumerate(tracks):
-        mine = ev[(ev["role"] == role) & (ev["thread"] == thread)]
+    for y, (who, thread) in enumerate(tracks):
+        mine = ev[(ev["role"] == who) & (ev["thread"] == thread)]
         mine = mine.assign(d=mine["end"] - mine["start"]).sort_values("d", ascending=False)
         for r in mine.itertuples():  # longest first: nested slices are drawn over their parent
             key = _style_key(r.cat, r.name)
             colour = SLICE_STYLE.get(key, ("#dddddd", key))[0]
             used.add(key)
             x0 = (max(r.start, p.t0) - p.t0) * 1e3
-            ax.broken_barh([(x0, max((min(r.end, p.t1) - p.t0) * 1e3 - x0, 0.02))], (y - 0.38, 0.76),
-                           facecolors=colour, edgecolor="none")
+            x1 = (min(r.end, p.t1) - p.t0) * 1e3
+            ax.broken_barh([(x0, max(x1 - x0, 0.02))], (y - 0.38, 0.76), facecolors=colour,
+                           edgecolor="none")
     its = p.timeline.events
     its = its[(its["cat"] == "iteration") & its["iteration"].isin(p.iterations)
               & its["role"].str.startswith("trainer")].drop_duplicates("iteration")
@@ -109,9 +112,10 @@ def plot_timeline(panels: list[TimelinePanel], subtitle: str) -> Figure | None:
     columns = list(dict.fromkeys(p.column for p in panels))
     rows = list(dict.fromkeys(p.row for p in panels))
     n_tracks = {r: max(len(p.timeline.tracks) for p in panels if p.row == r) for r in rows}
-    fig = Figure(figsize=(7.5 * len(columns) + 1.5, 1.6 + sum(0.34 * n + 0.55 for n in n_tracks.values())),
-                 dpi=DPI, layout="constrained")
-    grid = fig.add_gridspec(len(rows), len(columns), height_ratios=[n + 1.2 for n in n_tracks.values()])
+    height = 1.6 + sum(0.34 * n + 0.55 for n in n_tracks.values())
+    fig = Figure(figsize=(7.5 * len(columns) + 1.5, height), dpi=DPI, layout="constrained")
+    grid = fig.add_gridspec(len(rows), len(columns),
+                            height_ratios=[n + 1.2 for n in n_tracks.values()])
     used: set[str] = set()
     for j, col in enumerate(columns):
         mine = [p for p in panels if p.column == col]
@@ -121,12 +125,16 @@ def plot_timeline(panels: list[TimelinePanel], subtitle: str) -> Figure | None:
             _draw_panel(ax, p, width, used)
             if rows.index(p.row) == len(rows) - 1 or p is mine[-1]:
                 ax.set_xlabel(f"ms from the window's start ({col})", fontsize=8)
-    labels = dict.fromkeys(SLICE_STYLE[k][1] for k in SLICE_STYLE if k in used)
-    handles = [Patch(color=next(c for k, (c, lab) in SLICE_STYLE.items() if lab == label), label=label)
-               for label in labels]
-    fig.legend(handles=handles, fontsize=8, ncols=4, loc="outside lower center", frameon=False)
+    colours = {}  # legend entry -> colour, for the kinds of slice drawn
+    for k in SLICE_STYLE:
+        if k in used:
+            colours.setdefault(SLICE_STYLE[k][1], SLICE_STYLE[k][0])
+    handles = [Patch(color=c, label=label) for label, c in colours.items()]
+    fig.legend(handles=handles, fontsize=8, ncols=2 if len(columns) == 1 else 4,
+               loc="outside lower center", frameon=False)
+    sub = textwrap.fill(subtitle, int(fig.get_figwidth() * 11))
     fig.suptitle("Timeline of every role over a few steady-state iterations (from each run's "
-                 f"trace)\n{subtitle}", fontsize=11, x=0.01, ha="left")
+                 f"trace)\n{sub}", fontsize=11, x=0.01, ha="left")
     return fig
 
 
@@ -147,8 +155,8 @@ def plot_overlap(table: pd.DataFrame, subtitle: str) -> Figure | None:
     ax.set_xlim(0, 118)
     ax.set_xlabel("transfer time hidden behind compute, % (|transfers ∩ compute| / |transfers|, "
                   "measured iterations)")
-    ax.set_title(f"Overlap of server transfers with trainer compute\n{subtitle}", fontsize=10,
-                 loc="left")
+    ax.set_title("Overlap of server transfers with trainer compute (a system without transfers "
+                 f"has no bar)\n{textwrap.fill(subtitle, 100)}", fontsize=10, loc="left")
     return fig
 
 
@@ -162,9 +170,13 @@ def plot_auc(curves: list[tuple[str, str, pd.DataFrame]], targets: dict[str, flo
     fig = Figure(figsize=(13, 1.2 + 4.0 * len(settings)), dpi=DPI, layout="constrained")
     axes = fig.subplots(len(settings), 2, squeeze=False)
     for (ax_t, ax_i), setting in zip(axes, settings, strict=True):
-        # sync first, thick and translucent: curves equal to it lie on it, thin, on top.
-        mine = sorted(((v, e) for s, v, e in curves if s == setting),
-                      key=lambda ve: ve[0].split()[0] != BASELINE)
+        # sync first, thick and translucent: curves equal to it lie on it, thin, on top,
+        # Bagpipe's last.
+        def order(ve: tuple[str, pd.DataFrame]) -> tuple[bool, bool]:
+            system = ve[0].split()[0]
+            return system != BASELINE, role(system) == "ours"
+
+        mine = sorted(((v, e) for s, v, e in curves if s == setting), key=order)
         styles = variant_styles([v for v, _ in mine])
         target = targets.get(setting, math.nan)
         for v, e in mine:
