@@ -131,7 +131,8 @@ def _hidden_share(doc: dict, warmup: int) -> tuple[float, float]:
 def test_prefetch_transfers_overlap_compute_under_an_emulated_network(tiny_dataset, tmp_path):
     kw = dict(KW, batch_size=1024, iterations=24, lookahead=8, warmup=4, net_gbps=0.1,
               bottom_mlp=(128, 64), top_mlp=(128, 64), trace="t.json")
-    runs = {s: train(TrainConfig(data=str(tiny_dataset), system=s, **kw)) for s in ("sync", "bagpipe")}
+    runs = {s: train(TrainConfig(data=str(tiny_dataset), system=s, **kw))
+            for s in ("sync", "bagpipe")}
     fetch_ms, hidden = {}, {}
     for s, r in runs.items():
         fetch_ms[s], hidden[s] = _hidden_share(r.trace, 4)
@@ -205,7 +206,8 @@ def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     # it has started on the other, so on an aligned clock their slices meet (within the
     # offsets' uncertainty, half a round trip).
     slack = max(o["round_trip_us"] for o in offsets.values()) / 2
-    coll = {(procs[e["pid"]], e["args"]["iteration"]): e for e in slices if e["name"] == "all-reduce"}
+    coll = {(procs[e["pid"]], e["args"]["iteration"]): e for e in slices
+            if e["name"] == "all-reduce"}
     for b in range(16):
         a, c = coll[("trainer 0", b)], coll[("trainer 1", b)]
         assert a["ts"] + a["dur"] + slack >= c["ts"] and c["ts"] + c["dur"] + slack >= a["ts"], b
