@@ -25,7 +25,6 @@ one shared object, and callers pass numbers, never dictionaries.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Hashable
@@ -330,10 +329,3 @@ def traced(collective: Collective, tracer: NoTracer) -> Collective:
     """`collective`, traced when `tracer` records."""
     return TracedCollective(collective, tracer) if tracer.enabled else collective
 
-
-@contextlib.contextmanager
-def named_thread(tracer: NoTracer, role: str, thread: str):
-    """Name the calling thread's track for a block (the main thread of an in-process run plays
-    the trainers, and its ident outlives the run)."""
-    tracer.name_thread(role, thread)
-    yield
