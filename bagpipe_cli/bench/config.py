@@ -18,6 +18,7 @@ A bench file names datasets, models and systems, a `base` of `TrainConfig` setti
         - {label: no-net}
         - {label: 0.25Gbps, net_gbps: 0.25, net_latency_us: 50}
     profile: {policies: [none, bagpipe]}   # or false: no access profile of the datasets
+    trace: true                            # every run's trace.json in its folder (--trace)
 
 A setting a system does not read (Bagpipe's lookahead for `sync`) is reset to its default
 for that system, so it neither multiplies the system's runs nor changes its run id: runs
@@ -48,7 +49,7 @@ from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import POLICIES
 
 BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", "base", "matrix",
-              "profile")
+              "profile", "trace")
 DATASET_KEYS = ("name", "path", "synth")
 PROFILE_KEYS = ("enabled", "batch_size", "lookaheads", "policies", "dim")
 _EXPONENT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
@@ -107,9 +108,12 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
     base = {k: _setting(k, v, tf, where, f"base.{k}") for k, v in base_raw.items()}
     matrix = _matrix(raw.get("matrix") or {}, tf, where)
     prof = _profile(raw.get("profile", True), where)
+    trace = raw.get("trace", False)
+    if not isinstance(trace, bool):
+        raise ConfigError(f"{where}: trace must be true or false (got {trace!r})")
     cfg = BenchConfig(name=name, source=source, datasets=datasets, models=models, systems=systems,
                       repeat=repeat, base=base, matrix=matrix, profile=prof, system_axes=system_axes,
-                      description=str(raw.get("description") or ""))
+                      description=str(raw.get("description") or ""), trace=trace)
     plan_runs(cfg)  # every run's TrainConfig is validated now, before any work
     return cfg
 
@@ -198,6 +202,9 @@ def _setting(key: str, v: Any, tf: dict[str, Any], where: str, what: str) -> Any
     if key in RESERVED_FIELDS:
         raise ConfigError(f"{where}: {what}: {key!r} is set by the bench's "
                           f"{'datasets' if key == 'data' else key + 's'} list, not here")
+    if key == "trace":
+        raise ConfigError(f"{where}: {what}: write `trace: true` at the top of the bench file; "
+                          "each run's trace goes into its folder as trace.json")
     if key not in tf:
         allowed = ", ".join(k for k in tf if k not in RESERVED_FIELDS)
         raise ConfigError(f"{where}: unknown key {what!r}; training settings are: {allowed}")

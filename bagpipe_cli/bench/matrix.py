@@ -69,6 +69,7 @@ class BenchConfig:
     profile: ProfileSpec | None = ProfileSpec()
     description: str = ""
     system_axes: dict[str, tuple[MatrixAxis, ...]] = field(default_factory=dict)  # per-system sweeps
+    trace: bool = False  # every run traced (--trace), its trace.json in its run folder
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -80,6 +81,7 @@ class BenchConfig:
             "repeat": self.repeat, "base": dict(self.base), "matrix": _axes_json(self.matrix),
             "profile": None if self.profile is None else {
                 k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(self.profile).items()},
+            "trace": self.trace,
         }
 
     def with_repeat(self, repeat: int | None) -> BenchConfig:

@@ -26,6 +26,7 @@ from bagpipe_cli.errors import ConfigError
 SYSTEM_OWN_SETTINGS = SYSTEM_SETTINGS
 MAX_REPEAT = 1000  # repeats of every run
 MAX_RUNS = 100_000  # runs of a bench, repeats included
+TRACE_FILE = "trace.json"  # a traced bench run's --trace: its trace, in its run folder
 # Short names for run ids and labels.
 SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
          "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
@@ -105,7 +106,7 @@ def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
     seen: dict[str, PlannedRun] = {}
     for ds, model, combo in itertools.product(cfg.datasets, cfg.models,
                                               itertools.product(*[a.choices for a in cfg.matrix])):
-        settings: dict[str, Any] = dict(cfg.base)
+        settings: dict[str, Any] = dict(cfg.base, **({"trace": TRACE_FILE} if cfg.trace else {}))
         for (_, s) in combo:
             settings.update(s)
         for system, own_combo in ((s, oc) for s in cfg.systems for oc in itertools.product(

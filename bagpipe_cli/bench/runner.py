@@ -124,7 +124,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
 
             res = run(p.config, progress=on_iter)
             write_run(folder, res.config, res.metrics, res.summary,
-                      trainer_metrics=res.trainer_metrics,
+                      trainer_metrics=res.trainer_metrics, evals=res.evals, trace=res.trace,
                       bench={"name": cfg.name, "run_id": rid, "repeat": r, "dataset": p.dataset,
                              "setting": p.setting, "variant": p.variant, "key": p.key})
             done += 1

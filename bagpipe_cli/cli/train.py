@@ -21,6 +21,7 @@ from bagpipe_cli.cli.common import (
 )
 from bagpipe_cli.cli.options import SectionedCommand, config_options
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import Input, check_output_file, check_writable_dir
 
 
@@ -45,13 +46,17 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         kw["transport"] = "torch"  # the spawned ranks run with --transport torch
     if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
         kw["checkpoint_dir"] = str(out.with_name(out.name + ".ckpt"))
+    if kw["trace"] is not None:  # absolute: the report finds it from config.json
+        kw["trace"] = str(Path(kw["trace"]).resolve())
+        if Path(kw["trace"]).is_dir():
+            raise ConfigError(f"--trace {kw['trace']} is a folder; give a file, e.g. trace.json")
     cfg = TrainConfig(data=str(data), **kw)
     open_dataset(data)  # a DATA that is no dataset is named first
     _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
     # The engine (torch) is imported once the options and the paths are known to be good.
     from bagpipe_cli.engine import run
     from bagpipe_cli.engine import save_model as write_model
-    from bagpipe_cli.results import write_run
+    from bagpipe_cli.results import write_run, write_trace
 
     if cfg.resume is not None and (cfg.transport == "inproc" or cfg.procs is not None):
         _check_resume(cfg)
@@ -71,7 +76,9 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
     if result is None:  # a non-zero rank of a torch.distributed job: rank 0 writes the run
         return
     write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
-              trainer_metrics=result.trainer_metrics)
+              trainer_metrics=result.trainer_metrics, evals=result.evals)
+    if result.trace is not None:
+        write_trace(Path(cfg.trace), result.trace)
     if save_model is not None:
         write_model(result, save_model, [t.name for t in open_dataset(data).meta.tables])
     console.print(_summary_table(cfg, result.summary, out))
@@ -89,6 +96,16 @@ def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
         t.add_row("cache rows (peak)", f"{s['cache_rows']:,} ({s['peak_resident_rows']:,})")
         t.add_row("oracle", f"{s['oracle_ms_per_batch']:.2f} ms/batch")
     t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
+    if s["evaluations"]:
+        best = f"{s['best_eval_auc']:.4f}" if s["best_eval_auc"] == s["best_eval_auc"] else "nan"
+        t.add_row("evaluations (--eval-every)", f"{s['evaluations']}, best AUC {best}, "
+                                                f"{s['eval_s']:.1f} s apart -> metrics_eval.csv")
+    if s["target_auc"] is not None:
+        reached = (f"{s['time_to_target_s']:.2f} s ({s['iterations_to_target']} iterations)"
+                   if s["time_to_target_s"] is not None else "not reached")
+        t.add_row(f"time to AUC {s['target_auc']:g}", reached)
+    if cfg.trace is not None:
+        t.add_row("trace", f"{cfg.trace} (open in ui.perfetto.dev or chrome://tracing)")
     network = {"kernel": f"shaped by the kernel to {cfg.net_gbps} Gbit/s",
                "sleep": "emulated (a sleep per transfer)"}.get(s["network_shaping"], "not emulated")
     t.add_row("network", network)
@@ -111,9 +128,10 @@ def _check_outputs(cfg: TrainConfig, out: Path, overwrite: bool, save_model: Pat
     check_out(out, overwrite, inputs)
     if cfg.checkpoint_every and cfg.checkpoint_dir is not None:
         check_writable_dir(Path(cfg.checkpoint_dir), "--checkpoint-dir", inputs[:1])
-    if save_model is not None:
-        check_output_file(save_model, "--save-model", [*inputs, Input("--out", out, may_hold_out=True)])
-        warn_stale(save_model)
+    for option, path in (("--save-model", save_model), ("--trace", cfg.trace)):
+        if path is not None:
+            check_output_file(Path(path), option, [*inputs, Input("--out", out, may_hold_out=True)])
+            warn_stale(Path(path))
 
 
 def _check_resume(cfg: TrainConfig) -> None:

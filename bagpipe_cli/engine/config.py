@@ -142,6 +142,15 @@ class TrainConfig:
                                           "[default: 10%, at most 50,000].", section="data")
     warmup: int = setting(5, "Iterations excluded from the speed figures.", at_least=0,
                           section="output")
+    trace: str | None = setting(None, "Write the run's timeline here: every role's events as "
+                                      "Chrome trace-event JSON (open it in ui.perfetto.dev or "
+                                      "chrome://tracing).", section="output")
+    eval_every: int = setting(0, "Evaluate the held-out rows every N iterations, timed apart, "
+                                 "into metrics_eval.csv (0: only at the end).", at_least=0,
+                              section="output")
+    target_auc: float | None = setting(None, "The held-out AUC whose time to reach the summary "
+                                             "and the report give (needs --eval-every).",
+                                       section="output")
     transport: str = setting("inproc", "inproc: one process; torch: torch.distributed ranks "
                                        "(launched by torchrun, or by --procs).", choices=TRANSPORTS,
                              section="runtime")
@@ -198,6 +207,7 @@ class TrainConfig:
         if not self.lr > 0:  # what RowOptimizer checks, without importing it (torch)
             raise ConfigError(f"--lr must be > 0 (got {self.lr})")
         self._check_measured()
+        self._check_output()
 
     def _check_measured(self) -> None:
         """A dense learning rate torch accepts, and a warm-up that leaves iterations to measure
@@ -230,6 +240,14 @@ class TrainConfig:
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("--backend nccl: NCCL connects GPUs; add --device cuda, or use "
                               "--backend gloo")
+
+    def _check_output(self) -> None:
+        if self.target_auc is not None:
+            if not 0 < self.target_auc <= 1:
+                raise ConfigError(f"--target-auc must be in (0, 1] (got {self.target_auc})")
+            if not self.eval_every:
+                raise ConfigError("--target-auc is read from the evaluations during training: "
+                                  "add --eval-every N")
 
     @property
     def world_size(self) -> int:

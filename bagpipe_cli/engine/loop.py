@@ -47,31 +47,41 @@ from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
 from bagpipe_cli.engine.records import Step, check_loss, iteration_record
 from bagpipe_cli.engine.staging import IterInputs, PhaseClock, Stager
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
+from bagpipe_cli.engine.trace import NO_TRACE, READ_FLOW, NoTracer
 from bagpipe_cli.engine.trainer_set import TrainerSet
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
+Hook = Callable[[int, "TrainingLoop"], None]  # at the boundary before iteration b
+
+
+def eval_due(cfg: TrainConfig, b: int, start: int) -> bool:
+    """--eval-every evaluates at the boundary before iteration b (b iterations trained) every
+    N iterations, the end of training included (not at the run's start)."""
+    every = cfg.eval_every
+    return every > 0 and start < b <= cfg.iterations and b % every == 0
 
 
 def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[slice],
-                   batch_size: int, clock: PhaseClock,
-                   times: dict[str, float]) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                   batch_size: int, clock: PhaseClock, times: dict[str, float],
+                   first: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Forward/backward of trainer slices (sample ranges); their losses (0-d tensors, read
     once the iteration's GPU work is done) and row-gradient partials.
 
     `values` [accesses, dim] are the rows each access reads and `inp.index` their positions
     among the rows `inp.keys`; a slice's partial is the sum, per row, of its accesses'
     gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order);
-    `forward` is the model, or the module that sums them while the backward runs.
+    `forward` is the model, or the module that sums them while the backward runs. Slice k is
+    trainer `first + k`'s (the trace names it).
     """
     n_tables = len(inp.index) // sum(sl.stop - sl.start for sl in slices)
     losses, partials = [], []
-    for sl in slices:
+    for k, sl in enumerate(slices):
         pos = slice(sl.start * n_tables, sl.stop * n_tables)
-        with clock.gpu("forward", times):
+        with clock.gpu("forward", times, first + k):
             emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
             logits = forward(inp.dense[sl], emb)
             loss = F.binary_cross_entropy_with_logits(logits, inp.labels[sl], reduction="sum") / batch_size
-        with clock.gpu("backward", times):
+        with clock.gpu("backward", times, first + k):
             loss.backward()
             partials.append(torch.zeros(len(inp.keys), values.shape[1], device=values.device).index_add_(
                 0, inp.index[pos], emb.grad.view(-1, values.shape[1])))
@@ -107,12 +117,15 @@ class TrainingLoop:
     def __init__(self, cfg: TrainConfig, model: torch.nn.Module, dense_opt: torch.optim.Optimizer,
                  system: EmbeddingSystem, rowopt: RowOptimizer, collective: Collective,
                  trainers: TrainerSet, start: int = 0, device: torch.device | str = "cpu",
-                 checkpoint: Callable[[int, TrainingLoop], None] | None = None,
-                 progress: ProgressFn | None = None):
+                 checkpoint: Hook | None = None, progress: ProgressFn | None = None,
+                 evaluate: Hook | None = None, tracer: NoTracer = NO_TRACE):
         self.cfg, self.model, self.dense_opt, self.system = cfg, model, dense_opt, system
         self.rowopt, self.collective, self.trainers, self.start = rowopt, collective, trainers, start
         self.device = torch.device(device)
         self.checkpoint, self.progress = checkpoint, progress
+        # --eval-every's evaluations, timed apart: their seconds are left out of train_seconds.
+        self.evaluate, self.eval_s, self.t_start = evaluate, 0.0, time.perf_counter()
+        self.tracer = system.tracer = tracer  # the system's prefetches go on the trace too
         self.params = list(model.parameters())
         self.per = cfg.batch_size // cfg.trainers
         self.slices = [slice(k * self.per, (k + 1) * self.per) for k in range(trainers.count)]
@@ -120,21 +133,27 @@ class TrainingLoop:
         self._pending: list[_Later] = []
         self.forward = collective.wrap(model)  # sums the dense gradients in the backward, or not
         self.stager = Stager(self.device, system.view)
-        self.clock = PhaseClock(self.device)
+        self.clock = PhaseClock(self.device, tracer)
 
     def run(self, rounds: Iterable[Round]) -> list[dict[str, Any]]:
         """Train every round of `rounds`; returns this process's metrics records."""
         it = iter(rounds)
-        t0 = time.perf_counter()
-        cur = next(it, None)
+        tr = self.tracer
+        self.t_start = t0 = time.perf_counter()
+        with tr.span("data wait", "data"):
+            cur = next(it, None)
         staged = self.stager.stage(cur) if cur is not None else None
         while cur is not None:
-            nxt = next(it, None)
+            tr.at_round(cur.plan)
+            where = tr.position  # the round's: its first iteration
+            with tr.span("data wait", "data"):
+                nxt = next(it, None)
             data = time.perf_counter() - t0
             t = time.perf_counter()
             self.settle()  # before this round's rows move into freed slots
             settled = time.perf_counter() - t
-            waited = self.system.begin_round(cur.plan, nxt.plan if nxt is not None else None)
+            with tr.span("begin round", "begin"):
+                waited = self.system.begin_round(cur.plan, nxt.plan if nxt is not None else None)
             # The next round's inputs move to the device while this round trains.
             after = self.stager.stage(nxt) if nxt is not None else None
             self.stager.wait(staged)
@@ -143,24 +162,50 @@ class TrainingLoop:
             for inp in staged.iters:
                 self._iteration(inp, head)
                 head = None
+            tr.complete("round", "round", t0, time.perf_counter(), position=where)
             t0 = time.perf_counter()
             cur, staged = nxt, after
         self.settle()
+        self._boundary(self.cfg.iterations)  # the end of training
         return self.records
+
+    def train_seconds(self) -> float:
+        """Seconds since training started, --eval-every's evaluations left out."""
+        return time.perf_counter() - self.t_start - self.eval_s
+
+    def _boundary(self, b: int) -> None:
+        """A checkpoint and an evaluation, where due before iteration b: every pending sum
+        settled first, so every resident row has its true value."""
+        ckpt = self.checkpoint is not None and checkpoint_due(self.cfg, b, self.start)
+        ev = self.evaluate is not None and eval_due(self.cfg, b, self.start)
+        if not (ckpt or ev):
+            return
+        self.settle()
+        if ckpt:
+            with self.tracer.span("checkpoint", "checkpoint"):
+                self.checkpoint(b, self)
+        if ev:
+            t = time.perf_counter()
+            with self.tracer.span("evaluate", "eval"):
+                self.evaluate(b, self)
+            self.eval_s += time.perf_counter() - t
 
     def settle(self, upto: int | None = None) -> None:
         """Apply the pending sync_later sums of iterations <= `upto` (all: None), in order,
         then write back their evicted rows."""
-        while self._pending and (upto is None or self._pending[0].plan.b <= upto):
-            item = self._pending.pop(0)
-            self.system.update_rows(item.plan, item.idx, item.sum.result(), self.rowopt)
-            self.system.write_back_slots(*item.evicted)  # sent even when empty (lockstep)
+        if not self._pending or (upto is not None and self._pending[0].plan.b > upto):
+            return
+        with self.tracer.span("settle sync_later", "settle"):
+            while self._pending and (upto is None or self._pending[0].plan.b <= upto):
+                item = self._pending.pop(0)
+                self.system.update_rows(item.plan, item.idx, item.sum.result(), self.rowopt)
+                self.system.write_back_slots(*item.evicted)  # sent even when empty (lockstep)
 
     def _iteration(self, inp: IterInputs, head: dict[str, float] | None) -> None:
         plan = inp.plan
-        if self.checkpoint is not None and checkpoint_due(self.cfg, plan.b, self.start):
-            self.settle()  # now every resident row has its true value
-            self.checkpoint(plan.b, self)
+        tr = self.tracer
+        tr.at(plan.b)
+        self._boundary(plan.b)
         t_it = time.perf_counter()
         step = Step(plan, inp.dense, inp.labels)
         if head is not None:  # the round's start belongs to its first iteration
@@ -169,9 +214,11 @@ class TrainingLoop:
         t = time.perf_counter()
         self.settle(plan.b - 2)  # the sync_later sums of b-2 land before b reads its rows
         step.times["sync"] += time.perf_counter() - t
-        values = self.system.read(step, inp.keys, inp.index)
+        with tr.span("read rows", "read"):
+            tr.flow_in(READ_FLOW, self.trainers.first, plan.b)
+            values = self.system.read(step, inp.keys, inp.index)
         losses, partials = slice_partials(self.forward, inp, values, self.slices, self.cfg.batch_size,
-                                          self.clock, step.times)
+                                          self.clock, step.times, self.trainers.first)
         waited = self.collective.take_dense_wait()  # the backward's end, waiting for dense sums
         step.times["backward"] -= waited
         step.times["sync"] += waited
@@ -180,7 +227,8 @@ class TrainingLoop:
             # The collective waits for the backward on the host: that wait is the backward's.
             torch.cuda.current_stream().synchronize()
         t = time.perf_counter()
-        loss_parts, sync = self._synchronise(step, inp.keys, grad, losses)
+        with tr.span("synchronise", "sync"):
+            loss_parts, sync = self._synchronise(step, inp.keys, grad, losses)
         step.times["sync"] += time.perf_counter() - t
         with self.clock.gpu("optimizer", step.times):
             self.dense_opt.step()
@@ -193,6 +241,7 @@ class TrainingLoop:
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
         rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
         check_loss(rec["loss"], plan.b)  # a NaN loss stops the run, naming the iteration
+        tr.complete("iteration", "iteration", t_it, time.perf_counter())
         self.records.append(rec)
         if self.progress is not None:
             self.progress(plan.b, rec)
@@ -234,7 +283,8 @@ class TrainingLoop:
         """Row updates (synchronised and private rows), then this process's evictions."""
         plan = step.plan
         self.system.update_rows(plan, sync.idx, sync.grad, self.rowopt)
-        written, deferred = self.system.evict(plan, sync.classes)
+        with self.tracer.span("evict", "evict"):
+            written, deferred = self.system.evict(plan, sync.classes)
         if sync.later_sum is not None:
             self._pending.append(_Later(plan, sync.later, sync.later_sum, deferred))
         step.rows_written_back = written + (self.system.pre_evicted if first_of_round else 0)

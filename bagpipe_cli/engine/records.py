@@ -111,9 +111,17 @@ SUMMARY_KEYS = {
     "rows_fetched": "total of the column", "rows_written_back": "total of the column",
     "cache_hits": "total of the column", "unique_rows": "total of the column",
     "final_loss": "loss of the last iteration", "final_loss_mean10": "mean loss of the last 10",
-    "wall_s": "seconds from the start of training to the last write-back",
+    "wall_s": "seconds from the start of training to the last write-back (--eval-every's "
+              "evaluations left out)",
     "eval_auc": "AUC on the held-out tail", "eval_logloss": "log loss on the held-out tail",
     "eval_positives": "held-out samples labelled 1", "eval_negatives": "held-out samples labelled 0",
+    "evaluations": "--eval-every: evaluations during training (rows of metrics_eval.csv)",
+    "eval_s": "seconds those evaluations took (apart from training)",
+    "best_eval_auc": "the highest AUC among them (None without any)",
+    "target_auc": "--target-auc",
+    "time_to_target_s": "seconds of training to the first evaluation reaching --target-auc "
+                        "(None: not reached)",
+    "iterations_to_target": "iterations trained at that evaluation",
     "oracle_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
     "peak_resident_rows": "the run's own peak of resident cache rows (None without a planned cache)",
     "bagpipe_peak_rows": "bagpipe's peak resident rows at --lookahead: the default --cache-rows "

@@ -1,4 +1,5 @@
-"""A finished run as a `TrainResult`: merged metrics, the summary, config.json, the tables.
+"""A finished run as a `TrainResult`: merged metrics, the summary, config.json, the tables,
+and (asked for) the evaluations during training and the trace.
 
 The in-process runtime and rank 0 of a distributed run both end here, so every runner's
 summary has the same keys (`records.SUMMARY_KEYS`).
@@ -17,7 +18,7 @@ import torch
 from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import read_rows
 from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
-from bagpipe_cli.engine.evaluation import evaluate
+from bagpipe_cli.engine.evaluation import accuracy_summary, eval_frame, evaluate
 from bagpipe_cli.engine.planner import Planning
 from bagpipe_cli.engine.records import auc_warning, complete_summary, merge_records, summarize
 from bagpipe_cli.engine.setup import RunSetup, run_config
@@ -36,6 +37,8 @@ class TrainResult:
     tables: list[torch.Tensor]
     # every trainer process's own records (a `trainer` column first), when there are several
     trainer_metrics: pd.DataFrame | None = None
+    evals: pd.DataFrame | None = None  # --eval-every: metrics_eval.csv's rows
+    trace: dict[str, Any] | None = None  # --trace: the Chrome trace-event document
     warnings: list[str] = field(default_factory=list)  # for the user (the CLI prints them)
 
 
@@ -83,15 +86,21 @@ def run_warnings(s: RunSetup, summary: dict[str, Any]) -> list[str]:
 
 def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall: float,
                model: torch.nn.Module, servers: list[Shard], layout: dict[str, Any],
-               facts: dict[str, Any], ckpt: Checkpointer | None, ck: Checkpoint | None) -> TrainResult:
+               facts: dict[str, Any], ckpt: Checkpointer | None, ck: Checkpoint | None, *,
+               evals: list[dict[str, Any]] | None = None, eval_s: float = 0.0,
+               trace: dict[str, Any] | None = None) -> TrainResult:
     """The result of a run: `frames` are the trainer processes' records (trainer order),
-    `servers` the final shards, `facts` the runner's own summary keys (runner, roles, ...)."""
+    `servers` the final shards, `facts` the runner's own summary keys (runner, roles, ...);
+    `evals` the evaluations during training (`eval_s` their seconds, left out of `wall`),
+    `trace` the trace document."""
     cfg = s.cfg
     metrics = merge_records(frames)
     summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, wall)
     summary.update(evaluate(model, [sv.weight for sv in servers], s.ds, s.offsets, s.train_rows,
                             s.eval_rows))
     summary.update(held_out_classes(s))
+    evals_df = eval_frame(evals or []) if cfg.eval_every else None
+    summary.update(accuracy_summary(evals_df, cfg.target_auc, eval_s))
     summary.update(planner_summary(planning))
     emulated = cfg.net_gbps is not None or cfg.net_latency_us > 0
     summary.update({"network_emulated": emulated,
@@ -104,7 +113,7 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
     runner = {"name": facts["runner"], "launch": _launch(cfg)}
     return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
                        assemble_tables(servers, s.cardinalities), trainer_records(frames),
-                       run_warnings(s, summary))
+                       evals_df, trace, run_warnings(s, summary))
 
 
 def trainer_records(frames: list[pd.DataFrame]) -> pd.DataFrame | None:

@@ -21,6 +21,7 @@ import torch
 
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.oracle import IterPlan
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
 
 
 @dataclass
@@ -84,31 +85,46 @@ class Stager:
 
 class PhaseClock:
     """Times an iteration's phases into `times` (seconds): on a CPU with the host clock; on a
-    GPU, `gpu(name)` phases with CUDA events, read once the iteration is done (`settle`)."""
+    GPU, `gpu(name)` phases with CUDA events, read once the iteration is done (`settle`).
 
-    def __init__(self, device: torch.device):
+    The trace gets the same intervals: host ones as they are; GPU ones on a "GPU" track of the
+    role, placed on the host clock by a reference event recorded when the iteration's first
+    phase starts (the GPU is idle then: the previous iteration's `settle` waited for it)."""
+
+    def __init__(self, device: torch.device, tracer: NoTracer = NO_TRACE):
         self.cuda = device.type == "cuda"
-        self._events: list[tuple[str, Any, Any]] = []
+        self.tracer = tracer
+        self._events: list[tuple[str, Any, Any, int]] = []
+        self._ref: tuple[Any, float] | None = None  # (CUDA event, host seconds), when tracing
 
     @contextlib.contextmanager
-    def gpu(self, name: str, times: dict[str, float]) -> Iterator[None]:
+    def gpu(self, name: str, times: dict[str, float], trainer: int = -1) -> Iterator[None]:
         """A phase of GPU work: its GPU time on a GPU, its host time on a CPU."""
         if not self.cuda:
             t = time.perf_counter()
             yield
-            times[name] += time.perf_counter() - t
+            t1 = time.perf_counter()
+            times[name] += t1 - t
+            self.tracer.complete(name, name, t, t1, peer=trainer)
             return
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if self.tracer.enabled and self._ref is None:
+            self._ref = (start, time.perf_counter())
         start.record()
         yield
         end.record()
-        self._events.append((name, start, end))
+        self._events.append((name, start, end, trainer))
 
     def settle(self, times: dict[str, float]) -> None:
         """Wait for the GPU's queued work and add the GPU phases' times (a no-op on a CPU)."""
         if not self.cuda:
             return
         torch.cuda.current_stream().synchronize()
-        for name, start, end in self._events:
+        for name, start, end, trainer in self._events:
             times[name] += start.elapsed_time(end) / 1e3
-        self._events = []
+            if self._ref is not None:
+                ref, host = self._ref
+                t0 = host + ref.elapsed_time(start) / 1e3
+                self.tracer.complete(name, name, t0, t0 + start.elapsed_time(end) / 1e3,
+                                     peer=trainer, track=(self.tracer.role() or "trainer", "GPU"))
+        self._events, self._ref = [], None

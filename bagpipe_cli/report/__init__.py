@@ -8,10 +8,13 @@ and the access profiles a bench stored in `<bench>/profiles/<dataset>/`, and wri
 
 - `report.md`, `report.html` (figures embedded as PNG, self-contained), as asked;
 - figures `speedup`, `time_breakdown`, `throughput_vs_lookahead`, `throughput_vs_cache`,
-  `loss`, `rows_fetched`, `access_cdf` in the image formats asked (png, svg); a figure the
-  results cannot support (no lookahead sweep, no profile...) is skipped with a note;
+  `loss`, `rows_fetched`, `timeline` and `overlap` (runs with a trace: `report/over_time.py`),
+  `auc` (runs that evaluated during training), `access_cdf` in the image formats asked (png,
+  svg); a figure the results cannot support (no lookahead sweep, no trace, no profile...) is
+  skipped with a note;
 - `summary.csv` (the summary table, numeric), `time_breakdown.csv`, `runs.csv` (every run
-  loaded, one row each), `report.json` (inputs, figures, notes).
+  loaded, one row each), `accuracy.csv` and `overlap.csv` (when there are evaluations or
+  traces), `report.json` (inputs, figures, notes).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from bagpipe_cli.engine.registry import role
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
 from bagpipe_cli.report import plots
+from bagpipe_cli.report.accuracy import display_accuracy
 from bagpipe_cli.report.analysis import (
     BASELINE,
     annotate,
@@ -37,6 +41,7 @@ from bagpipe_cli.report.analysis import (
     swept,
     time_breakdown,
 )
+from bagpipe_cli.report.over_time import draw_accuracy, draw_timeline
 from bagpipe_cli.report.page import Block, display_summary, render_html, render_markdown
 from bagpipe_cli.results import SkippedRun, is_run, load_runs
 
@@ -44,6 +49,13 @@ FORMATS = ("png", "svg", "html", "md")
 IMAGE_FORMATS = ("png", "svg")
 REPORT_SCHEMA_VERSION = 1
 _Figure = tuple[str, Any, str, str]  # name, matplotlib figure, heading, caption
+ACCURACY_TEXT = (
+    "Held-out AUC from the evaluations during training (`metrics_eval.csv`), medians over "
+    "repeats. Time to target: seconds of training (evaluations left out) to the first "
+    "evaluation whose AUC reaches the target AUC, with how many repeats reached it. "
+    "Time-to-accuracy speed-up = sync's median time to target / the system's, in the same "
+    "setting; throughput speed-up as in the summary. A system that trains faster but stalls "
+    "below the target has no time to target: its extra throughput is lost to accuracy.")
 
 
 @dataclass(frozen=True)
@@ -84,6 +96,8 @@ class ReportResult:
     figures: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     skipped: list[SkippedRun] = field(default_factory=list)  # runs that could not be read
+    accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)  # time to target, per group
+    overlap: pd.DataFrame = field(default_factory=pd.DataFrame)  # transfers hidden, per group
 
 
 def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict]]:
@@ -166,11 +180,13 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     _draw_breakdown(bd, sub, figures)
     _draw_sweeps(runs, sub, figures, notes)
     _draw_curves(runs, metrics, sub, figures)
+    overlap = draw_timeline(runs, sub, figures, notes)
+    acc = draw_accuracy(runs, loaded.evals, summary, sub, figures, notes)
     _draw_access_cdf(cfg, runs, figures, notes)
     notes += auc_notes(runs)
-    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped)
+    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped, acc)
     result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes,
-                          loaded.skipped)
+                          loaded.skipped, acc, overlap)
     result.files = _write_report(cfg, result, figures, blocks)
     return result
 
@@ -288,6 +304,10 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
         res.breakdown.to_csv(tmp / "time_breakdown.csv", index=False)
         res.runs.to_csv(tmp / "runs.csv", index=False)
         files += [out / "summary.csv", out / "time_breakdown.csv", out / "runs.csv"]
+        for name, table in (("accuracy.csv", res.accuracy), ("overlap.csv", res.overlap)):
+            if len(table):
+                table.to_csv(tmp / name, index=False)
+                files.append(out / name)
         if "md" in cfg.formats:
             (tmp / "report.md").write_text(render_markdown(blocks))
             files.append(out / "report.md")
@@ -309,7 +329,7 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
 
 def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
           figures: list[_Figure], notes: list[str], sub: str,
-          skipped: list[SkippedRun]) -> list[Block]:
+          skipped: list[SkippedRun], accuracy: pd.DataFrame) -> list[Block]:
     benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
     title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
     n_runs = len(runs)
@@ -334,6 +354,9 @@ def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
         b = best.loc[best["speedup"].idxmax()]
         blocks.append(Block("p", f"Largest Bagpipe speed-up: {b['speedup']:.2f}× over sync "
                                  f"({b['variant']}, {b['setting']})."))
+    if len(accuracy):
+        blocks += [Block("h2", "Accuracy and time to target"), Block("p", ACCURACY_TEXT),
+                   Block("table", table=display_accuracy(accuracy))]
     for name, _, heading, caption in figures:
         blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
     if notes:

@@ -16,20 +16,24 @@ Definitions:
 from __future__ import annotations
 
 import math
+from dataclasses import fields
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
+from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import REFERENCE
 
 BASELINE = REFERENCE
 TIME_COLUMNS = TIME_KEYS
-# Columns of a run row that are not part of its setting: the system and its own settings.
+# Columns of a run row that are not part of its setting: the system and its own settings,
+# and what is recorded of a run (the output section: warm-up, trace, evaluations).
 _NOT_SETTING = {"system", "data", "dataset_path", "dataset_rows", "dataset_tables",
-                "embedding_rows", "warmup", *SYSTEM_OWN_SETTINGS}
+                "embedding_rows", *SYSTEM_OWN_SETTINGS,
+                *(f.name for f in fields(TrainConfig) if f.metadata["section"] == "output")}
 _OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s", "hot_sample": "hot"}
 SUMMARY_COLUMNS = [
     "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
@@ -109,7 +113,7 @@ def annotate(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def _ordered_groups(runs: pd.DataFrame):
+def ordered_groups(runs: pd.DataFrame):
     """Groups by setting (in order of appearance), then sync first, then the other variants."""
     settings = list(dict.fromkeys(runs["setting_key"]))
     variants = list(dict.fromkeys(runs["variant_key"]))
@@ -144,7 +148,7 @@ def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     measured = metrics[metrics["measured"]]
     times = measured.groupby("run_path")["time"].apply(lambda s: s.to_numpy())
     rows = []
-    for _, g in _ordered_groups(runs):
+    for _, g in ordered_groups(runs):
         r0 = g.iloc[0]
         it = np.concatenate([times.get(p, np.array([])) for p in g["run_path"]]) * 1e3
         sps = g["samples_per_s"].to_numpy(dtype=float)
@@ -173,7 +177,7 @@ def time_breakdown(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     """
     m = metrics[metrics["measured"]].merge(runs[["run_path", "group"]], on="run_path")
     rows = []
-    for grp, g in _ordered_groups(runs):
+    for grp, g in ordered_groups(runs):
         mm = m[m["group"] == grp]
         row = {"setting": g.iloc[0]["setting"], "system": g.iloc[0]["system"],
                "variant": g.iloc[0]["variant"]}

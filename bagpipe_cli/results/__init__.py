@@ -3,15 +3,16 @@
 Every file is written atomically and read back checked: JSON files carry a schema_version
 (1) that readers check, and a file that cannot be read raises one DataError line naming it.
 
-- `run`: one run folder (config.json, metrics.csv, metrics_trainers.csv, summary.json):
-  `write_run`, `open_run` -> `StoredRun`, `read_config`, `read_summary`, `read_metrics`,
-  `read_trainer_metrics`, `is_run`.
+- `run`: one run folder (config.json, metrics.csv, metrics_trainers.csv, metrics_eval.csv,
+  summary.json, trace.json): `write_run`, `open_run` -> `StoredRun`, `read_config`,
+  `read_summary`, `read_metrics`, `read_trainer_metrics`, `read_eval_metrics`, `is_run`;
+  `write_trace`, `read_trace`, `trace_of` (a trace anywhere: `train --trace PATH`).
 - `bench`: a bench folder's bench.json, environment.json, index.json and index.csv:
   `write_bench`, `write_environment`, `write_index`, `read_bench_file`, `read_index`,
   `open_bench` -> `StoredBench`, `is_bench`.
 - `loader`: many runs at once from run folders, bench folders or parents: `find_runs`,
   `read_runs(paths, read)` -> (what `read` returned, [`SkippedRun`]), `load_runs` ->
-  `LoadResult` (runs, metrics, skipped), `load_results` (one row per run) and
+  `LoadResult` (runs, metrics, evaluations, skipped), `load_results` (one row per run) and
   `load_metrics` (one row per iteration). A run inside a given folder that cannot be
   read is skipped with its reason; the library never prints, the CLI warns.
 """
@@ -43,10 +44,14 @@ from bagpipe_cli.results.run import (
     is_run,
     open_run,
     read_config,
+    read_eval_metrics,
     read_metrics,
     read_summary,
+    read_trace,
     read_trainer_metrics,
+    trace_of,
     write_run,
+    write_trace,
 )
 from bagpipe_cli.results.schema import BENCH_SCHEMA_VERSION, RUN_SCHEMA_VERSION
 
@@ -54,6 +59,7 @@ __all__ = [
     "BENCH_KIND", "BENCH_SCHEMA_VERSION", "INDEX_COLUMNS", "RUN_SCHEMA_VERSION", "LoadResult",
     "SkippedRun", "StoredBench", "StoredRun", "find_runs", "is_bench", "is_run", "load_metrics",
     "load_results", "load_runs", "open_bench", "open_run", "read_bench_file", "read_config",
-    "read_index", "read_metrics", "read_runs", "read_summary", "read_trainer_metrics", "run_row",
-    "write_bench", "write_environment", "write_index", "write_run",
+    "read_eval_metrics", "read_index", "read_metrics", "read_runs", "read_summary", "read_trace",
+    "read_trainer_metrics", "run_row", "trace_of", "write_bench", "write_environment",
+    "write_index", "write_run", "write_trace",
 ]  # fmt: skip

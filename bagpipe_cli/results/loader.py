@@ -17,7 +17,7 @@ import pandas as pd
 
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.results.bench import read_index
-from bagpipe_cli.results.run import SUMMARY, StoredRun, is_run, open_run
+from bagpipe_cli.results.run import SUMMARY, StoredRun, is_run, open_run, trace_of
 
 SKIP_DIRS = {"report", "profiles"}  # folders inside a bench that hold no runs
 T = TypeVar("T")
@@ -151,6 +151,8 @@ def run_row(run: StoredRun) -> dict[str, Any]:
         row[f"env_{k}"] = env.get(k)
     row["schema_version"] = summary["schema_version"]
     row["run_path"] = str(folder)
+    trace = trace_of(folder, config)
+    row["trace_path"] = str(trace) if trace is not None else None
     return row
 
 
@@ -168,14 +170,25 @@ def metrics_rows(run: StoredRun) -> pd.DataFrame:
     return m
 
 
+def eval_rows(run: StoredRun) -> pd.DataFrame | None:
+    """A run's metrics_eval.csv with run_path first (None when it has none)."""
+    if run.evals is None:
+        return None
+    e = run.evals.copy()
+    e.insert(0, "run_path", str(run.folder))
+    return e
+
+
 @dataclass
 class LoadResult:
-    """Every readable run under some paths: one row per run, one per (run, iteration), and
-    the runs skipped as unreadable."""
+    """Every readable run under some paths: one row per run, one per (run, iteration), one
+    per (run, evaluation during training: `evals`, keyed by run_path), and the runs skipped
+    as unreadable."""
 
     runs: pd.DataFrame
     metrics: pd.DataFrame
     skipped: list[SkippedRun] = field(default_factory=list)
+    evals: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
 def load_runs(*paths: Path) -> LoadResult:
@@ -185,9 +198,11 @@ def load_runs(*paths: Path) -> LoadResult:
     table = pd.DataFrame([run_row(r) for r in runs])
     table = table.sort_values("repeat", kind="stable").reset_index(drop=True)
     metrics = pd.concat([metrics_rows(r) for r in runs], ignore_index=True)
+    evals = [e for e in map(eval_rows, runs) if e is not None]
     for df in (table, metrics):
         df.attrs["skipped"] = list(skipped)
-    return LoadResult(table, metrics, skipped)
+    return LoadResult(table, metrics, skipped,
+                      pd.concat(evals, ignore_index=True) if evals else pd.DataFrame())
 
 
 def load_results(*paths: Path) -> pd.DataFrame:

@@ -37,6 +37,7 @@ from torch.nn.parallel import DistributedDataParallel
 from bagpipe_cli.engine.collective import Collective, ordered_sum, traffic
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.wire import comm
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, trainer_role
 
 # torch >= 2.12 names it all_gather_single; older ones all_gather_into_tensor.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -48,9 +49,10 @@ class TorchCollective(Collective):
     sync_later sums)."""
 
     def __init__(self, group, lanes: tuple, layout: Layout, index: int, device: torch.device,
-                 comm_device: torch.device, kind: str = "exact"):
+                 comm_device: torch.device, kind: str = "exact", tracer: NoTracer = NO_TRACE):
         self.group, self.layout = group, layout
-        self._lanes = {name: _Lane(name, g) for name, g in zip(("dense", "later"), lanes, strict=True)}
+        self._lanes = {name: _Lane(name, g, tracer, trainer_role(index, 1))
+                       for name, g in zip(("dense", "later"), lanes, strict=True)}
         self.index, self.device, self.comm_device, self.kind = index, device, comm_device, kind
         self.size = layout.trainers
         self.bytes_sent = self.bytes_received = 0
@@ -165,10 +167,11 @@ class TorchCollective(Collective):
 
 
 class _Lane:
-    """A background thread running sums on a process group of its own, in FIFO order."""
+    """A background thread running sums on a process group of its own, in FIFO order (each
+    sum a slice of its own track in a trace)."""
 
-    def __init__(self, name: str, group):
-        self.name, self.group = name, group
+    def __init__(self, name: str, group, tracer: NoTracer, role: str):
+        self.name, self.group, self.tracer, self.role = name, group, tracer, role
         self._jobs: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
 
@@ -179,13 +182,17 @@ class _Lane:
         self._jobs.put((job, ok, fail))
 
     def _serve(self) -> None:
+        self.tracer.name_thread(self.role, f"{self.name} sums")
+        label = "dense bucket sum" if self.name == "dense" else "sync_later sum"
         while True:
             item = self._jobs.get()
             if item is None:
                 return
             job, ok, fail = item
             try:
-                ok(job())
+                with self.tracer.span(label, "collective"):
+                    result = job()
+                ok(result)
             except BaseException as e:  # noqa: BLE001 - surfaced on the trainer's thread
                 fail(e)
 

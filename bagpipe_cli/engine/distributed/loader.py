@@ -6,7 +6,9 @@ A checkpoint at the boundary before iteration b: every trainer sends its new rec
 0 also its resident rows and the dense state), every server its shard once it has served
 every trainer's requests before the boundary; rank 0 lays the resident rows over the shards
 and writes the checkpoint. On resume rank 0 reads it and sends each server its shard and
-each trainer the dense state (only rank 0 needs to see the checkpoint directory).
+each trainer the dense state (only rank 0 needs to see the checkpoint directory). An
+evaluation (--eval-every) gathers the same true tables from trainer 0 and the servers, and
+rank 0 evaluates them while the trainers go on. Traced, rank 0 merges every rank's events.
 """
 
 from __future__ import annotations
@@ -28,14 +30,15 @@ from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.rounds import key_dtype, narrow
 from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
+from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
-from bagpipe_cli.engine.loop import ProgressFn
-from bagpipe_cli.engine.oracle import RoundPlan
+from bagpipe_cli.engine.loop import ProgressFn, eval_due
 from bagpipe_cli.engine.planner import Planning
 from bagpipe_cli.engine.records import role_figures
 from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.shards import Shard
+from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer, trace_document, trace_meta
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
@@ -45,9 +48,12 @@ class LoaderRank:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
     def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],
-                 faults: Faults, progress: ProgressFn | None = None):
+                 faults: Faults, progress: ProgressFn | None = None, tracer: NoTracer = NO_TRACE):
         self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
-        self.placements = placements
+        self.placements, self.tracer, self.start = placements, tracer, 0
+        tracer.name_thread(ORACLE, "loader")
+        self.evals: list[dict[str, Any]] = []
+        self.eval_s = self.end_eval_s = 0.0  # evaluating (all; after training ended)
         self.sent = {"bytes_sent": 0, "waiting_s": 0.0, "iterations": 0}  # waiting: a trainer behind
         self.ckpt: Checkpointer | None = None
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
@@ -64,10 +70,11 @@ class LoaderRank:
         if ck is not None and len(ck.metrics) != lay.trainers:
             raise ConfigError(f"--resume {ck.path}: the checkpoint has metrics of {len(ck.metrics)} "
                               f"trainer(s), this run has {lay.trainers}")
-        start = ck.iteration if ck else 0
+        self.start = start = ck.iteration if ck else 0
         prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(lay.trainers)]
         self.records = [list(p) for p in prior]
-        planning = s.spec.plan(s, start)
+        with self.tracer.span("planning pass", "planning"):
+            planning = s.spec.plan(s, start)
         self._initial_state(ck, planning, start)
         if s.cfg.checkpoint_every:
             self.ckpt = Checkpointer(s.cfg, dataset_identity(s.ds), start)
@@ -79,7 +86,7 @@ class LoaderRank:
                 self.ckpt.close()
         outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
         shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
-        wall = time.perf_counter() - t_start
+        wall = time.perf_counter() - t_start - self.end_eval_s
         self.sent["cpu_s"] = time.process_time() - cpu
         return self._result(planning, prior, outs, shards, wall, ck)
 
@@ -104,39 +111,68 @@ class LoaderRank:
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
+        tr, t0 = self.tracer, time.perf_counter()
         for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
                                           start, workers):
+            t1 = time.perf_counter()
+            where = (rp.iters[0].b if rp.iters else -1, rp.r)
+            tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
             for i, r in enumerate(lay.trainer_ranks):  # each trainer only what it reads
                 self._send(narrow(rp, batches, i, lay.trainers, keys), r)
             self.sent["iterations"] += len(rp.iters)
+            tr.complete("send round", "send", t1, time.perf_counter(), position=where)
             # The trainers got this round while they train the previous one, which is when
             # they reach its checkpoint boundaries.
             if prev is not None:
-                self._checkpoints(prev)
+                self._boundaries([p.b for p in prev.iters])
             prev = rp
             done += len(rp.iters)
             if self.progress and rp.iters:
                 self.progress(done - 1, {"loss": math.nan, "time": math.nan})
+            t0 = time.perf_counter()
         for r in lay.trainer_ranks:
             self._send(None, r)
         if prev is not None:
-            self._checkpoints(prev)
+            self._boundaries([p.b for p in prev.iters])
+        t = time.perf_counter()
+        self._boundaries([s.cfg.iterations])  # the end of training
+        self.end_eval_s = time.perf_counter() - t
 
-    def _checkpoints(self, rp: RoundPlan) -> None:
-        """Rank 0's part of the checkpoints at boundaries inside round `rp`."""
+    def _boundaries(self, iterations: list[int]) -> None:
+        """Rank 0's part of the checkpoints and evaluations at the boundaries before
+        `iterations`, in the order the trainers reach them (a checkpoint first)."""
+        for b in iterations:
+            if self.ckpt is not None and checkpoint_due(self.s.cfg, b, self.ckpt.start):
+                self._checkpoint(b)
+            if eval_due(self.s.cfg, b, self.start):
+                t = time.perf_counter()
+                with self.tracer.span("evaluate", "eval"):
+                    self._evaluate(b)
+                self.eval_s += time.perf_counter() - t
+
+    def _evaluate(self, b: int) -> None:
+        """The held-out rows with the true tables before iteration b (trainer 0's resident
+        rows over the servers' shards) and trainer 0's dense model."""
         lay = self.layout
-        for plan in rp.iters:
-            if self.ckpt is None or not checkpoint_due(self.s.cfg, plan.b, self.ckpt.start):
-                continue
-            parts = [recv_obj(r, lay) for r in lay.trainer_ranks]
-            t = time.perf_counter()
-            for i, part in enumerate(parts):
-                self.records[i].extend(part["records"])
-            shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
-            weight, state = full_tables(shards, [parts[0]["resident"]])
-            self.ckpt.save(plan.b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
-                           parts[0]["rng"], self.records, t)
-            self.faults.checkpoint_done()
+        part = recv_obj(lay.trainer_ranks[0], lay)
+        shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
+        weight, _ = full_tables(shards, [part["resident"]])
+        model = build_model(self.s.mcfg)
+        model.load_state_dict(part["dense"])
+        self.evals.append(eval_point(self.s, b, part["wall_s"], model, weight))
+
+    def _checkpoint(self, b: int) -> None:
+        """Rank 0's part of the checkpoint at the boundary before iteration b."""
+        lay = self.layout
+        parts = [recv_obj(r, lay) for r in lay.trainer_ranks]
+        t = time.perf_counter()
+        for i, part in enumerate(parts):
+            self.records[i].extend(part["records"])
+        shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
+        weight, state = full_tables(shards, [parts[0]["resident"]])
+        self.ckpt.save(b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
+                       parts[0]["rng"], self.records, t)
+        self.faults.checkpoint_done()
 
     def _result(self, planning: Planning, prior: list[list[dict]], outs: list[dict],
                 shards: list[dict], wall: float, ck: Checkpoint | None) -> TrainResult:
@@ -163,7 +199,14 @@ class LoaderRank:
                   "placement": self.placements}
         facts = {"runner": "distributed", "transport": "torch", "roles": roles,
                  "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}
-        return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck)
+        trace = None
+        if self.tracer.enabled:
+            parts = [self.tracer.export(), *(o["trace"] for o in outs),
+                     *(sh["trace"] for sh in shards)]
+            clock = "ranks aligned to rank 0's clock (offsets measured at start-up)"
+            trace = trace_document(parts, trace_meta(s.cfg, clock, parts))
+        return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck,
+                          evals=self.evals, eval_s=self.eval_s, trace=trace)
 
 
 def _shard(k: int, layout: Layout, sent: dict[str, Any]) -> Shard:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count
+from bagpipe_cli.engine.distributed.clock import clock_offset
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
@@ -33,6 +34,7 @@ from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.result import TrainResult
 from bagpipe_cli.engine.setup import prepare
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default
 from bagpipe_cli.launch.netshape import ShapedNetwork
@@ -120,19 +122,30 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     # (dense buckets, sync_later sums); every rank takes part in making a group, in order.
     group, *lanes = [dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
                      for _ in range(3)]
+    tracer = _tracer(cfg, layout, rank)
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
-        return LoaderRank(s, layout, devices, placements, faults, progress).run()
+        return LoaderRank(s, layout, devices, placements, faults, progress, tracer).run()
     if role == "server":
-        server_main(s, layout, idx, faults)
+        server_main(s, layout, idx, faults, tracer)
     else:
         comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
         with computing_on(device, not cfg.nondeterministic):
             collective = TorchCollective(group, tuple(lanes), layout, idx, device, comm_device,
-                                         cfg.collective)
-            trainer_main(s, layout, idx, collective, device, faults)
+                                         cfg.collective, tracer)
+            trainer_main(s, layout, idx, collective, device, faults, tracer)
     return None
+
+
+def _tracer(cfg: TrainConfig, layout: Layout, rank: int) -> NoTracer:
+    """With --trace: this rank's tracer, its clock's offset to rank 0's measured (every rank
+    takes part at once, so no rank is left waiting)."""
+    if not cfg.trace:
+        return NO_TRACE
+    tracer = Tracer()
+    tracer.offset, tracer.rtt = clock_offset(layout, rank)
+    return tracer
 
 
 def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:

@@ -3,7 +3,9 @@
 Request k of trainer 0, of trainer 1, ..., then request k+1 of each: so request k of every
 trainer is served before request k+1 of any, which orders requests *across* trainers as the
 schedule does (a write-back of row x by one trainer lands before a later fetch of x by
-another). A pass of gradient pushes is summed in trainer order, then applied.
+another). A pass of gradient pushes is summed in trainer order, then applied. Traced, every
+request with rows is a slice of the server's track, tagged with the trainer's iteration and
+round from its header, and a fetch ends the arrow its trainer started.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ import torch.distributed as dist
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
+    HEADER,
     OP_CHECKPOINT,
     OP_DONE,
+    OP_EVAL,
     OP_FETCH,
     OP_GRAD,
     OP_NAMES,
@@ -33,7 +37,10 @@ from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.setup import RunSetup
 from bagpipe_cli.engine.shards import Shard, init_shards
+from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.environment import peak_rss_mb
+
+_TRACED = {OP_FETCH: "fetch", OP_WRITEBACK: "write-back", OP_GRAD: "push"}  # names on the trace
 
 
 @dataclass
@@ -59,8 +66,9 @@ class Server:
     """Serves one shard to the trainers of `layout` (see the module docstring)."""
 
     def __init__(self, shard: Shard, layout: Layout, network: NetworkModel,
-                 opt: RowOptimizer, faults: Faults):
+                 opt: RowOptimizer, faults: Faults, tracer: NoTracer = NO_TRACE):
         self.shard, self.layout, self.network, self.opt, self.faults = shard, layout, network, opt, faults
+        self.tracer = tracer
         self.dim, self.sdim = shard.weight.shape[1], shard.state.shape[1]
         self.stats = _Stats()
 
@@ -72,11 +80,12 @@ class Server:
             self.stats.requests += 1
             if p.op == OP_DONE:
                 break
-            if p.op == OP_CHECKPOINT:
-                # Every trainer's requests before the checkpoint are served: this is the
-                # shard at the boundary.
+            if p.op in (OP_CHECKPOINT, OP_EVAL):
+                # Every trainer's requests before the checkpoint (or evaluation) are served:
+                # this is the shard at the boundary.
                 send_obj({"weight": self.shard.weight, "state": self.shard.state}, 0, self.layout)
-                self.faults.checkpoint_done()
+                if p.op == OP_CHECKPOINT:
+                    self.faults.checkpoint_done()
             if p.grads:
                 self._apply(p.grads)
         s = self.stats
@@ -89,12 +98,13 @@ class Server:
         first: tuple[int, int] | None = None
         for i in range(self.layout.trainers):
             src = self.layout.trainer_rank(i)
-            hdr = torch.empty(3, dtype=torch.int64)
+            hdr = torch.empty(HEADER, dtype=torch.int64)
             t0 = time.perf_counter()
             comm(self.layout, src, dist.recv, hdr, src)
             t1 = time.perf_counter()
             self.stats.waiting_s += t1 - t0
-            op, n, their_seq = int(hdr[0]), int(hdr[1]), int(hdr[2])
+            op, n, their_seq, b, r = hdr.tolist()
+            self.tracer.at(b, r)
             if first is None:
                 first = (op, their_seq)
             if (op, their_seq) != first or their_seq != seq:
@@ -104,11 +114,22 @@ class Server:
                     f"#{first[1]}; the trainers are out of step (a bug in bagpipe)")
             p.op = op
             p.rows += n
-            if op not in (OP_DONE, OP_CHECKPOINT):
+            if op not in (OP_DONE, OP_CHECKPOINT, OP_EVAL):
                 self._request(op, n, src, p)
-            self.stats.busy_s += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            self.stats.busy_s += t2 - t1
+            if n and self.tracer.enabled:
+                self._trace(op, n, i, seq, t1, t2)
         self.stats.loaded += p.rows > 0
         return p
+
+    def _trace(self, op: int, n: int, i: int, seq: int, t1: float, t2: float) -> None:
+        """Request `seq` of trainer i, served from t1 to t2."""
+        row = self.dim if op == OP_GRAD else self.dim + self.sdim
+        self.tracer.complete(_TRACED.get(op, OP_NAMES.get(op, "?")), "serve", t1, t2, n,
+                             n * row * 4, i)
+        if op == OP_FETCH:
+            self.tracer.flow_in(REQUEST_FLOW, i, self.shard.shard, seq, at=(t1 + t2) / 2)
 
     def _wait(self, nbytes: int) -> None:
         t = time.perf_counter()
@@ -154,11 +175,15 @@ class Server:
                 total.index_add_(0, torch.searchsorted(keys, k), g)
         if len(keys):
             self.shard.apply_gradients(keys, total, self.opt)
-        self.stats.busy_s += time.perf_counter() - t1
+        t2 = time.perf_counter()
+        self.stats.busy_s += t2 - t1
+        self.tracer.complete("apply pushes", "apply", t1, t2, len(keys))
 
 
-def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults) -> None:
+def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults,
+                tracer: NoTracer = NO_TRACE) -> None:
     """Server k: its shard (seeded, or a resumed run's from rank 0), served until done."""
+    tracer.name_thread(server_role(k), "serving")
     init = recv_obj(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
     if init is None:
         # Initial values depend only on (seed, table, id): each server builds just its shard.
@@ -166,5 +191,6 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults) -> None:
                              s.rowopt.init_state, only=k)[0]
     else:
         shard = Shard.holding(k, layout.servers, init["weight"], init["state"])
-    stats = Server(shard, layout, s.network, s.rowopt, faults).serve()
-    send_obj({"weight": shard.weight, "state": shard.state, "stats": stats}, 0, layout)
+    stats = Server(shard, layout, s.network, s.rowopt, faults, tracer).serve()
+    send_obj({"weight": shard.weight, "state": shard.state, "stats": stats,
+              "trace": tracer.export()}, 0, layout)

@@ -4,7 +4,9 @@ Its rounds come from rank 0 (its slice of every batch, one round ahead of use), 
 from the server ranks (`TorchTransport`), its sums from the other trainers
 (`TorchCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
 also its resident rows, the dense model, its optimizer and the RNG state), then every
-server a CHECKPOINT request after its write-backs.
+server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) trainer 0
+sends its resident rows and dense model, and every trainer sends the servers an EVAL request.
+Traced, its events go to rank 0 with its result.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from bagpipe_cli.engine.distributed.rounds import widen
 from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj
 from bagpipe_cli.engine.feed import Round
-from bagpipe_cli.engine.loop import TrainingLoop
+from bagpipe_cli.engine.loop import Hook, TrainingLoop
 from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
 
@@ -40,19 +43,22 @@ def remote_rounds(layout: Layout) -> Iterator[Round]:
 
 
 def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective,
-                 device: torch.device, faults: Faults) -> None:
+                 device: torch.device, faults: Faults, tracer: NoTracer = NO_TRACE) -> None:
     """Trainer i: its slice of every global batch, synchronised with the other trainers."""
     cfg = s.cfg
+    tracer.name_thread(trainer_role(i, 1), "main")
     model, dense_opt = build_dense(cfg, s.mcfg, device)
     info = recv_obj(0, layout, PLANNING_WAIT_S)
     if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
         restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
-    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network)
+    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i)
     trainers = TrainerSet.one(i, layout.trainers)
     system = build_system(s, info["slots"], transport, trainers, device)
     hook = _checkpoint(layout, transport, faults) if cfg.checkpoint_every else None
-    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers,
-                        info["start"], device, checkpoint=hook)
+    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
+                        trainers, info["start"], device, checkpoint=hook,
+                        evaluate=_evaluator(layout, transport) if cfg.eval_every else None,
+                        tracer=tracer)
     cpu = time.process_time()
     try:
         records = loop.run(remote_rounds(layout))
@@ -68,10 +74,24 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
            "device_info": describe(device), **collective_figures(collective),
-           "written_back_at_end": system.written_back_at_end}
+           "written_back_at_end": system.written_back_at_end, "trace": tracer.export()}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())
     send_obj(out, 0, layout)
+
+
+def _evaluator(layout: Layout, transport: TorchTransport) -> Hook:
+    """--eval-every: trainer 0 sends rank 0 its resident rows and dense model (rank 0 lays
+    the rows over the servers' shards and evaluates); every trainer asks the servers for
+    their shards."""
+
+    def take(b: int, loop: TrainingLoop) -> None:
+        if loop.trainers.first == 0:
+            send_obj({"resident": loop.system.resident(), "wall_s": loop.train_seconds(),
+                      "dense": to_cpu(loop.model.state_dict())}, 0, layout)
+        transport.evaluation()  # after every write-back of this trainer
+
+    return take
 
 
 def _checkpoint(layout: Layout, transport: TorchTransport,

@@ -2,7 +2,8 @@
 
 Every call sends one request to every server (an empty one where a server has no rows of
 it), numbered per server: the servers serve the trainers in lockstep and check that all
-trainers are in step (`distributed/server.py`).
+trainers are in step (`distributed/server.py`). Its header carries the trainer's iteration
+and round for the servers' trace; a traced fetch starts an arrow to the slice serving it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
     OP_CHECKPOINT,
     OP_DONE,
+    OP_EVAL,
     OP_FETCH,
     OP_GRAD,
     OP_WRITEBACK,
@@ -25,19 +27,26 @@ from bagpipe_cli.engine.distributed.wire import (
 )
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.shards import split_by_shard
+from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer
 from bagpipe_cli.engine.transport import Transport
 
 
 class _DistRows:
     """A fetch in flight: the replies of every server, assembled on result()."""
 
-    def __init__(self, n: int, parts: list, dim: int, sdim: int, layout: Layout):
+    def __init__(self, n: int, parts: list, dim: int, sdim: int, layout: Layout,
+                 tracer: NoTracer = NO_TRACE):
         self.n, self.parts, self.dim, self.sdim, self.layout = n, parts, dim, sdim, layout
+        self.tracer = tracer
 
     def done(self) -> bool:
         return all(w.is_completed() for _, _, _, works, _ in self.parts for w in works)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.tracer.span("wait rows", "wait", rows=self.n):
+            return self._result()
+
+    def _result(self) -> tuple[torch.Tensor, torch.Tensor]:
         rows = torch.empty(self.n, self.dim)
         state = torch.empty(self.n, self.sdim)
         for pos, r, s, works, peer in self.parts:
@@ -54,8 +63,9 @@ class TorchTransport(Transport):
 
     lockstep = True
 
-    def __init__(self, layout: Layout, dim: int, state_dim: int, network: NetworkModel):
-        self.layout = layout
+    def __init__(self, layout: Layout, dim: int, state_dim: int, network: NetworkModel,
+                 tracer: NoTracer = NO_TRACE, trainer: int = 0):
+        self.layout, self.tracer, self.trainer = layout, tracer, trainer
         self.num_servers = layout.servers
         self.network = network
         self.dim, self.sdim = dim, state_dim
@@ -66,7 +76,9 @@ class TorchTransport(Transport):
 
     def _send(self, k: int, op: int, local: np.ndarray, *payload: torch.Tensor) -> None:
         dst = self.layout.server_rank(k)
-        hdr = torch.tensor([op, len(local), self._seq[k]], dtype=torch.int64)
+        hdr = torch.tensor([op, len(local), self._seq[k], *self.tracer.position], dtype=torch.int64)
+        if op == OP_FETCH and len(local):
+            self.tracer.flow_out(REQUEST_FLOW, self.trainer, k, self._seq[k])
         self._seq[k] += 1
         msgs = [hdr] + ([torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), *payload]
                         if len(local) else [])
@@ -91,7 +103,7 @@ class TorchTransport(Transport):
                     works.append(comm(self.layout, src, dist.irecv, s, src))
                 self.bytes_received += (r.numel() + s.numel()) * 4
             parts.append((pos, r, s, works, src))
-        return _DistRows(len(keys), parts, self.dim, self.sdim, self.layout)
+        return _DistRows(len(keys), parts, self.dim, self.sdim, self.layout, self.tracer)
 
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
         rows, state = rows.cpu(), state.cpu()
@@ -107,10 +119,14 @@ class TorchTransport(Transport):
             self._send(k, OP_GRAD, local, grad[torch.from_numpy(pos)].contiguous())
         return []
 
-    def checkpoint(self) -> None:
-        """Tell every server this trainer reached a checkpoint (after its write-backs)."""
+    def checkpoint(self, op: int = OP_CHECKPOINT) -> None:
+        """Tell every server this trainer reached a checkpoint (after its write-backs), or an
+        evaluation (`op` OP_EVAL): the server sends rank 0 its shard."""
         for k in range(self.num_servers):
-            self._send(k, OP_CHECKPOINT, np.empty(0, np.int64))
+            self._send(k, op, np.empty(0, np.int64))
+
+    def evaluation(self) -> None:
+        self.checkpoint(OP_EVAL)
 
     def drain(self) -> None:
         for work, _, peer in self._pending:

@@ -1,7 +1,8 @@
 """The wire protocol between ranks: request codes, pickled objects, and failures that name
 the peer (docs/architecture.md describes the schedule).
 
-A trainer's request to a server is a header [op, rows, sequence number] followed, when it
+A trainer's request to a server is a header [op, rows, sequence number, iteration, round]
+(the last two name the trainer's position on the trace; -1 untraced) followed, when it
 has rows, by their int64 local indices and the payload (rows + optimizer state for a
 write-back, gradients for a push). Everything else (plans, batches, checkpoints, results)
 travels as an object: its length, then its pickled bytes, then every large CPU tensor or
@@ -23,9 +24,10 @@ import torch.distributed as dist
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.errors import BagpipeError, RankFailure
 
-OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT = 1, 2, 3, 4, 5
+OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT, OP_EVAL = 1, 2, 3, 4, 5, 6
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
-            OP_CHECKPOINT: "CHECKPOINT"}
+            OP_CHECKPOINT: "CHECKPOINT", OP_EVAL: "EVAL"}
+HEADER = 5  # int64s of a request's header
 
 # Rank 0 plans the whole run (bagpipe's peak, the baselines' trace) before its first message,
 # which on a large dataset takes longer than --timeout: that one wait is this long. A rank 0

@@ -14,17 +14,19 @@ from concurrent.futures import Future
 import torch
 
 from bagpipe_cli.engine.collective import Collective, traffic
-from bagpipe_cli.engine.local.server import ServingThread
+from bagpipe_cli.engine.local.server import Label, ServingThread
 from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
 
 
 class LocalCollective(Collective):
     """All trainers in one process (see the module docstring)."""
 
     def __init__(self, size: int, network: NetworkModel, kind: str = "exact",
-                 on_start: Callable[[], None] | None = None):
-        self.size, self.network, self.kind = size, network, kind
-        self._worker = ServingThread("collectives", on_start)
+                 on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE,
+                 track: tuple[str, str] | None = None):
+        self.size, self.network, self.kind, self.tracer = size, network, kind, tracer
+        self._worker = ServingThread("collectives", on_start, tracer, track)
         self.bytes_sent = self.bytes_received = 0
         self.exposed_s = 0.0
 
@@ -48,8 +50,11 @@ class LocalCollective(Collective):
         return values  # every trainer's, already
 
     def start_sum(self, x: torch.Tensor) -> Future:
-        seconds = self.network.collective_seconds(self.kind, self._count([x]), self.size)
-        return self._worker.submit(lambda: (x, seconds))
+        nbytes = self._count([x])
+        seconds = self.network.collective_seconds(self.kind, nbytes, self.size)
+        label = (Label("sum (sync_later)", "sum", len(x), nbytes, -1, self.tracer.position)
+                 if self.tracer.enabled else None)
+        return self._worker.submit(lambda: (x, seconds), label)
 
     @property
     def busy_s(self) -> float:

@@ -1,15 +1,20 @@
 """The in-process runtime's data loader + oracle thread: it runs `feed.planned_rounds` ahead of
-the training loop into a bounded queue, so planning overlaps training."""
+the training loop into a bounded queue, so planning overlaps training. Traced, each round's
+reading and planning is a slice, and so is a wait on a full queue (the loader is ahead)."""
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 
 from bagpipe_cli.data.format import Batch
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.oracle import RoundPlan
+from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer
+
+QUEUE_WAIT_S = 1e-4  # a wait on a full queue shorter than this is not traced
 
 
 class LoaderFeed:
@@ -17,20 +22,32 @@ class LoaderFeed:
     yields its Rounds (an error on the thread is raised here)."""
 
     def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4,
-                 on_start: Callable[[], None] | None = None):
+                 on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE):
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._on_start = on_start
+        self.tracer = tracer
         self._thread = threading.Thread(target=self._run, args=(rounds,), name="oracle", daemon=True)
         self._thread.start()
 
     def _run(self, rounds) -> None:
         if self._on_start is not None:
             self._on_start()  # e.g. pin this thread to the helper cores
+        tr = self.tracer
+        tr.name_thread(ORACLE, "loader")
         try:
-            for rp, batches in rounds:
+            it = iter(rounds)
+            t0 = time.perf_counter()
+            for rp, batches in it:
+                t1 = time.perf_counter()
+                where = (rp.iters[0].b if rp.iters else -1, rp.r)
+                tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys),
+                            position=where)
                 if not self._put(Round(rp, [b.dense for b in batches], [b.labels for b in batches])):
                     return
+                t0 = time.perf_counter()
+                if t0 - t1 > QUEUE_WAIT_S:
+                    tr.complete("queue full (ahead)", "queue", t1, t0, position=where)
             self._put(None)
         except BaseException as e:  # re-raised on the main thread
             self._put(e)

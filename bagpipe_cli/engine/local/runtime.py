@@ -11,12 +11,15 @@
     checkpoints:     at the boundary before iteration b (main thread): pending work lands,
                      the servers' tables with the cache's resident rows over them are written
                      with the dense state; training goes on with the same cache
+    evaluations:     --eval-every, at the same boundaries and from the same true tables (timed
+                     apart); --trace records every thread on one clock
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pandas as pd
 import torch
@@ -25,14 +28,16 @@ from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_t
 from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
+from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.loader import LoaderFeed
 from bagpipe_cli.engine.local.transport import InProcessTransport
-from bagpipe_cli.engine.loop import ProgressFn, TrainingLoop
+from bagpipe_cli.engine.loop import Hook, ProgressFn, TrainingLoop
 from bagpipe_cli.engine.records import role_figures
 from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import (
+    RunSetup,
     build_dense,
     build_system,
     open_resume,
@@ -40,6 +45,15 @@ from bagpipe_cli.engine.setup import (
     restore_dense,
 )
 from bagpipe_cli.engine.shards import Shard, init_shards, shards_from_tables
+from bagpipe_cli.engine.trace import (
+    NO_TRACE,
+    ORACLE,
+    Tracer,
+    trace_document,
+    trace_meta,
+    traced,
+    trainer_role,
+)
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 
@@ -63,18 +77,26 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch
     else:  # the checkpoint's true parameters; the cache starts empty
         servers = shards_from_tables(ck.weight, ck.state, cfg.servers)
         restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
-    transport = InProcessTransport(servers, s.network, on_start=pinned.helper)
-    planning = s.spec.plan(s, start)
+    tracer = Tracer() if cfg.trace else NO_TRACE
+    role = trainer_role(0, cfg.trainers)
+    tracer.name_thread(role, "main")
+    transport = InProcessTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
+    with tracer.span("planning pass", "planning", track=(ORACLE, "loader")):
+        planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
     system = build_system(s, planning.slots, transport, trainers, device, servers=servers)
-    collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper)
+    collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper,
+                                 tracer=tracer, track=(role, "collectives"))
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
     prior = list(ck.metrics[0]) if ck else []
-    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, collective, trainers, start,
-                        device, checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
-                        progress=progress)
+    evals: list[dict[str, Any]] = []
+    loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
+                        trainers, start, device,
+                        checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
+                        progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
     feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
-                                     loader_workers(cfg, placement)), on_start=pinned.helper)
+                                     loader_workers(cfg, placement)), on_start=pinned.helper,
+                      tracer=tracer)
     t_start = time.perf_counter()
     try:
         records = loop.run(feed)
@@ -85,7 +107,7 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch
         collective.close()
         if ckpt is not None:
             ckpt.close()
-    wall = time.perf_counter() - t_start
+    wall = time.perf_counter() - t_start - loop.eval_s
     frame = pd.DataFrame(prior + records)
     roles = {"oracle": {"busy_s": planning.planner.seconds},
              "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
@@ -97,7 +119,12 @@ def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch
               "backend": None, "placement": [placement.to_json()]}
     facts = {"runner": "inproc", "transport": "inproc", "roles": roles,
              "rows_written_back_at_end": system.written_back_at_end}
-    return finish_run(s, planning, [frame], wall, model.cpu(), servers, layout, facts, ckpt, ck)
+    parts = [tracer.export()]
+    trace = trace_document(parts, trace_meta(cfg, "in-process: one clock", parts)) \
+        if tracer.enabled else None
+    return finish_run(s, planning, [frame], wall, model.cpu(), servers, layout, facts, ckpt, ck,
+                      evals=evals, eval_s=loop.eval_s, trace=trace)
+
 
 
 def loader_workers(cfg: TrainConfig, placement: Placement) -> int:
@@ -105,6 +132,20 @@ def loader_workers(cfg: TrainConfig, placement: Placement) -> int:
     if cfg.loader_workers is not None:
         return cfg.loader_workers
     return min(MAX_LOADER_WORKERS, len(placement.helpers)) if placement.policy != "off" else 1
+
+
+def _evaluator(s: RunSetup, servers: list[Shard], evals: list[dict[str, Any]]) -> Hook | None:
+    """--eval-every: the held-out rows with the true tables (as a checkpoint takes them)."""
+    if not s.cfg.eval_every:
+        return None
+
+    def take(b: int, loop: TrainingLoop) -> None:
+        wall = loop.train_seconds()
+        loop.system.flush()
+        weight, _ = full_tables(servers, [loop.system.resident()])
+        evals.append(eval_point(s, b, wall, loop.model, weight))
+
+    return take
 
 
 def _checkpoint(ckpt: Checkpointer, servers: list[Shard],

@@ -1,7 +1,8 @@
 """A trainer's side of the in-process runtime's servers: requests split by shard and queued
 on each server's serving thread (`engine/local/server.py`); with a `NetworkModel`, each
 server's link sleeps for latency + bytes/bandwidth per message, so a cluster network is
-emulated without burning CPU."""
+emulated without burning CPU. Traced, every request is a slice on its server's track, and a
+fetch has an arrow from where it was issued to the slice serving it."""
 
 from __future__ import annotations
 
@@ -12,22 +13,29 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.local.server import ServingThread
+from bagpipe_cli.engine.local.server import Label, ServingThread
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.shards import Shard, split_by_shard
+from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.transport import Transport
 
 
 class ShardRows:
     """A fetch in flight: rows and optimizer state, assembled from the shards' replies on `result()`."""
 
-    def __init__(self, n: int, parts: list[tuple[np.ndarray, Future]], dim: int, state_dim: int):
+    def __init__(self, n: int, parts: list[tuple[np.ndarray, Future]], dim: int, state_dim: int,
+                 tracer: NoTracer = NO_TRACE):
         self._n, self._parts, self._dim, self._sdim = n, parts, dim, state_dim
+        self.tracer = tracer
 
     def done(self) -> bool:
         return all(f.done() for _, f in self._parts)
 
     def result(self) -> tuple[torch.Tensor, torch.Tensor]:
+        with self.tracer.span("wait rows", "wait", rows=self._n):
+            return self._result()
+
+    def _result(self) -> tuple[torch.Tensor, torch.Tensor]:
         if len(self._parts) == 1:
             return self._parts[0][1].result()
         rows = torch.empty(self._n, self._dim)
@@ -44,13 +52,28 @@ class InProcessTransport(Transport):
     """Servers as worker threads in this process; optional network emulation per link."""
 
     def __init__(self, servers: list[Shard], network: NetworkModel | None = None,
-                 on_start: Callable[[], None] | None = None):
+                 on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE):
         self.servers = servers
         self.num_servers = len(servers)
         self.network = network or NetworkModel()
-        self._workers = [ServingThread(f"server-{s.shard}", on_start) for s in servers]
+        self.tracer = tracer
+        self._workers = [ServingThread(f"server-{s.shard}", on_start, tracer,
+                                       (server_role(s.shard), "serving")) for s in servers]
+        self._sent = [0] * len(servers)  # requests sent to each server (the trace's arrows)
         self.dim = servers[0].weight.shape[1]
         self.state_dim = servers[0].state.shape[1]
+
+    def _label(self, k: int, name: str, rows: int, nbytes: int,
+               arrow: bool = False) -> Label | None:
+        """How request `name` to server k appears on the trace (None: not traced); with
+        `arrow` (a fetch) an arrow starts here and ends at the slice serving it."""
+        self._sent[k] += 1
+        if not self.tracer.enabled:
+            return None
+        flow = (REQUEST_FLOW, 0, k, self._sent[k]) if arrow else None
+        if flow is not None:
+            self.tracer.flow_out(*flow)
+        return Label(name, "serve", rows, nbytes, 0, self.tracer.position, flow)
 
     def fetch(self, keys: np.ndarray) -> ShardRows:
         parts = []
@@ -64,8 +87,9 @@ class InProcessTransport(Transport):
             def run(server=server, idx=idx, nbytes=nbytes):
                 return server.gather(idx), self.network.transfer_seconds(nbytes)
 
-            parts.append((pos, self._workers[k].submit(run)))
-        return ShardRows(len(keys), parts, self.dim, self.state_dim)
+            label = self._label(k, "fetch", len(local), nbytes, arrow=True)
+            parts.append((pos, self._workers[k].submit(run, label)))
+        return ShardRows(len(keys), parts, self.dim, self.state_dim, self.tracer)
 
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
         futures = []
@@ -82,7 +106,8 @@ class InProcessTransport(Transport):
                 server.write_back(idx, r, s)
                 return None, self.network.transfer_seconds(nbytes)
 
-            futures.append(self._workers[k].submit(run))
+            label = self._label(k, "write-back", len(local), nbytes)
+            futures.append(self._workers[k].submit(run, label))
         return futures
 
     def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
@@ -99,7 +124,8 @@ class InProcessTransport(Transport):
                 server.apply_gradients(idx, g, opt)
                 return None, self.network.transfer_seconds(nbytes)
 
-            futures.append(self._workers[k].submit(run))
+            label = self._label(k, "push", len(local), nbytes)
+            futures.append(self._workers[k].submit(run, label))
         return futures
 
     def server_figures(self) -> dict[str, dict[str, float]]:

@@ -38,6 +38,7 @@ from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
 from bagpipe_cli.engine.shards import Shard
+from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import Transport
 
@@ -63,6 +64,7 @@ class EmbeddingSystem(ABC):
     """The interface every system implements (see the module docstring)."""
 
     replicated = True
+    tracer: NoTracer = NO_TRACE  # the run's trace (the training loop sets it)
 
     def __init__(self, transport: Transport, trainers: TrainerSet, device: str | torch.device = "cpu"):
         self.transport = transport

@@ -13,6 +13,7 @@ from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, Rows, SystemParts
+from bagpipe_cli.engine.trace import READ_FLOW
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.engine.transport import RowsFuture, Transport
 
@@ -55,7 +56,8 @@ class CacheSystem(EmbeddingSystem):
         self.pre_evicted = 0
         if len(rp.pre_evict_keys):
             mine = self.trainers.shares(rp.pre_evict_keys)
-            self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
+            with self.tracer.span("evict", "evict", rows=int(mine.sum())):
+                self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
             self.forget(rp.pre_evict_slots)
             self.pre_evicted = int(mine.sum())
         if not rp.iters:  # the planner's final round: everything resident goes back
@@ -63,15 +65,28 @@ class CacheSystem(EmbeddingSystem):
         fut = self._inflight.pop(rp.r, None)
         if len(rp.fetch_keys):
             keys, slots = self._fetch_of(rp)
-            rows, state = (fut or self.transport.fetch(keys)).result()
-            self.cache.insert(slots, rows, state)
+            rows, state = (fut or self.transport.fetch(keys)).result()  # landed
+            with self.tracer.span("insert rows", "insert", rows=len(keys)):
+                self.cache.insert(slots, rows, state)
             self.slot_key[slots] = keys
         waited = time.perf_counter() - t0
         # Every write-back of earlier iterations is already queued, so the servers serve this
         # fetch after them (see the oracle on why that is early enough).
         if self.prefetch_ahead and next_rp is not None and len(next_rp.fetch_keys):
-            self._inflight[next_rp.r] = self.transport.fetch(self._fetch_of(next_rp)[0])
+            keys = self._fetch_of(next_rp)[0]
+            with self.tracer.span("prefetch issued", "request", rows=len(keys), target=next_rp.r):
+                self._inflight[next_rp.r] = self.transport.fetch(keys)
+                self._trace_reads(next_rp)
         return waited
+
+    def _trace_reads(self, rp: RoundPlan) -> None:
+        """Arrows from round `rp`'s prefetch to each of its iterations that reads rows of it."""
+        if not self.tracer.enabled:
+            return
+        i, n = self.trainers.first, self.trainers.count
+        for it in rp.iters:
+            if it.fetched_by(i, n):
+                self.tracer.flow_out(READ_FLOW, i, it.b)
 
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         p = step.plan
