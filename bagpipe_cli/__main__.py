@@ -8,12 +8,31 @@ def main() -> None:
     from bagpipe_cli import signals
 
     signals.install()
+    signals.defer_heavy_imports()
     try:
         from bagpipe_cli.cli import main as cli_main
-    except KeyboardInterrupt as e:
+
+        cli_main()
+    except KeyboardInterrupt as e:  # while the command line loads
         sys.stderr.write(f"Error: {signals.describe(e)}\n")
-        sys.exit(signals.exit_code(e))
-    cli_main()
+        _exit(signals.exit_code(e))
+    except SystemExit as e:
+        if e.code in signals.EXIT_CODES:
+            _exit(e.code)
+        raise
+
+
+def _exit(code: int) -> None:
+    """Exit with `code` after an interrupt. CPython, having seen a KeyboardInterrupt, may end
+    the process with SIGINT at shutdown whatever the exit status: the atexit work is done
+    here, then the process exits with the status the shell convention gives (130, 143, 129)."""
+    import atexit
+    import os
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,15 @@ are then removed by a later run: `io.stale_temporaries`). A signal the parent ig
 
 from __future__ import annotations
 
+import contextlib
+import importlib.abc
 import signal
+import sys
+from collections.abc import Iterator
 from types import FrameType
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
+EXIT_CODES = (130, 143, 129)  # what `exit_code` gives: SIGINT, SIGTERM, SIGHUP
 _received: list[int] = []
 
 
@@ -54,3 +59,58 @@ def describe(e: BaseException) -> str:
     if isinstance(e, Terminated):
         return f"terminated by {signal.Signals(e.signum).name}"
     return "interrupted"
+
+
+HEAVY = ("torch", "pandas", "pyarrow", "matplotlib", "numpy", "scipy")  # C extensions
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP for a block; they arrive when it ends. An interrupt
+    inside a C extension's import (torch's) can abort the process instead of raising."""
+    mask = {signal.SIGINT, *HANDLED}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, mask)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+class _DeferredLoader(importlib.abc.Loader):
+    """A heavy module's loader, run with the signals held."""
+
+    def __init__(self, inner: importlib.abc.Loader):
+        self.inner = inner
+
+    def create_module(self, spec):
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module) -> None:
+        with deferred():
+            self.inner.exec_module(module)
+
+    def __getattr__(self, name: str):  # resource readers, get_data, ...: the inner loader's
+        return getattr(self.inner, name)
+
+
+class _DeferredImports(importlib.abc.MetaPathFinder):
+    """Imports of the HEAVY packages (their top modules, where their C parts load) run with
+    the signals held: Ctrl-C while torch loads is one line, not an abort."""
+
+    def find_spec(self, name, path, target=None):
+        if name not in HEAVY:
+            return None
+        for finder in sys.meta_path:
+            if finder is self:
+                continue
+            spec = finder.find_spec(name, path, target) if hasattr(finder, "find_spec") else None
+            if spec is not None and spec.loader is not None:
+                spec.loader = _DeferredLoader(spec.loader)
+                return spec
+        return None
+
+
+def defer_heavy_imports() -> None:
+    """Install the import hook (once, for the command line's process)."""
+    if not any(isinstance(f, _DeferredImports) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferredImports())

@@ -84,7 +84,8 @@ def test_in_process_trace_is_trace_event_json_with_roles_tracks_and_flows(tiny_d
     fwd = [e for e in slices if e["cat"] == "forward"]
     assert Counter(e["args"]["trainer"] for e in fwd) == {0: 16, 1: 16}
     assert {e["args"]["iteration"] for e in fwd} == set(range(16))
-    assert all(e["args"]["bytes"] > 0 for e in slices if e["name"] == "all-reduce")
+    critical = [e for e in slices if e["name"] == "exact sum"]
+    assert critical and all(e["args"]["bytes"] > 0 for e in critical)
     served = Counter(e["name"] for e in slices if e["cat"] == "serve")
     assert served["fetch"] and served["write-back"]
     # Arrows: each fetch request to the server slice serving it, and each prefetch to the
@@ -202,12 +203,12 @@ def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     served = [e for e in slices if procs[e["pid"]] == "server 0" and e["cat"] == "serve"]
     assert {e["args"]["trainer"] for e in served} == {0, 1}
     assert {e["args"]["iteration"] for e in served} >= set(range(4, 16))  # from the headers
-    # One clock: the trainers' critical all-gather of an iteration cannot end on one before
-    # it has started on the other, so on an aligned clock their slices meet (within the
-    # offsets' uncertainty, half a round trip).
+    # One clock: the trainers' critical sum of an iteration cannot end on one before it has
+    # started on the other, so on an aligned clock their slices meet (within the offsets'
+    # uncertainty, half a round trip).
     slack = max(o["round_trip_us"] for o in offsets.values()) / 2
     coll = {(procs[e["pid"]], e["args"]["iteration"]): e for e in slices
-            if e["name"] == "all-reduce"}
+            if e["name"] == "exact sum"}
     for b in range(16):
         a, c = coll[("trainer 0", b)], coll[("trainer 1", b)]
         assert a["ts"] + a["dur"] + slack >= c["ts"] and c["ts"] + c["dur"] + slack >= a["ts"], b

@@ -23,6 +23,7 @@ come back on `device`.
 
 from __future__ import annotations
 
+import inspect
 import queue
 import threading
 import time
@@ -41,6 +42,12 @@ from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, trainer_role
 
 # torch >= 2.12 names it all_gather_single; older ones all_gather_into_tensor.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+# No broadcast of buffers before every forward (the models have none to keep alike, and a
+# collective per forward is time and a failure outside our error handling); newer torch
+# names the switch forward_sync_buffers.
+_NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
+                   if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+                   else {"broadcast_buffers": False})
 
 
 class TorchCollective(Collective):
@@ -129,7 +136,7 @@ class TorchCollective(Collective):
         if self.size == 1:
             return model
         ids = [self.device] if self.device.type == "cuda" else None
-        ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group)
+        ddp = DistributedDataParallel(model, device_ids=ids, process_group=self.group, **_NO_BUFFER_SYNC)
         ddp.register_comm_hook(None, self._bucket_hook)
         return ddp
 

@@ -16,12 +16,13 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.device import describe, to_cpu
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
-from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.rounds import widen
 from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj
@@ -31,6 +32,7 @@ from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restor
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
+from bagpipe_cli.errors import RankFailure
 
 
 def remote_rounds(layout: Layout) -> Iterator[Round]:
@@ -62,9 +64,12 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     cpu = time.process_time()
     try:
         records = loop.run(remote_rounds(layout))
-    except RuntimeError:  # a background sum failed (DDP re-raises it): its own error says why
+    except RuntimeError as e:  # a background sum failed (DDP re-raises it): its error says why
         if collective.failure is not None:
             raise collective.failure from None
+        if isinstance(e, dist.DistBackendError):  # a collective inside DDP lost a trainer
+            raise RankFailure(f"lost contact with {layout.name(TRAINERS)}: "
+                              f"{str(e).splitlines()[0][:160]}") from e
         raise
     finally:
         collective.close()
