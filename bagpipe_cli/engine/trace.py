@@ -310,7 +310,8 @@ class TracedCollective(Collective):
 
     def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
                    dense: list[torch.Tensor] = (), overlap_s: float = 0.0) -> list:
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        # the rows' gradients and every trainer's loss (the dense ones were summed in buckets)
+        nbytes = sum(t.numel() * t.element_size() for t in tensors) + 4 * self.size
         with self.tracer.span(f"{self.inner.kind} sum", "collective", nbytes=nbytes):
             return self.inner.allreduce_(tensors, values, dense, overlap_s)
 
