@@ -269,6 +269,7 @@ CASES: list[tuple[str, str, int]] = [
     ("simulate {tiny}", "--compute-ms", 2),
     ("simulate {ds_nan_label} --compute-ms 5", "labels.npy: row 5: label nan", 2),
     ("simulate {ds_big_id} --compute-ms 5", "cat_004.npy: row 77: id 800", 2),
+    ("simulate {ds_huge} --compute-ms 5", "planning the trace over the 1,000,000,009,080", 2),
 ]
 
 # Ctrl-C while a command checks its dataset: exit 130 and one line.

@@ -23,7 +23,9 @@ from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
+from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate.model import SYSTEMS, Volumes
 
@@ -94,9 +96,13 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
         if s.name not in SYSTEMS:
             raise ConfigError(f"--systems: unknown system {s.name!r}; choose from {', '.join(SYSTEMS)}")
     ds = open_dataset(cfg.data)
+    rows = int(sum(ds.meta.cardinalities))
+    check_memory(PLANNER_BYTES_PER_ROW * rows,
+                 f"planning the trace over the {rows:,} embedding rows of {cfg.data}",
+                 "use a dataset with fewer rows per table (preprocess --max-rows-per-table)")
     train_rows = _train_rows(ds, cfg)
     iterations = cfg.iterations or train_rows // cfg.batch_size
-    t = _Trace(cfg, _key_batches(ds, cfg, iterations), iterations, int(sum(ds.meta.cardinalities)))
+    t = _Trace(cfg, _key_batches(ds, cfg, iterations), iterations, rows)
     t.info.update({"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
                    "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
                    "train_rows": train_rows})
