@@ -59,6 +59,9 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
     assert bench["config"]["systems"] == ["sync", "bagpipe"] and len(bench["planned_runs"]) == 6
     assert "torch" in json.loads((out / "environment.json").read_text())
     assert (out / "profiles" / "tiny" / "access_cdf.csv").is_file()
+    # The bench's profile records its dataset as `bagpipe profile` does (simulate reads it).
+    prof = json.loads((out / "profiles" / "tiny" / "profile.json").read_text())["dataset"]
+    assert prof["path"] == str(Path(tiny_dataset).resolve()) and prof["given"] == str(tiny_dataset)
     # The loader: one row per run, config and summary flattened.
     df = load_results(out)
     assert len(df) == 6 and set(df["system"]) == {"sync", "bagpipe"}

@@ -26,7 +26,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.io import Input, path_record
+from bagpipe_cli.io import Input
 from bagpipe_cli.policies.table import POLICIES
 
 if TYPE_CHECKING:
@@ -81,7 +81,6 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     check_out(out, overwrite, [Input("DATA", data)])  # fail before minutes of work, not after
     with _Stages() as progress:
         result = run_profile(cfg, progress)
-    result.dataset.update(path_record(data))  # found from any directory (simulate reads it)
     write_profile(result, out, overwrite)
     _summary(result, out)
     for w in result.warnings:

@@ -29,6 +29,7 @@ from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import Dataset, open_dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import path_record
 from bagpipe_cli.limits import INT32_MAX, LEAST_BYTES_PER_ROW, check_int, check_memory
 from bagpipe_cli.policies.simulators import (
     BagpipeSimulator,
@@ -251,7 +252,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         comparisons = _compare_with_optimum(tp, belady_at, progress, timing)
 
     dataset = {
-        "path": str(config.data), "name": meta.name, "rows": meta.rows,
+        **path_record(config.data), "name": meta.name, "rows": meta.rows,
         "tables": [{"name": t.name, "cardinality": t.cardinality} for t in meta.tables],
         "embedding_rows": tp.num_rows,
     }
