@@ -18,12 +18,12 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
+from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.engine.feed import batch_start
 from bagpipe_cli.engine.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
-from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
