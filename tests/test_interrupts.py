@@ -221,3 +221,31 @@ def test_sigterm_while_a_bench_generates_its_dataset_removes_the_temporary(tmp_p
     assert lines[-1].startswith("Error: terminated by SIGTERM; 0 finished runs kept"), err
     assert "Traceback" not in err and sum(ln.startswith("Error") for ln in lines) == 1
     assert not ds.exists() and _temporaries(ds) == []
+
+
+@pytest.mark.slow
+def test_sigterm_to_a_launcher_stops_its_ranks_and_they_remove_their_temporaries(tiny_dataset,
+                                                                                  tmp_path):
+    """The launcher asks its ranks to stop (SIGTERM, SIGKILL only after a grace period): the
+    loader rank, checkpointing every iteration, leaves no half-written checkpoint, and the
+    launcher removes its own temporary folder."""
+    tmp, ckpt = tmp_path / "tmp", tmp_path / "run.ckpt"
+    tmp.mkdir()
+    p = subprocess.Popen(
+        [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--procs", "3",
+         "--system", "sync", "--batch-size", "256", "--iterations", "100000",
+         "--checkpoint-every", "1", "--checkpoint-keep", "2", "--out", str(tmp_path / "run")],
+        cwd=tmp_path, env={**ENV, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while len(list(ckpt.glob("*"))) < 2:  # checkpoints are being written
+            assert p.poll() is None and time.monotonic() < deadline, p.poll()
+            time.sleep(0.05)
+    finally:
+        err = _end(p, signal.SIGTERM)
+    assert p.returncode == 143, err[-2000:]
+    _one_line(err, "terminated by SIGTERM")
+    assert sorted(x.name for x in ckpt.iterdir() if x.name.startswith(".")) == []
+    assert sorted(x.name for x in tmp.iterdir() if x.name.startswith("bagpipe")) == []
+    assert not (tmp_path / "run").exists()

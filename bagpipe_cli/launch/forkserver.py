@@ -28,6 +28,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -110,6 +111,7 @@ def _child(req: dict, fds: list[int]) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(req["env"])
+        tempfile.tempdir = None  # the caller's TMPDIR, not the server's
         os.chdir(req["cwd"])
         sys.argv = req["argv"]
         signal.signal(signal.SIGTERM, signal.SIG_DFL)

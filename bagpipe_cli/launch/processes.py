@@ -20,6 +20,8 @@ from bagpipe_cli.launch import forkserver
 from bagpipe_cli.launch.forkserver import ForkedProcess
 from bagpipe_cli.launch.netshape import ShapedNetwork
 
+STOP_GRACE_S = 3.0  # a rank asked to stop (SIGTERM) has this long before SIGKILL
+
 
 class RankError(BagpipeError):
     """A rank of a local job failed: its own error (exit code 2 for bad options or input)."""
@@ -50,6 +52,7 @@ class _Job:
                  shaped: ShapedNetwork | None = None):
         port = free_port()
         self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
+        self.stopped: set[int] = set()  # ranks this job ended (SIGTERM, then SIGKILL)
         self.procs: list[subprocess.Popen | ForkedProcess] = []
         self.readers: list[threading.Thread] = []
         for rank in range(world):
@@ -96,22 +99,36 @@ class _Job:
                     raise RankFailure(f"the job ran past {run_timeout_s:g} s; its processes were killed")
                 time.sleep(0.05)
         finally:
-            for p in self.procs:
-                if p.poll() is None:
-                    p.kill()
-                p.wait()
+            self._stop()
             for t in self.readers:
                 t.join(timeout=5)
         if failed is None:
             failed = next(((r, p.returncode) for r, p in enumerate(self.procs) if p.returncode), None)
         return failed
 
+    def _stop(self) -> None:
+        """End the processes still running: SIGTERM first, so that each removes its
+        temporaries and exits with one line, then SIGKILL for any still there after
+        STOP_GRACE_S."""
+        running = [p for p in self.procs if p.poll() is None]
+        self.stopped = {r for r, p in enumerate(self.procs) if p in running}
+        for p in running:
+            p.terminate()
+        end = time.monotonic() + STOP_GRACE_S
+        while any(p.poll() is None for p in running) and time.monotonic() < end:
+            time.sleep(0.02)
+        for p in self.procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
     def cause(self, failed: tuple[int, int], name_of: Callable[[int], str]) -> BagpipeError:
         """One error for the failed job: which rank died without an error of its own (killed,
         crashed) and what another rank saw; else the first error a rank gave of its own (not
         "lost contact with ...")."""
         said = {r for r, _ in self.errors}
-        silent = [r for r, p in enumerate(self.procs) if p.returncode and r not in said]
+        silent = [r for r, p in enumerate(self.procs)
+                  if p.returncode and r not in said and r not in self.stopped]
         if silent:
             rank = failed[0] if failed[0] in silent else silent[0]
             seen = next(((r, m) for r, m in self.errors if r != rank), None)

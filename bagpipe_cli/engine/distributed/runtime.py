@@ -21,6 +21,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from bagpipe_cli import signals
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count
 from bagpipe_cli.engine.distributed.clock import clock_offset
@@ -173,7 +174,10 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
 
 
 def rank_main(conf: str, out: str) -> int:
-    """One rank of `spawn_train`: rank 0 saves the TrainResult to `out`. Returns the exit code."""
+    """One rank of `spawn_train`: rank 0 saves the TrainResult to `out`. Returns the exit code.
+    SIGTERM and SIGHUP (the launcher stopping the job) end it as Ctrl-C does, with its
+    temporaries removed."""
+    signals.install()
     try:
         cfg = TrainConfig(**json.loads(Path(conf).read_text()))
         result = run_rank(cfg, lambda b, rec: print(json.dumps({"iteration": b}), flush=True))
@@ -184,5 +188,5 @@ def rank_main(conf: str, out: str) -> int:
     except BagpipeError as e:
         print(f"Error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as e:
+        return signals.exit_code(e)
