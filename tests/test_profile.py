@@ -47,9 +47,6 @@ from bagpipe_cli.policies.trace import (
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile.skew import SortedCounts
 
-REAL = Path(__file__).resolve().parents[1] / ".." / "shared" / "datasets" / "real"
-CRITEO_HEAD = REAL / "criteo_kaggle_train_head1999.tsv"
-
 # --------------------------------------------------------------------------- references
 
 
@@ -490,10 +487,9 @@ def _encode_criteo(tsv: Path, out: Path) -> None:
     w.finish(name="criteo-head")
 
 
-@pytest.mark.skipif(not CRITEO_HEAD.is_file(), reason=f"{CRITEO_HEAD} is absent")
-def test_criteo_head_profile_matches_definitions(tmp_path):
+def test_criteo_head_profile_matches_definitions(real_data, tmp_path):
     data = tmp_path / "criteo"
-    _encode_criteo(CRITEO_HEAD, data)
+    _encode_criteo(real_data / "criteo_kaggle_train_head1999.tsv", data)
     out = tmp_path / "profile"
     r = _run(["profile", str(data), "--batch-size", "100", "--lookahead", "1,3,1000", "--out", str(out)])
     assert r.exit_code == 0, r.output

@@ -139,3 +139,12 @@ def test_the_architecture_page_maps_every_file():
         if not any(f"`{full}`" in b or (f"`{rel.name}`" in b and folder in b) for b in blocks):
             missing.append(full)
     assert not missing, missing
+
+
+def test_no_test_reads_data_from_outside_the_repository():
+    """A fresh clone has no ../shared beside it: tests read the samples in tests/data."""
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        if p.name == Path(__file__).name:
+            continue
+        text = p.read_text()
+        assert '"shared"' not in text and "../shared" not in text, p.name
