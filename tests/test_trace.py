@@ -241,3 +241,7 @@ def test_damaged_trace_is_refused(tmp_path):
     bad.write_text('{"traceEvents": [], "otherData": {"bagpipe_trace": 99}}')
     with pytest.raises(DataError, match="version 99"):
         read_trace(bad)
+    for doc in ("[]", '{"traceEvents": {}}'):
+        bad.write_text(doc)
+        with pytest.raises(DataError, match="not a JSON object|no traceEvents list"):
+            read_trace(bad)

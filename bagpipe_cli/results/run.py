@@ -94,13 +94,8 @@ def read_trace(path: Path) -> dict[str, Any]:
     """A trace document written by bagpipe, checked: a JSON object with a list of trace
     events and bagpipe's trace version; DataError naming the file otherwise."""
     path = Path(path)
-    try:
-        doc = json.loads(path.read_text())
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
-    except ValueError as e:
-        raise DataError(f"{path}: not valid JSON ({e}); the trace is damaged") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
+    doc = read_json(path, None)
+    if not isinstance(doc.get("traceEvents"), list):
         raise DataError(f"{path}: not a trace-event document (no traceEvents list)")
     version = (doc.get("otherData") or {}).get("bagpipe_trace")
     if version != TRACE_VERSION:
