@@ -108,8 +108,7 @@ class _Job:
 
     def _stop(self) -> None:
         """End the processes still running: SIGTERM first, so that each removes its
-        temporaries and exits with one line, then SIGKILL for any still there after
-        STOP_GRACE_S."""
+        temporaries and exits, then SIGKILL for any still there after STOP_GRACE_S."""
         running = [p for p in self.procs if p.poll() is None]
         self.stopped = {r for r, p in enumerate(self.procs) if p in running}
         for p in running:
