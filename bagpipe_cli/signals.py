@@ -10,6 +10,12 @@ for SIGHUP (`exit_code`). A second SIGTERM or SIGHUP while the first is being cl
 ignored, so the cleanup finishes; SIGKILL still ends the process at once (its temporaries
 are then removed by a later run: `io.stale_temporaries`). A signal the parent ignores
 (`nohup`) stays ignored.
+
+Python runs a signal's handler in whatever code the main thread is running, and an exception
+raised in a weakref callback or a `__del__` (the import system's module-lock callbacks, at
+start-up) is printed as "Exception ignored" and dropped. The interrupt would be lost and the
+run go on to exit 0; `install` hooks `sys.unraisablehook` so that such a dropped interrupt is
+sent to the main thread again (`_redeliver`), where it raises at the next ordinary line.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import contextlib
 import importlib.abc
 import signal
 import sys
+import threading
 from collections.abc import Iterator
 from types import FrameType
 
@@ -47,6 +54,32 @@ def install() -> None:
     for s in HANDLED:
         if signal.getsignal(s) is not signal.SIG_IGN:
             signal.signal(s, _raise)
+    if sys.unraisablehook is not _unraisable:
+        _unraisable.inner = sys.unraisablehook  # type: ignore[attr-defined]
+        sys.unraisablehook = _unraisable
+
+
+REDELIVER_AFTER_S = 0.02  # the main thread has left the callback that dropped the interrupt
+
+
+def _unraisable(u) -> None:
+    """An interrupt raised where Python can only drop it is delivered again; anything else
+    goes to the hook that was there before."""
+    if u.exc_type is not None and issubclass(u.exc_type, KeyboardInterrupt):
+        signum = getattr(u.exc_value, "signum", signal.SIGINT)
+        threading.Thread(target=_redeliver, args=(signum,), daemon=True).start()
+        return
+    _unraisable.inner(u)  # type: ignore[attr-defined]
+
+
+def _redeliver(signum: int) -> None:
+    """Send `signum` to the main thread again, from outside the callback that dropped it."""
+    import time
+
+    time.sleep(REDELIVER_AFTER_S)
+    if signum in _received:
+        _received.remove(signum)  # `_raise` takes it as a first signal again
+    signal.pthread_kill(threading.main_thread().ident, signum)
 
 
 def exit_code(e: BaseException) -> int:
