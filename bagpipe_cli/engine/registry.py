@@ -5,7 +5,7 @@ Each `SystemSpec` builds its planner (`plan`), its embedding system for one proc
 is: which settings it reads, whether it gives the same parameters as `sync`, its role and
 colour. `train`, `bench`, `simulate`, `report` and the tests ask this registry instead of
 comparing system names, so a new system is one entry here plus its implementation
-(a plan builder in `engine/planner.py`, an `EmbeddingSystem` in `engine/systems.py` and
+(a plan builder in `engine/planner.py`, an `EmbeddingSystem` in `engine/systems/` and
 its volumes in `simulate/volumes.py`, or an external runner).
 
 The builders are named ("module:function", as `runner` and `volumes` are) and imported when
