@@ -28,6 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from bagpipe_cli.data.synth import SynthConfig, generate
+from bagpipe_cli.engine.registry import SYSTEMS as SYSTEMS_BY_NAME
 
 SYSTEMS = ("sync", "bagpipe")
 
@@ -36,7 +37,8 @@ def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: 
         kind: str) -> dict:
     cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), "--system", system,
            "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
-           "--lookahead", str(a.lookahead), "--trainers", str(n), "--servers", "1",
+           *(["--lookahead", str(a.lookahead)] if "lookahead" in SYSTEMS_BY_NAME[system].reads else []),
+           "--trainers", str(n), "--servers", "1",
            "--procs", str(2 + n), "--eval-rows", "0", "--warmup", "5", "--collective", kind, *net,
            "--device", a.device, "--backend", a.backend, "--out", str(out)]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)

@@ -36,6 +36,8 @@ from pathlib import Path
 
 from measure import run
 
+from bagpipe_cli.engine.registry import SYSTEMS
+
 PAPER_BOTTOM, PAPER_TOP = "512,256,64", "1024,1024,1024,256,128"
 PROFILE_LIMIT_S, PROFILE_LIMIT_GB, TRAIN_LIMIT_GB = 600, 8, 16
 
@@ -80,7 +82,8 @@ def main(argv: list[str] | None = None) -> int:
         step = run([bagpipe, "train", str(args.data), "--system", system, "--emb-dim", "48",
                     "--bottom-mlp", PAPER_BOTTOM, "--top-mlp", PAPER_TOP,
                     "--batch-size", str(args.batch_size), "--iterations", str(args.iterations),
-                    "--lookahead", str(args.lookahead), "--servers", "1", "--trainers", "1",
+                    *(["--lookahead", str(args.lookahead)] if "lookahead" in SYSTEMS[system].reads else []),
+                    "--servers", "1", "--trainers", "1",
                     *(["--procs", "3"] if procs else []),
                     "--out", str(out), "--overwrite"], args.out / f"{name}.log")
         s = json.loads((out / "summary.json").read_text())

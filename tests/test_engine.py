@@ -93,6 +93,9 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
     r2 = CliRunner().invoke(cli, [*args, "--system", "sync", "--out", str(tmp_path / "b"),
                                   "--save-model", str(tmp_path / "b.pt")])
     assert r2.exit_code == 0, r2.output
+    assert "Warning" not in r1.output  # bagpipe reads --lookahead; sync does not, and says so
+    assert ("Warning: --lookahead 4 is ignored: --system sync does not read it (read by bagpipe, "
+            "lru, lfu, fae)") in r2.output
     a = torch.load(tmp_path / "a.pt")
     assert list(a["tables"]) == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8"]
     assert a["tables"]["C1"].shape == (1000, 16)
@@ -109,6 +112,22 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
     for col in ["loss", "data", "prefetch_wait", "forward", "backward", "sync", "optimizer",
                 "rows_fetched", "rows_written_back", "cache_hits"]:
         assert col in metrics[0].split(",")
+
+
+@pytest.mark.parametrize("args, warning, warnings", [
+    (["--system", "lru", "--cache-rows", "2000", "--round", "2"],
+     "--round 2 is ignored: --system lru with --cache-rows does not read it (read by bagpipe)", 1),
+    (["--system", "bagpipe", "--staleness", "2", "--hot-sample", "0.5"],
+     "--hot-sample 0.5 is ignored: --system bagpipe does not read it (read by fae)", 2),
+    (["--system", "het", "--staleness", "2", "--lookahead", "16"], "--lookahead 16 is ignored", 1),
+])
+def test_train_warns_of_a_setting_its_system_does_not_read(tiny_dataset, tmp_path, args, warning,
+                                                           warnings):
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--batch-size", "256", "--iterations",
+                                 "2", "--eval-rows", "0", *args, "--out", str(tmp_path / "r")])
+    assert r.exit_code == 0, r.output
+    assert f"Warning: {warning}" in r.output
+    assert r.output.count("Warning") == warnings
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,7 @@ from bagpipe_cli.cli.common import (
     translate_errors,
     warn_stale,
 )
-from bagpipe_cli.cli.options import SectionedCommand, config_options
+from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import Input, check_output_file, check_writable_dir
@@ -51,6 +51,7 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         if Path(kw["trace"]).is_dir():
             raise ConfigError(f"--trace {kw['trace']} is a folder; give a file, e.g. trace.json")
     cfg = TrainConfig(data=str(data), **kw)
+    _warn_unread(given(kw), cfg.system, cfg.cache_rows)
     open_dataset(data)  # a DATA that is no dataset is named first
     _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
     # The engine (torch) is imported once the options and the paths are known to be good.
@@ -115,6 +116,21 @@ def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
     if s["resumed_from"]:
         t.add_row("resumed from", f"{s['resumed_from']['checkpoint']} (iteration {s['resumed_from']['iteration']})")
     return t
+
+
+def _warn_unread(options: dict, system: str, cache_rows: int | None) -> None:
+    """Warn of each system setting given on the command line that `system` does not read (a
+    warning, not an error: one command line run for each of several systems is common)."""
+    from bagpipe_cli.engine.config import option_name
+    from bagpipe_cli.engine.registry import SYSTEMS, spec
+
+    ignored = spec(system).ignored_settings(cache_rows)
+    for name in sorted(ignored & options.keys()):
+        readers = [s.name for s in SYSTEMS.values() if name not in s.ignored_settings(cache_rows)]
+        why = (f"--system {system} with --cache-rows does not read it" if name not in
+               spec(system).ignored_settings(None) else f"--system {system} does not read it")
+        click.echo(f"Warning: {option_name(name)} {options[name]} is ignored: {why} "
+                   f"(read by {', '.join(readers)})", err=True)
 
 
 def _check_outputs(cfg: TrainConfig, out: Path, overwrite: bool, save_model: Path | None) -> None:
