@@ -167,6 +167,22 @@ def test_talkingdata_csv_and_parquet(tmp_path):
         np.testing.assert_array_equal(dp.sparse(t), ds.sparse(t))
 
 
+def test_a_dataset_without_dense_columns_trains_bagpipe_as_sync(tmp_path):
+    """TalkingData has only categorical features: the dataset's dense array is [N, 0] (its
+    file holds no rows' bytes) and every system trains on it, bagpipe bitwise as sync."""
+    from helpers import assert_same_parameters
+
+    from bagpipe_cli.engine import TrainConfig, train
+
+    ok("csv", real(TALKINGDATA), "--label", "is_attributed", "--categorical",
+       "ip,app,device,os,channel", "--out", tmp_path / "td")
+    assert open_dataset(tmp_path / "td").dense.shape == (10_000, 0)
+    kw = dict(data=str(tmp_path / "td"), batch_size=256, iterations=8, lookahead=4, trainers=2,
+              eval_rows=1000)
+    sync = train(TrainConfig(system="sync", **kw))
+    assert_same_parameters(sync, train(TrainConfig(system="bagpipe", **kw)))
+
+
 # --------------------------------------------------------------------------- encoding
 
 

@@ -201,13 +201,14 @@ def read_rows(a: np.ndarray, start: int, stop: int, out: np.ndarray | None = Non
 def release_rows(a: np.ndarray, start: int, stop: int) -> None:
     """Release the pages of rows [start, stop) of a file mapping `a` from this process."""
     mm = getattr(a, "_mmap", None)
-    if mm is None or stop <= start or not isinstance(a, np.memmap) or a.base is not mm:
-        return
+    if mm is None or stop <= start or not isinstance(a, np.memmap) or a.base is not mm or not a.nbytes:
+        return  # (an array of no bytes, such as a dataset's dense [N, 0], maps only its header)
     row = a.strides[0]
     lo = a.offset % mmap.ALLOCATIONGRANULARITY + start * row  # byte position in the mapping
     hi = min(len(mm), lo + (stop - start) * row)
     lo -= lo % mmap.PAGESIZE
-    mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+    if hi > lo:
+        mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
 
 
 class Dataset:
