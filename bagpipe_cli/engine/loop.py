@@ -240,7 +240,7 @@ class TrainingLoop:
         self.clock.settle(step.times)  # the GPU's queued work belongs to this iteration's time
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
         rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
-        check_loss(rec["loss"], plan.b)  # a NaN loss stops the run, naming the iteration
+        check_loss(rec["loss"], plan.b, self.cfg)  # a NaN loss stops the run, naming the iteration
         tr.complete("iteration", "iteration", t_it, time.perf_counter())
         self.records.append(rec)
         if self.progress is not None:

@@ -190,12 +190,15 @@ def auc_warning(positives: Any, negatives: Any) -> str | None:
             "--eval-rows")
 
 
-def check_loss(loss: float, iteration: int) -> None:
-    """Stop a run whose loss is no longer a number: nothing it trains after that means anything."""
+def check_loss(loss: float, iteration: int, cfg: Any) -> None:
+    """Stop a run whose loss is no longer a number: nothing it trains after that means anything.
+    `cfg` (a TrainConfig) gives the steps the message names."""
     if not math.isfinite(loss):
         what = "NaN" if math.isnan(loss) else f"{loss}"
-        raise ConfigError(f"the loss became {what} at iteration {iteration}; lower --lr (or "
-                          "--dense-lr), or check the dataset's dense values")
+        adam = ", try --dense-optimizer adam" if cfg.dense_optimizer == "sgd" else ""
+        raise ConfigError(f"the loss became {what} at iteration {iteration}; lower --lr "
+                          f"({cfg.lr:g}) or --dense-lr ({cfg.dense_learning_rate:g}; dcn's cross "
+                          f"layers often need 0.01){adam}, or check the dataset's dense values")
 
 
 def complete_summary(summary: dict[str, Any]) -> dict[str, Any]:

@@ -220,7 +220,7 @@ def _train(s: RunSetup, dmp, dense_opt, rank: int, world: int) -> tuple[list[dic
         times["sync"] = max(0.0, elapsed - sum(times.values()))  # what the other phases leave
         rec = {**dict.fromkeys(COLUMN_NAMES, 0), "iteration": b, "loss": float(loss),
                "time": elapsed, **times}
-        check_loss(rec["loss"], b)  # a NaN loss stops the run, naming the iteration
+        check_loss(rec["loss"], b, cfg)  # a NaN loss stops the run, naming the iteration
         records.append(rec)
         if rank == 0:
             print(json.dumps({"iteration": b, "record": rec}), flush=True)
