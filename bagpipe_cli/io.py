@@ -283,6 +283,20 @@ def _why_kept(p: Path, out: Path) -> str:
     return ""
 
 
+def read_yaml(path: Path, what: str | None = None) -> Any:
+    """A YAML input file (UTF-8, as `read_text` reads it), parsed; a file that is not YAML is
+    one error naming the file, the line and the problem."""
+    import yaml  # only the commands that read a YAML file pay for it
+
+    where = what or str(path)
+    try:
+        return yaml.safe_load(read_text(path, what))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}:" if mark is not None else ""
+        raise ConfigError(f"{where}:{line} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
 def read_text(path: Path, what: str | None = None) -> str:
     """A text input file as UTF-8; a file that is not is one error naming the file, the byte
     and its line. `what` names the file in errors (default: its path)."""

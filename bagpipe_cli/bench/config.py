@@ -37,14 +37,12 @@ from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
 from bagpipe_cli.bench.plan import plan_runs, slugify, train_fields, value_label
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import read_text
+from bagpipe_cli.io import read_text, read_yaml
 from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import POLICIES
 
@@ -64,19 +62,13 @@ def load_bench_config(path: Path) -> BenchConfig:
     if not path.is_file():
         raise ConfigError(f"bench config {path} does not exist" if not path.exists()
                           else f"bench config {path} is not a file")
-    text = read_text(path)
     if path.suffix.lower() == ".toml":
         try:
-            raw = tomllib.loads(text)
+            raw = tomllib.loads(read_text(path))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{path}: not valid TOML: {e}") from None
     else:
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            where = getattr(e, "problem_mark", None)
-            line = f" line {where.line + 1}" if where is not None else ""
-            raise ConfigError(f"{path}:{line} not valid YAML: {getattr(e, 'problem', e)}") from None
+        raw = read_yaml(path)
     return parse_bench_config(raw, str(path))
 
 

@@ -41,12 +41,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import read_text
+from bagpipe_cli.io import read_yaml
 from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
 
 # simulate/volumes.py's runtimes (a test holds them equal): that module traces with the
@@ -180,13 +178,7 @@ class ClusterFile:
 def load_cluster(path: Path) -> ClusterFile:
     """Read and check a cluster file; every error is one line naming the file (and key)."""
     where = f"--cluster {path}"
-    text = read_text(Path(path), where)
-    try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        line = f" line {mark.line + 1}:" if mark is not None else ""
-        raise ConfigError(f"{where}:{line} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+    raw = read_yaml(Path(path), where)
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
