@@ -57,6 +57,27 @@ def _slice_rows(data, trainers):
     return out
 
 
+@pytest.mark.parametrize("model", ["wdl", "deepfm"])
+def test_odd_trainer_slices_of_a_first_order_model_equal_in_process(real_data, tmp_path, model):
+    """Criteo's 26 tables, rows of E + 1 = 17 floats, 49 samples a trainer: in-process, trainer
+    1's rows start 8 bytes off a 32-byte boundary, where a vectorised kernel may sum in another
+    order than on the tensor of its own that a trainer process has (it did: the wide part's
+    sum over tables, by an ulp, from the first iteration on)."""
+    src = real_data / "criteo_kaggle_train_head1999.tsv"
+    data = tmp_path / "criteo"
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "preprocess", "criteo", str(src),
+                        "--out", str(data)], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kw = dict(model=model, batch_size=98, iterations=8, trainers=2, servers=1, lr=0.01,
+              dense_lr=0.001, eval_rows=0)
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "train", str(data), *args,
+                        "--procs", "4", "--out", str(tmp_path / "run"), "--save-model",
+                        str(tmp_path / "run.pt")], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_parameters(tmp_path / "run.pt", train(TrainConfig(data=str(data), **kw)))
+
+
 @pytest.mark.parametrize("system", ENGINE_SYSTEMS)
 def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp_path, system):
     """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine,

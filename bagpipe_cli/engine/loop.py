@@ -61,6 +61,16 @@ def eval_due(cfg: TrainConfig, b: int, start: int) -> bool:
     return every > 0 and start < b <= cfg.iterations and b % every == 0
 
 
+ALIGN = 64  # bytes: what torch's allocators give a new tensor (CPU 64, CUDA 512)
+
+
+def _aligned(t: torch.Tensor) -> torch.Tensor:
+    """`t`, or a copy of it where it does not start on an ALIGN-byte boundary. A kernel's
+    vectorised loops may sum in another order from an unaligned start, and a trainer slice's
+    inputs must give its own process's bits: there each slice is a tensor of its own."""
+    return t if t.data_ptr() % ALIGN == 0 else t.clone()
+
+
 def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[slice],
                    batch_size: int, clock: PhaseClock, times: dict[str, float],
                    first: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
@@ -78,9 +88,10 @@ def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[
     for k, sl in enumerate(slices):
         pos = slice(sl.start * n_tables, sl.stop * n_tables)
         with clock.gpu("forward", times, first + k):
-            emb = values[pos].view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
-            logits = forward(inp.dense[sl], emb)
-            loss = F.binary_cross_entropy_with_logits(logits, inp.labels[sl], reduction="sum") / batch_size
+            emb = _aligned(values[pos]).view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
+            logits = forward(_aligned(inp.dense[sl]), emb)
+            loss = F.binary_cross_entropy_with_logits(logits, _aligned(inp.labels[sl]),
+                                                      reduction="sum") / batch_size
         with clock.gpu("backward", times, first + k):
             loss.backward()
             partials.append(torch.zeros(len(inp.keys), values.shape[1], device=values.device).index_add_(
