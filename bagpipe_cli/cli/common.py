@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,8 +25,16 @@ from bagpipe_cli import signals
 from bagpipe_cli.errors import BagpipeError
 from bagpipe_cli.io import Input, check_output_dir, stale_temporaries
 
-console = Console()
-err_console = Console(stderr=True)
+
+def _console(stderr: bool = False) -> Console:
+    """A console; written to a file or pipe (a log, CI) without COLUMNS set, 120 columns wide
+    rather than rich's 80, so that result tables keep one line a row."""
+    c = Console(stderr=stderr)
+    return c if c.is_terminal or os.environ.get("COLUMNS") else Console(stderr=stderr, width=120)
+
+
+console = _console()
+err_console = _console(stderr=True)
 
 
 class OneLineError(click.ClickException):
