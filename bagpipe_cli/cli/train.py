@@ -124,11 +124,11 @@ def _warn_unread(options: dict, system: str, cache_rows: int | None) -> None:
     from bagpipe_cli.engine.config import option_name
     from bagpipe_cli.engine.registry import SYSTEMS, spec
 
-    ignored = spec(system).ignored_settings(cache_rows)
-    for name in sorted(ignored & options.keys()):
+    own = spec(system)
+    for name in sorted(own.ignored_settings(cache_rows) & options.keys()):
         readers = [s.name for s in SYSTEMS.values() if name not in s.ignored_settings(cache_rows)]
-        why = (f"--system {system} with --cache-rows does not read it" if name not in
-               spec(system).ignored_settings(None) else f"--system {system} does not read it")
+        why = (f"--system {system} does not read it" if name in own.ignored_settings(None)
+               else f"--system {system} with --cache-rows does not read it")
         click.echo(f"Warning: {option_name(name)} {options[name]} is ignored: {why} "
                    f"(read by {', '.join(readers)})", err=True)
 
