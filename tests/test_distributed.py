@@ -14,7 +14,7 @@ import pytest
 import torch
 from helpers import assert_same_parameters, communicate_all
 
-from bagpipe_cli.data import open_dataset
+from bagpipe_cli.data import DatasetWriter, TableSpec, open_dataset
 from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
@@ -22,6 +22,7 @@ from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.io import atomic_dir
 from bagpipe_cli.launch.processes import free_port
 from bagpipe_cli.models import build_model
 
@@ -146,6 +147,92 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     for i in range(n):
         sent = s["roles"][f"trainer{i}"]["collective_bytes_sent"]
         assert 2 * (n - 1) / n * vectors <= sent <= 1.1 * 2 * (n - 1) / n * vectors
+
+
+def _one_trainer_alone_has_new_rows(path):
+    """Batches of 4 samples, 2 trainers: trainer 0's samples always read row 0 of table a
+    (cached after the first batch); each of trainer 1's reads a row of its own, once
+    (private: trainer 1 alone fetches it). So in every round after the first only trainer 1
+    has rows to fetch (the shape of the OBD log whose --procs run aborted out of step)."""
+    n, bs = 48, 4
+    a = np.zeros(n, np.int64)
+    b = np.zeros(n, np.int64)
+    for r in range(n):
+        batch, k = divmod(r, bs)
+        if k >= bs // 2:  # trainer 1's samples
+            a[r] = 1 + batch * 2 + (k - bs // 2)
+        b[r] = r % 2
+    with atomic_dir(path) as tmp:
+        w = DatasetWriter(tmp, [TableSpec("a", int(a.max()) + 1), TableSpec("b", 2)], ["x"], "y")
+        w.write(np.linspace(0, 1, n, dtype=np.float32)[:, None], np.stack([a, b], axis=1),
+                (np.arange(n) % 3 == 0).astype(np.float32))
+        w.finish(name="one-alone", source={"kind": "test"})
+
+
+def test_a_round_in_which_one_trainer_alone_has_new_rows_keeps_every_trainer_in_step(tmp_path):
+    data = tmp_path / "alone"
+    _one_trainer_alone_has_new_rows(data)
+    kw = dict(data=str(data), batch_size=4, iterations=12, lookahead=3, trainers=2, servers=1,
+              eval_rows=0, lr=0.1)
+    s = prepare(TrainConfig(system="bagpipe", **kw))
+    rounds = list(s.spec.plan(s, 0).planner.plan(key_batches(s.ds, s.cfg, s.train_rows, s.offsets)))
+    alone = [rp.r for rp in rounds if len(rp.fetch_for(1)[0]) and not len(rp.fetch_for(0)[0])]
+    assert len(alone) >= 8, alone  # the case this test is about
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items() if k != "data"]
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "train", str(data), *args,
+                        "--system", "bagpipe", "--procs", "4", "--out", str(tmp_path / "run"),
+                        "--save-model", str(tmp_path / "run.pt")],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_parameters(tmp_path / "run.pt", train(TrainConfig(system="sync", **kw)))
+
+
+def _traffic(summary, role):
+    return summary["roles"][role]["traffic"]
+
+
+def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_plan(tiny_dataset, tmp_path):
+    """Bitwise sync at 8 trainers (10 processes). Rank 0 sends each round's plan once (to the
+    root of the relay tree) and no samples; the inner trainers of the tree pass it on (two
+    children each at most), the leaves send none; what the trainers sent the servers is
+    what the servers received, kind by kind."""
+    n = 8
+    args = ["--trainers", str(n), "--iterations", "8", "--optimizer", "sgd", "--lookahead", "4"]
+    r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(n + 2),
+             timeout=240)
+    assert r.returncode == 0, r.stderr[-2000:]
+    cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": n, "iterations": 8,
+                                                 "optimizer": "sgd", "lookahead": 4})
+    assert_same_parameters(tmp_path / "bag.pt", train(TrainConfig(**{**cfg.__dict__, "system": "sync"})))
+    s = json.loads((tmp_path / "bag" / "summary.json").read_text())
+    oracle = _traffic(s, "oracle")
+    trainers = [_traffic(s, f"trainer{i}") for i in range(n)]
+    assert oracle["sent"]["samples"] == 0 and oracle["sent"]["plan"] > 0
+    root = trainers[0]["received"]["plan"]
+    assert root == oracle["sent"]["plan"]  # one copy, to trainer 0
+    for i, t in enumerate(trainers):  # every trainer received the same plans ...
+        assert t["received"]["plan"] == root
+        kids = len([c for c in (2 * i + 1, 2 * i + 2) if c < n])
+        assert t["sent"]["plan"] == kids * root  # ... and passed them to its children
+    server = _traffic(s, "server0")
+    for kind in ("rows", "gradients"):
+        assert server["received"][kind] == sum(t["sent"][kind] for t in trainers), kind
+    assert server["sent"]["rows"] == sum(t["received"]["rows"] for t in trainers)
+    assert oracle["sent_per_iteration"]["plan"] == oracle["sent"]["plan"] / 8
+
+
+def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_path):
+    """Sync's trainers read their own samples and fetch their own rows: rank 0 sends each
+    only |U_b| a batch, the same bytes at 4x the batch."""
+    per_iteration = []
+    for bs in (128, 512):
+        r = _run(tmp_path, tiny_dataset, f"sync{bs}", "--system", "sync", "--batch-size", str(bs),
+                 "--procs", "4")
+        assert r.returncode == 0, r.stderr[-2000:]
+        s = json.loads((tmp_path / f"sync{bs}" / "summary.json").read_text())
+        per_iteration.append(_traffic(s, "oracle")["sent_per_iteration"]["plan"])
+    assert per_iteration[1] <= per_iteration[0] * 1.05, per_iteration
+    assert per_iteration[1] < 1500  # bytes: a few numbers an iteration
 
 
 def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path):

@@ -72,10 +72,14 @@ def key_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndar
 
 
 class _Reader:
-    """Reads and indexes batches; each thread has its own KeySets (its table of the keys)."""
+    """Reads and indexes batches; each thread has its own KeySets (its table of the keys).
+    Without `samples` only the keys are read (a distributed run's rank 0: every trainer reads
+    its own samples, `SliceReader`)."""
 
-    def __init__(self, ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray):
+    def __init__(self, ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
+                 samples: bool = True):
         self.ds, self.cfg, self.train_rows, self.offsets = ds, cfg, train_rows, offsets
+        self.samples = samples
         self.total = int(sum(ds.meta.cardinalities))
         self._local = threading.local()
 
@@ -87,14 +91,36 @@ class _Reader:
         hi = lo + self.cfg.batch_size
         ds = self.ds
         keys = ks.unique(ds.keys_block(lo, hi, self.offsets))
+        if not self.samples:
+            return Samples(b, keys, _NONE, _NONE)
         return Samples(b, keys, read_rows(ds.dense, lo, hi), read_rows(ds.labels, lo, hi))
 
 
+_NONE = np.empty(0, np.float32)
+
+
+class SliceReader:
+    """Trainer i of n's samples of global batch b, read from the dataset's columns: the keys
+    (int64, sample by sample), dense features and labels of rows [i B/n, (i+1) B/n) of it."""
+
+    def __init__(self, ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
+                 i: int, n: int):
+        self.ds, self.cfg, self.train_rows, self.offsets = ds, cfg, train_rows, offsets
+        self.per = cfg.batch_size // n
+        self.first = i * self.per
+
+    def __call__(self, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        lo = batch_start(self.cfg, self.train_rows, b) + self.first
+        hi = lo + self.per
+        ds = self.ds
+        return ds.keys_block(lo, hi, self.offsets), read_rows(ds.dense, lo, hi), read_rows(ds.labels, lo, hi)
+
+
 def batch_stream(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
-                 start: int = 0, workers: int = 1) -> Iterator[Samples]:
+                 start: int = 0, workers: int = 1, samples: bool = True) -> Iterator[Samples]:
     """Batches start.. in order, each read and indexed by one of `workers` threads, at most
-    2 x workers batches ahead of the consumer."""
-    read = _Reader(ds, cfg, train_rows, offsets)
+    2 x workers batches ahead of the consumer (without `samples`: their keys only)."""
+    read = _Reader(ds, cfg, train_rows, offsets, samples)
     if workers <= 1:
         for b in range(start, cfg.iterations):
             yield read(b)
@@ -113,14 +139,15 @@ def batch_stream(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.nda
 
 
 def planned_rounds(ds: Dataset, cfg: TrainConfig, train_rows: int, planner: Oracle | PolicyPlanner,
-                   offsets: np.ndarray, start: int = 0,
-                   workers: int = 1) -> Iterator[tuple[RoundPlan, list[Samples]]]:
+                   offsets: np.ndarray, start: int = 0, workers: int = 1,
+                   samples: bool = True) -> Iterator[tuple[RoundPlan, list[Samples]]]:
     """(plan, batches) of every round of iterations start.. (a resumed run plans only those:
-    its planner counts from 0, so plans are shifted to start..)."""
+    its planner counts from 0, so plans are shifted to start..); without `samples` the
+    batches carry their keys only."""
     held: deque[Samples] = deque()
 
     def keys() -> Iterator[UniqueKeys]:
-        for s in batch_stream(ds, cfg, train_rows, offsets, start, workers):
+        for s in batch_stream(ds, cfg, train_rows, offsets, start, workers, samples):
             held.append(s)
             yield s.keys
 

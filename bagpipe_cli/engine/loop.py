@@ -269,7 +269,7 @@ class TrainingLoop:
         coll = self.collective
         hidden = {"dense": dense, "overlap_s": step.times["backward"]}  # summed in the backward
         if not self.system.replicated:  # row gradients go to the servers
-            step.sync_counts = (0, 0, len(plan.uniq))
+            step.sync_counts = (0, 0, plan.unique_rows)
             return coll.allreduce_([], losses, **hidden), None
         lrpp = self.system.classes(plan)
         step.sync_counts = ((plan.sync_now, plan.sync_later, plan.no_sync) if lrpp is not None

@@ -60,6 +60,14 @@ class IterPlan:
     # The trainers whose accesses `inverse` holds, (first, count) of N: None, all of them; a
     # trainer rank receives only its own (`engine/distributed/rounds.py`).
     inverse_of_trainers: tuple[int, int] | None = None
+    # |U_b| where `uniq` holds only one trainer's own rows (a sync trainer rank: it needs no
+    # more of the global batch); None: `uniq` is U_b.
+    global_rows: int | None = None
+
+    @property
+    def unique_rows(self) -> int:
+        """|U_b|: distinct rows of the global batch."""
+        return len(self.uniq) if self.global_rows is None else self.global_rows
 
     def accesses_of(self, first: int, count: int, total: int) -> np.ndarray:
         """Positions in U_b of the accesses of trainers first..first+count-1 of `total`

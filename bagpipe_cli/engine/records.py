@@ -80,7 +80,7 @@ def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
     """One row of metrics.csv (every column of COLUMNS, in order)."""
     now, later, none = step.sync_counts
     rec = {"iteration": step.plan.b, "loss": loss, "time": seconds, **step.times,
-           "unique_rows": len(step.plan.uniq), "rows_fetched": step.rows_fetched,
+           "unique_rows": step.plan.unique_rows, "rows_fetched": step.rows_fetched,
            "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
            "sync_now": now, "sync_later": later, "no_sync": none, "stale_reads": step.stale_reads}
     return {c: rec[c] for c in COLUMN_NAMES}
@@ -139,7 +139,9 @@ SUMMARY_KEYS = {
     "roles": "per role (oracle, each trainer process, each server): busy_s, waiting_s, "
              "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb; "
              "trainers also collective_bytes_sent/_received and collective_exposed_s/"
-             "_overlapped_s; the oracle of a distributed run bytes_per_iteration",
+             "_overlapped_s; the oracle of a distributed run bytes_per_iteration; in a "
+             "distributed run every role's traffic: bytes sent and received by kind (plan, "
+             "samples, rows, gradients, collective, control), in total and per iteration",
     "process_peak_rss_mb": "peak resident memory (MiB) of the process that wrote the summary: "
                            "every role in-process, rank 0 (the oracle) in a distributed run",
     "checkpoints": "checkpoints written", "checkpoint_every": "--checkpoint-every",

@@ -87,6 +87,8 @@ class SystemSpec:
     rounds: bool = False  # its iterations come in rounds of --round (default L/4), planned
     #                       --lookahead ahead (else: one iteration a round)
     capacity_from_peak: bool = False  # default --cache-rows is Bagpipe's peak at --lookahead
+    global_view: bool = True  # its trainers read U_b of the global batch (False: each needs
+    #                           its own rows only, so rank 0 sends them |U_b| alone)
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
     #                                    trainer keeps a cache of its own)
     exact: bool = True  # the same parameters as `sync` ...
@@ -150,7 +152,8 @@ _SPECS = (
     SystemSpec("sync", "no cache: every iteration fetches its rows and writes the update back "
                "(parameter server)", plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:SyncSystem.build"),
-               volumes=f"{VOLUMES}:fetched_volumes", replicated=False, role="reference",
+               volumes=f"{VOLUMES}:fetched_volumes", replicated=False, global_view=False,
+               role="reference",
                color=policy("none").color),
     SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP",
                plan=Lazy(f"{PLANNER}:lookahead_plan"),

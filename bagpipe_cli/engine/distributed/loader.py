@@ -1,6 +1,7 @@
-"""Rank 0: the data loader + oracle. It plans every round, sends each trainer the round's plan
-and its slice of the batches one round ahead of use, writes the checkpoints, and at the end
-gathers every trainer's records and every server's shard into the run's TrainResult.
+"""Rank 0: the data loader + oracle. It plans every round and sends its plan, ahead of use, down
+the trainers' relay tree (`relay.py`: one copy leaves rank 0; every trainer reads its own
+samples), writes the checkpoints, and at the end gathers every trainer's records and every
+server's shard into the run's TrainResult.
 
 A checkpoint at the boundary before iteration b: every trainer sends its new records (trainer
 0 also its resident rows and the dense state), every server its shard once it has served
@@ -28,8 +29,8 @@ from bagpipe_cli.engine.checkpoint import (
 )
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
-from bagpipe_cli.engine.distributed.rounds import key_dtype, narrow
-from bagpipe_cli.engine.distributed.wire import recv_obj, send_obj
+from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
+from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, send_obj
 from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn, eval_due
@@ -39,6 +40,7 @@ from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.shards import Shard
 from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer, trace_document, trace_meta
+from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
@@ -48,20 +50,30 @@ class LoaderRank:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
     def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],
-                 faults: Faults, progress: ProgressFn | None = None, tracer: NoTracer = NO_TRACE):
+                 faults: Faults, plans: Any, progress: ProgressFn | None = None,
+                 tracer: NoTracer = NO_TRACE):
         self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
         self.placements, self.tracer, self.start = placements, tracer, 0
+        self.plans = plans  # the relay's process group (rank 0 and the trainers)
         tracer.name_thread(ORACLE, "loader")
         self.evals: list[dict[str, Any]] = []
         self.eval_s = self.end_eval_s = 0.0  # evaluating (all; after training ended)
-        self.sent = {"bytes_sent": 0, "waiting_s": 0.0, "iterations": 0}  # waiting: a trainer behind
+        self.traffic = Traffic()
+        self.waiting_s = 0.0  # sending, i.e. a trainer behind
+        self.iterations = 0  # planned and sent
         self.ckpt: Checkpointer | None = None
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
 
-    def _send(self, obj: Any, dst: int) -> None:
+    def _send(self, obj: Any, dst: int, kind: str = "control", group: Any = None) -> None:
         t = time.perf_counter()
-        self.sent["bytes_sent"] += send_obj(obj, dst, self.layout)
-        self.sent["waiting_s"] += time.perf_counter() - t
+        self.traffic.send(kind, send_obj(obj, dst, self.layout, group))
+        self.waiting_s += time.perf_counter() - t
+
+    def _recv(self, src: int) -> Any:
+        """A control message (checkpoint parts, shards, results), counted."""
+        enc = recv_encoded(src, self.layout)
+        self.traffic.receive("control", enc.nbytes)
+        return decode(enc)
 
     def run(self) -> TrainResult:
         t_start = time.perf_counter()
@@ -84,10 +96,10 @@ class LoaderRank:
         finally:
             if self.ckpt is not None:
                 self.ckpt.close()
-        outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
-        shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
+        outs = [self._recv(r) for r in lay.trainer_ranks]
+        shards = [self._recv(lay.server_rank(k)) for k in range(lay.servers)]
         wall = time.perf_counter() - t_start - self.end_eval_s
-        self.sent["cpu_s"] = time.process_time() - cpu
+        self.cpu_s = time.process_time() - cpu
         return self._result(planning, prior, outs, shards, wall, ck)
 
     def _initial_state(self, ck: Checkpoint | None, planning: Planning, start: int) -> None:
@@ -112,14 +124,15 @@ class LoaderRank:
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         tr, t0 = self.tracer, time.perf_counter()
-        for rp, batches in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
-                                          start, workers):
+        root = lay.trainer_rank(0)  # of the relay tree
+        cached = planning.slots is not None
+        for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
+                                    start, workers, samples=False):
             t1 = time.perf_counter()
             where = (rp.iters[0].b if rp.iters else -1, rp.r)
             tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
-            for i, r in enumerate(lay.trainer_ranks):  # each trainer only what it reads
-                self._send(narrow(rp, batches, i, lay.trainers, keys), r)
-            self.sent["iterations"] += len(rp.iters)
+            self._send(shared_round(rp, s.spec.global_view, cached, keys), root, "plan", self.plans)
+            self.iterations += len(rp.iters)
             tr.complete("send round", "send", t1, time.perf_counter(), position=where)
             # The trainers got this round while they train the previous one, which is when
             # they reach its checkpoint boundaries.
@@ -130,8 +143,7 @@ class LoaderRank:
             if self.progress and rp.iters:
                 self.progress(done - 1, {"loss": math.nan, "time": math.nan})
             t0 = time.perf_counter()
-        for r in lay.trainer_ranks:
-            self._send(None, r)
+        self._send(None, root, "plan", self.plans)
         if prev is not None:
             self._boundaries([p.b for p in prev.iters])
         t = time.perf_counter()
@@ -154,8 +166,8 @@ class LoaderRank:
         """The held-out rows with the true tables before iteration b (trainer 0's resident
         rows over the servers' shards) and trainer 0's dense model."""
         lay = self.layout
-        part = recv_obj(lay.trainer_ranks[0], lay)
-        shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
+        part = self._recv(lay.trainer_ranks[0])
+        shards = [_shard(k, lay, self._recv(lay.server_rank(k))) for k in range(lay.servers)]
         weight, _ = full_tables(shards, [part["resident"]])
         model = build_model(self.s.mcfg)
         model.load_state_dict(part["dense"])
@@ -164,11 +176,11 @@ class LoaderRank:
     def _checkpoint(self, b: int) -> None:
         """Rank 0's part of the checkpoint at the boundary before iteration b."""
         lay = self.layout
-        parts = [recv_obj(r, lay) for r in lay.trainer_ranks]
+        parts = [self._recv(r) for r in lay.trainer_ranks]
         t = time.perf_counter()
         for i, part in enumerate(parts):
             self.records[i].extend(part["records"])
-        shards = [_shard(k, lay, recv_obj(lay.server_rank(k), lay)) for k in range(lay.servers)]
+        shards = [_shard(k, lay, self._recv(lay.server_rank(k))) for k in range(lay.servers)]
         weight, state = full_tables(shards, [parts[0]["resident"]])
         self.ckpt.save(b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
                        parts[0]["rng"], self.records, t)
@@ -181,18 +193,22 @@ class LoaderRank:
         model.load_state_dict(outs[0]["dense"])
         servers = [_shard(k, lay, sh) for k, sh in enumerate(shards)]
         frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
-        sent = {k: v for k, v in self.sent.items() if k != "iterations"}
-        per_it = self.sent["bytes_sent"] / max(1, self.sent["iterations"])
-        roles = {"oracle": {"busy_s": planning.planner.seconds, **sent,
-                            "bytes_per_iteration": per_it, "peak_rss_mb": peak_rss_mb()},
+        iters = self.iterations
+        sent = sum(self.traffic.sent.values())
+        roles = {"oracle": {"busy_s": planning.planner.seconds, "waiting_s": self.waiting_s,
+                            "bytes_sent": sent, "bytes_received": sum(self.traffic.received.values()),
+                            "cpu_s": self.cpu_s, "bytes_per_iteration": sent / max(1, iters),
+                            "peak_rss_mb": peak_rss_mb(), "traffic": self.traffic.figures(iters)},
                  **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
                                                 cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
                                                 bytes_sent=o["bytes_sent"],
                                                 bytes_received=o["bytes_received"],
                                                 **{k: v for k, v in o.items()
-                                                   if k.startswith("collective_")})
+                                                   if k.startswith("collective_")},
+                                                traffic=o["traffic"].figures(iters))
                     for i, o in enumerate(outs)},
-                 **{f"server{k}": sh["stats"] for k, sh in enumerate(shards)}}
+                 **{f"server{k}": {**sh["stats"], "traffic": sh["traffic"].figures(iters)}
+                    for k, sh in enumerate(shards)}}
         layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,
                   "trainer_devices": self.devices, "devices": [o["device_info"] for o in outs],
                   "backend": s.cfg.backend,

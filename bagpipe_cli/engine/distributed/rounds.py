@@ -1,12 +1,18 @@
-"""What rank 0 sends a trainer each round: only what that trainer reads, in the narrowest dtype.
+"""What rank 0 sends the trainers each round, and how a trainer makes its Round of it.
 
-Of a round's plan a trainer reads: the rows it fetches (`RoundPlan.fetch_for`: the others'
-private rows left out), the victims, and per iteration U_b, the slots, the LRPP classes,
-the one user of each private row, the evictions, and the positions in U_b of *its own*
-accesses only (1/N of the inverse). Keys travel as int32 where the key space fits
-(`narrow`), a row's user as int16, labels (0/1) as uint8; the trainer widens them back
-(`widen`), so it computes on exactly the values in-process training does. Rank 0's bytes
-per iteration then grow with N only by the U_b-sized parts every replicated trainer needs.
+Rank 0 sends plans, not samples. A round's plan leaves rank 0 once, down a tree of the
+trainers (`relay.py`), and every trainer reads its own samples (keys, dense features and
+labels of its slice of each batch) from the dataset's memory-mapped columns, then finds the
+position of each of its accesses in U_b itself (`own_round`).
+
+The plan (`shared_round`) holds what every trainer needs and cannot compute from its own
+samples: per round the fetched rows, their slots and private owner (each trainer picks its
+own with `RoundPlan.fetch_for`), the pre-evicted rows; per iteration U_b, the slots, the
+LRPP classes, each row's one user and the evictions. Keys travel as int32 where the key
+space fits, a row's user as int16; the trainer widens them back, so it computes on exactly
+the values in-process training does. A system whose trainers need no view of the global
+batch (sync: each fetches and pushes its own rows) gets |U_b| alone per iteration, so its
+rank 0 sends nothing that grows with the batch.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ from dataclasses import replace
 
 import numpy as np
 
-from bagpipe_cli.engine.feed import Round, Samples
+from bagpipe_cli.engine.feed import Round, SliceReader
+from bagpipe_cli.engine.keys import KeySets
 from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
 
-_KEYS = ("uniq", "evict_keys")  # IterPlan's key arrays
-_ROUND_KEYS = ("fetch_keys", "pre_evict_keys")
+_EMPTY_KEYS = np.empty(0, np.int64)
+_EMPTY_SLOTS = np.empty(0, np.int32)
+_NO_INVERSE = np.empty(0, np.int32)  # each trainer finds its own accesses' positions
 
 
 def key_dtype(total_rows: int) -> type:
@@ -27,32 +35,55 @@ def key_dtype(total_rows: int) -> type:
     return np.int32 if total_rows <= np.iinfo(np.int32).max else np.int64
 
 
-def narrow(rp: RoundPlan, batches: list[Samples], i: int, n: int, keys: type) -> tuple:
-    """Trainer i of n's part of a round: (its RoundPlan, its samples' dense, its labels)."""
-    per = len(batches[0].labels) // n if batches else 0  # a last round may have no iterations
-    lo, hi = i * per, (i + 1) * per
-    fk, fs = rp.fetch_for(i)
-    part = replace(rp, fetch_keys=fk.astype(keys), fetch_slots=fs, fetch_owner=None,
+def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> RoundPlan:
+    """Round `rp` as rank 0 sends it to every trainer (see the module docstring); without a
+    planned cache (`cached` False) no fetch or eviction lists, which no trainer reads."""
+    if not cached:
+        return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
+                       pre_evict_keys=_EMPTY_KEYS, pre_evict_slots=_EMPTY_SLOTS,
+                       iters=[_planless_iter(p, global_view, keys) for p in rp.iters])
+    owner = rp.fetch_owner.astype(np.int16) if rp.fetch_owner is not None else None
+    return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner,
                    pre_evict_keys=rp.pre_evict_keys.astype(keys),
-                   iters=[_narrow_iter(p, i, n, keys) for p in rp.iters])
-    return part, [b.dense[lo:hi] for b in batches], [b.labels[lo:hi].astype(np.uint8) for b in batches]
+                   iters=[_shared_iter(p, keys) for p in rp.iters])
 
 
-def _narrow_iter(p: IterPlan, i: int, n: int, keys: type) -> IterPlan:
-    out = replace(p, inverse=p.accesses_of(i, 1, n), inverse_of_trainers=(i, 1),
-                  uniq=p.uniq.astype(keys), evict_keys=p.evict_keys.astype(keys))
+def _shared_iter(p: IterPlan, keys: type) -> IterPlan:
+    out = replace(p, uniq=p.uniq.astype(keys), inverse=_NO_INVERSE,
+                  evict_keys=p.evict_keys.astype(keys))
     if p.owner is not None:
         out.owner = p.owner.astype(np.int16)
     return out
 
 
-def widen(msg: tuple[RoundPlan, list[np.ndarray], list[np.ndarray]]) -> Round:
-    """A trainer's Round from rank 0's message: keys back to int64, labels to float32."""
-    rp, dense, labels = msg
-    for name in _ROUND_KEYS:
-        setattr(rp, name, getattr(rp, name).astype(np.int64))
-    for p in rp.iters:
-        for name in _KEYS:
-            setattr(p, name, getattr(p, name).astype(np.int64))
-    return Round(rp, list(dense), [y.astype(np.float32) for y in labels])
+def _planless_iter(p: IterPlan, global_view: bool, keys: type) -> IterPlan:
+    """U_b alone (or only |U_b|, without a global view)."""
+    uniq = p.uniq.astype(keys) if global_view else _EMPTY_KEYS
+    return replace(p, uniq=uniq, inverse=_NO_INVERSE, slots=_EMPTY_SLOTS, evict_keys=_EMPTY_KEYS,
+                   evict_slots=_EMPTY_SLOTS, row_class=None, owner=None,
+                   global_rows=None if global_view else len(p.uniq))
 
+
+class RoundMaker:
+    """A trainer's Rounds from rank 0's plans: its own samples read, its accesses placed."""
+
+    def __init__(self, reader: SliceReader, i: int, total_rows: int):
+        self.read, self.i = reader, i
+        self.keysets = KeySets(total_rows)
+
+    def __call__(self, rp: RoundPlan) -> Round:
+        rp.fetch_keys = rp.fetch_keys.astype(np.int64)
+        rp.pre_evict_keys = rp.pre_evict_keys.astype(np.int64)
+        dense, labels = [], []
+        for p in rp.iters:
+            keys, d, y = self.read(p.b)
+            if p.global_rows is None:  # U_b sent: each access's position in it
+                p.uniq = p.uniq.astype(np.int64)
+                p.evict_keys = p.evict_keys.astype(np.int64)
+                p.inverse = np.searchsorted(p.uniq, keys).astype(np.int32)
+            else:  # only this trainer's own rows
+                p.uniq, p.inverse = self.keysets.unique(keys)
+            p.inverse_of_trainers = (self.i, 1)
+            dense.append(d)
+            labels.append(y)
+        return Round(rp, dense, labels)

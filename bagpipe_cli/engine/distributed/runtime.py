@@ -123,11 +123,13 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     # (dense buckets, sync_later sums); every rank takes part in making a group, in order.
     group, *lanes = [dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
                      for _ in range(3)]
+    # The plans' relay (rank 0 and the trainers: `relay.py`), a group of its own.
+    plans = dist.new_group([0, *layout.trainer_ranks], timeout=timeout, backend="gloo")
     tracer = _tracer(cfg, layout, rank)
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
-        return LoaderRank(s, layout, devices, placements, faults, progress, tracer).run()
+        return LoaderRank(s, layout, devices, placements, faults, plans, progress, tracer).run()
     if role == "server":
         server_main(s, layout, idx, faults, tracer)
     else:
@@ -135,7 +137,7 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
         with computing_on(device, not cfg.nondeterministic):
             collective = TorchCollective(group, tuple(lanes), layout, idx, device, comm_device,
                                          cfg.collective, tracer)
-            trainer_main(s, layout, idx, collective, device, faults, tracer)
+            trainer_main(s, layout, idx, collective, plans, device, faults, tracer)
     return None
 
 

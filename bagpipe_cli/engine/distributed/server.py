@@ -25,12 +25,14 @@ from bagpipe_cli.engine.distributed.wire import (
     OP_EVAL,
     OP_FETCH,
     OP_GRAD,
+    OP_KINDS,
     OP_NAMES,
     OP_WRITEBACK,
     PLANNING_WAIT_S,
     ScheduleError,
     comm,
-    recv_obj,
+    decode,
+    recv_encoded,
     send_obj,
 )
 from bagpipe_cli.engine.network import NetworkModel
@@ -38,6 +40,7 @@ from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.setup import RunSetup
 from bagpipe_cli.engine.shards import Shard, init_shards
 from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
+from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.environment import peak_rss_mb
 
 _TRACED = {OP_FETCH: "fetch", OP_WRITEBACK: "write-back", OP_GRAD: "push"}  # names on the trace
@@ -69,6 +72,7 @@ class Server:
                  opt: RowOptimizer, faults: Faults, tracer: NoTracer = NO_TRACE):
         self.shard, self.layout, self.network, self.opt, self.faults = shard, layout, network, opt, faults
         self.tracer = tracer
+        self.traffic = Traffic()
         self.dim, self.sdim = shard.weight.shape[1], shard.state.shape[1]
         self.stats = _Stats()
 
@@ -83,7 +87,8 @@ class Server:
             if p.op in (OP_CHECKPOINT, OP_EVAL):
                 # Every trainer's requests before the checkpoint (or evaluation) are served:
                 # this is the shard at the boundary.
-                send_obj({"weight": self.shard.weight, "state": self.shard.state}, 0, self.layout)
+                self.traffic.send("control", send_obj({"weight": self.shard.weight,
+                                                       "state": self.shard.state}, 0, self.layout))
                 if p.op == OP_CHECKPOINT:
                     self.faults.checkpoint_done()
             if p.grads:
@@ -104,6 +109,8 @@ class Server:
             t1 = time.perf_counter()
             self.stats.waiting_s += t1 - t0
             op, n, their_seq, b, r = hdr.tolist()
+            kind = OP_KINDS.get(op, "control")
+            self.traffic.receive(kind, HEADER * 8 + n * 8)  # the header, the keys
             self.tracer.at(b, r)
             if first is None:
                 first = (op, their_seq)
@@ -150,18 +157,21 @@ class Server:
                 if self.sdim:
                     comm(lay, src, dist.send, s, src)
                 self.stats.bytes_sent += (w.numel() + s.numel()) * 4
+                self.traffic.send("rows", (w.numel() + s.numel()) * 4)
         elif op == OP_WRITEBACK:
             if n:
                 rows, state = torch.empty(n, self.dim), torch.empty(n, self.sdim)
                 comm(lay, src, dist.recv, rows, src)
                 if self.sdim:
                     comm(lay, src, dist.recv, state, src)
+                self.traffic.receive("rows", (rows.numel() + state.numel()) * 4)
                 self.shard.write_back(local, rows, state)
                 self._wait(n * (self.dim + self.sdim) * 4)
         elif op == OP_GRAD:
             g = torch.empty(n, self.dim)
             if n:
                 comm(lay, src, dist.recv, g, src)
+                self.traffic.receive("gradients", g.numel() * 4)
                 self._wait(n * self.dim * 4)
             p.grads.append((local, g))
 
@@ -184,13 +194,16 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults,
                 tracer: NoTracer = NO_TRACE) -> None:
     """Server k: its shard (seeded, or a resumed run's from rank 0), served until done."""
     tracer.name_thread(server_role(k), "serving")
-    init = recv_obj(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
+    enc = recv_encoded(0, layout, PLANNING_WAIT_S)  # a resumed run's shard, from rank 0's checkpoint
+    init = decode(enc)
     if init is None:
         # Initial values depend only on (seed, table, id): each server builds just its shard.
         shard = init_shards(s.cardinalities, s.row_dim, layout.servers, s.cfg.seed,
                              s.rowopt.init_state, only=k)[0]
     else:
         shard = Shard.holding(k, layout.servers, init["weight"], init["state"])
-    stats = Server(shard, layout, s.network, s.rowopt, faults, tracer).serve()
+    server = Server(shard, layout, s.network, s.rowopt, faults, tracer)
+    server.traffic.receive("control", enc.nbytes)
+    stats = server.serve()
     send_obj({"weight": shard.weight, "state": shard.state, "stats": stats,
-              "trace": tracer.export()}, 0, layout)
+              "traffic": server.traffic, "trace": tracer.export()}, 0, layout)

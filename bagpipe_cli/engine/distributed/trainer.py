@@ -1,8 +1,8 @@
 """A trainer rank: the training loop (engine/loop.py) for one trainer of N.
 
-Its rounds come from rank 0 (its slice of every batch, one round ahead of use), its rows
-from the server ranks (`TorchTransport`), its sums from the other trainers
-(`TorchCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
+Its rounds' plans come from rank 0 down the relay tree (`relay.py`), ahead of use; it reads
+its own slice of every batch from the dataset (`rounds.RoundMaker`); its rows come from the
+server ranks (`TorchTransport`), its sums from the other trainers (`TorchCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
 also its resident rows, the dense model, its optimizer and the RNG state), then every
 server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) trainer 0
 sends its resident rows and dense model, and every trainer sends the servers an EVAL request.
@@ -12,7 +12,7 @@ Traced, its events go to rank 0 with its result.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -23,47 +23,46 @@ from bagpipe_cli.engine.device import describe, to_cpu
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
-from bagpipe_cli.engine.distributed.rounds import widen
+from bagpipe_cli.engine.distributed.relay import PlanFeed
+from bagpipe_cli.engine.distributed.rounds import RoundMaker
 from bagpipe_cli.engine.distributed.transport import TorchTransport
-from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, recv_obj, send_obj
-from bagpipe_cli.engine.feed import Round
+from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
+from bagpipe_cli.engine.feed import SliceReader
 from bagpipe_cli.engine.loop import Hook, TrainingLoop
 from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
+from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import RankFailure
 
 
-def remote_rounds(layout: Layout) -> Iterator[Round]:
-    """The rounds rank 0 sends this trainer, until it sends None."""
-    while True:
-        msg = recv_obj(0, layout)
-        if msg is None:
-            return
-        yield widen(msg)
-
-
-def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective,
+def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective, plans: Any,
                  device: torch.device, faults: Faults, tracer: NoTracer = NO_TRACE) -> None:
-    """Trainer i: its slice of every global batch, synchronised with the other trainers."""
+    """Trainer i: its slice of every global batch, synchronised with the other trainers;
+    `plans`: the relay's process group."""
     cfg = s.cfg
     tracer.name_thread(trainer_role(i, 1), "main")
     model, dense_opt = build_dense(cfg, s.mcfg, device)
-    info = recv_obj(0, layout, PLANNING_WAIT_S)
+    traffic = Traffic()
+    enc = recv_encoded(0, layout, PLANNING_WAIT_S)
+    traffic.receive("control", enc.nbytes)
+    info = decode(enc)
     if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
         restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
-    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i)
+    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i, traffic)
     trainers = TrainerSet.one(i, layout.trainers)
     system = build_system(s, info["slots"], transport, trainers, device)
-    hook = _checkpoint(layout, transport, faults) if cfg.checkpoint_every else None
+    hook = _checkpoint(layout, transport, faults, traffic) if cfg.checkpoint_every else None
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
                         trainers, info["start"], device, checkpoint=hook,
-                        evaluate=_evaluator(layout, transport) if cfg.eval_every else None,
+                        evaluate=_evaluator(layout, transport, traffic) if cfg.eval_every else None,
                         tracer=tracer)
+    make = RoundMaker(SliceReader(s.ds, cfg, s.train_rows, s.offsets, i, layout.trainers), i,
+                      s.total_rows)
     cpu = time.process_time()
     try:
-        records = loop.run(remote_rounds(layout))
+        records = loop.run(PlanFeed(layout, plans, i, make, traffic))
     except RuntimeError as e:  # a background sum failed (DDP re-raises it): its error says why
         if collective.failure is not None:
             raise collective.failure from None
@@ -76,31 +75,35 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     cpu = time.process_time() - cpu
     system.flush()
     transport.close()
+    figures = collective_figures(collective)
+    traffic.send("collective", figures["collective_bytes_sent"])
+    traffic.receive("collective", figures["collective_bytes_received"])
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
-           "device_info": describe(device), **collective_figures(collective),
+           "device_info": describe(device), **figures, "traffic": traffic,
            "written_back_at_end": system.written_back_at_end, "trace": tracer.export()}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())
-    send_obj(out, 0, layout)
+    send_obj(out, 0, layout)  # (the result itself is not counted: it is sent after the count)
 
 
-def _evaluator(layout: Layout, transport: TorchTransport) -> Hook:
+def _evaluator(layout: Layout, transport: TorchTransport, traffic: Traffic) -> Hook:
     """--eval-every: trainer 0 sends rank 0 its resident rows and dense model (rank 0 lays
     the rows over the servers' shards and evaluates); every trainer asks the servers for
     their shards."""
 
     def take(b: int, loop: TrainingLoop) -> None:
         if loop.trainers.first == 0:
-            send_obj({"resident": loop.system.resident(), "wall_s": loop.train_seconds(),
-                      "dense": to_cpu(loop.model.state_dict())}, 0, layout)
+            traffic.send("control", send_obj({"resident": loop.system.resident(),
+                                              "wall_s": loop.train_seconds(),
+                                              "dense": to_cpu(loop.model.state_dict())}, 0, layout))
         transport.evaluation()  # after every write-back of this trainer
 
     return take
 
 
-def _checkpoint(layout: Layout, transport: TorchTransport,
-                faults: Faults) -> Callable[[int, TrainingLoop], None]:
+def _checkpoint(layout: Layout, transport: TorchTransport, faults: Faults,
+                traffic: Traffic) -> Callable[[int, TrainingLoop], None]:
     sent = 0  # records already sent to rank 0 with a checkpoint
 
     def take(b: int, loop: TrainingLoop) -> None:
@@ -112,7 +115,7 @@ def _checkpoint(layout: Layout, transport: TorchTransport,
             msg["dense"] = to_cpu(loop.model.state_dict())
             msg["optimizer"] = to_cpu(loop.dense_opt.state_dict())
             msg["rng"] = torch.get_rng_state()
-        send_obj(msg, 0, layout)
+        traffic.send("control", send_obj(msg, 0, layout))
         transport.checkpoint()  # after every write-back of this trainer
         faults.checkpoint_done()
 

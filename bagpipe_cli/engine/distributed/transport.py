@@ -22,12 +22,14 @@ from bagpipe_cli.engine.distributed.wire import (
     OP_EVAL,
     OP_FETCH,
     OP_GRAD,
+    OP_KINDS,
     OP_WRITEBACK,
     comm,
 )
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.shards import split_by_shard
 from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer
+from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.transport import Transport
 
 
@@ -64,8 +66,9 @@ class TorchTransport(Transport):
     lockstep = True
 
     def __init__(self, layout: Layout, dim: int, state_dim: int, network: NetworkModel,
-                 tracer: NoTracer = NO_TRACE, trainer: int = 0):
+                 tracer: NoTracer = NO_TRACE, trainer: int = 0, traffic: Traffic | None = None):
         self.layout, self.tracer, self.trainer = layout, tracer, trainer
+        self.traffic = traffic or Traffic()  # by kind: requests and rows, gradients, control
         self.num_servers = layout.servers
         self.network = network
         self.dim, self.sdim = dim, state_dim
@@ -82,10 +85,12 @@ class TorchTransport(Transport):
         self._seq[k] += 1
         msgs = [hdr] + ([torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), *payload]
                         if len(local) else [])
+        kind = OP_KINDS.get(op, "control")
         for m in msgs:
             if m.numel():
                 self._pending.append((comm(self.layout, dst, dist.isend, m.contiguous(), dst), m, dst))
                 self.bytes_sent += m.numel() * m.element_size()
+                self.traffic.send(kind, m.numel() * m.element_size())
         if len(self._pending) > 256:
             self._pending = [p for p in self._pending if not p[0].is_completed()]
 
@@ -102,6 +107,7 @@ class TorchTransport(Transport):
                 if self.sdim:
                     works.append(comm(self.layout, src, dist.irecv, s, src))
                 self.bytes_received += (r.numel() + s.numel()) * 4
+                self.traffic.receive("rows", (r.numel() + s.numel()) * 4)
             parts.append((pos, r, s, works, src))
         return _DistRows(len(keys), parts, self.dim, self.sdim, self.layout, self.tracer)
 

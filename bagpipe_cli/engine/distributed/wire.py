@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import io
 import pickle
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -28,6 +29,9 @@ OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT, OP_EVAL = 1, 2, 3, 4, 5
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
             OP_CHECKPOINT: "CHECKPOINT", OP_EVAL: "EVAL"}
 HEADER = 5  # int64s of a request's header
+# The kind of traffic a request is (its header, keys and payload: `engine/traffic.py`);
+# the others are "control".
+OP_KINDS = {OP_FETCH: "rows", OP_WRITEBACK: "rows", OP_GRAD: "gradients"}
 
 # Rank 0 plans the whole run (bagpipe's peak, the baselines' trace) before its first message,
 # which on a large dataset takes longer than --timeout: that one wait is this long. A rank 0
@@ -79,38 +83,31 @@ class _Pickler(pickle.Pickler):
         return (kind, len(self.raw) - 1, tuple(t.shape), t.dtype)
 
 
-def send_obj(obj: Any, dst: int, layout: Layout) -> int:
-    """Send an object to rank `dst`: length, pickle, then its large tensors raw. Returns
-    the bytes sent."""
+@dataclass
+class Encoded:
+    """An object as it crosses: its pickle (with its manifest) and its large tensors raw.
+    Encoded once, it can be sent to several ranks (a relay forwards what it received)."""
+
+    body: torch.Tensor  # uint8: the pickle of (manifest, pickled object)
+    raw: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: the length, the pickle and the raw tensors."""
+        return 8 + self.body.numel() + sum(t.numel() * t.element_size() for t in self.raw)
+
+
+def encode(obj: Any) -> Encoded:
     f, raw = io.BytesIO(), []
     _Pickler(f, raw).dump(obj)
     manifest = [(tuple(t.shape), t.dtype) for t in raw]
     data = pickle.dumps((manifest, f.getvalue()), protocol=pickle.HIGHEST_PROTOCOL)
-    comm(layout, dst, dist.send, torch.tensor([len(data)], dtype=torch.int64), dst)
-    comm(layout, dst, dist.send, torch.frombuffer(bytearray(data), dtype=torch.uint8), dst)
-    for t in raw:
-        if t.numel():
-            comm(layout, dst, dist.send, t, dst)
-    return len(data) + 8 + sum(t.numel() * t.element_size() for t in raw)
+    return Encoded(torch.frombuffer(bytearray(data), dtype=torch.uint8), raw)
 
 
-def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
-    """Receive an object `send_obj` sent; `wait_s` overrides the job's --timeout."""
-    n = torch.empty(1, dtype=torch.int64)
-    if wait_s is None:
-        comm(layout, src, dist.recv, n, src)
-    else:
-        work = comm(layout, src, dist.irecv, n, src)
-        comm(layout, src, work.wait, datetime.timedelta(seconds=wait_s))
-    buf = torch.empty(int(n.item()), dtype=torch.uint8)
-    comm(layout, src, dist.recv, buf, src)
-    manifest, body = pickle.loads(buf.numpy().tobytes())
-    raw = []
-    for shape, dtype in manifest:
-        t = torch.empty(shape, dtype=dtype)
-        if t.numel():
-            comm(layout, src, dist.recv, t, src)
-        raw.append(t)
+def decode(enc: Encoded) -> Any:
+    _, body = pickle.loads(enc.body.numpy().tobytes())
+    raw = enc.raw
 
     class _Unpickler(pickle.Unpickler):
         def persistent_load(self, pid: tuple) -> Any:
@@ -118,3 +115,46 @@ def recv_obj(src: int, layout: Layout, wait_s: float | None = None) -> Any:
             return raw[i] if kind == "tensor" else raw[i].numpy()
 
     return _Unpickler(io.BytesIO(body)).load()
+
+
+def send_encoded(enc: Encoded, dst: int, layout: Layout, group: Any = None) -> int:
+    """Send an encoded object to rank `dst` (a global rank, also with `group`). Returns the
+    bytes sent."""
+    comm(layout, dst, dist.send, torch.tensor([enc.body.numel()], dtype=torch.int64), dst, group)
+    comm(layout, dst, dist.send, enc.body, dst, group)
+    for t in enc.raw:
+        if t.numel():
+            comm(layout, dst, dist.send, t, dst, group)
+    return enc.nbytes
+
+
+def recv_encoded(src: int, layout: Layout, wait_s: float | None = None, group: Any = None) -> Encoded:
+    """Receive what `send_encoded` sent; `wait_s` overrides the job's --timeout for its
+    first part."""
+    n = torch.empty(1, dtype=torch.int64)
+    if wait_s is None:
+        comm(layout, src, dist.recv, n, src, group)
+    else:
+        work = comm(layout, src, dist.irecv, n, src, group)
+        comm(layout, src, work.wait, datetime.timedelta(seconds=wait_s))
+    buf = torch.empty(int(n.item()), dtype=torch.uint8)
+    comm(layout, src, dist.recv, buf, src, group)
+    manifest, _ = pickle.loads(buf.numpy().tobytes())
+    raw = []
+    for shape, dtype in manifest:
+        t = torch.empty(shape, dtype=dtype)
+        if t.numel():
+            comm(layout, src, dist.recv, t, src, group)
+        raw.append(t)
+    return Encoded(buf, raw)
+
+
+def send_obj(obj: Any, dst: int, layout: Layout, group: Any = None) -> int:
+    """Send an object to rank `dst`: length, pickle, then its large tensors raw. Returns
+    the bytes sent."""
+    return send_encoded(encode(obj), dst, layout, group)
+
+
+def recv_obj(src: int, layout: Layout, wait_s: float | None = None, group: Any = None) -> Any:
+    """Receive an object `send_obj` sent; `wait_s` overrides the job's --timeout."""
+    return decode(recv_encoded(src, layout, wait_s, group))

@@ -25,8 +25,8 @@ class _PushingSystem(EmbeddingSystem):
     replicated = False
 
     def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
-        if self.trainers.all:
-            return plan.uniq, plan.inverse
+        if self.trainers.all or plan.global_rows is not None:  # (the latter: its own rows)
+            return plan.uniq, self.trainers.inverse(plan)
         keys, index = np.unique(plan.uniq[self.trainers.inverse(plan)], return_inverse=True)
         return keys, index.reshape(-1)
 
