@@ -267,8 +267,8 @@ def test_an_error_on_one_rank_is_the_one_line_reported(tiny_dataset, tmp_path):
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and re.fullmatch(r"Error: cache capacity 10 rows is below the lookahead's "
-                                            r"peak of \d+ rows; raise --cache-rows or lower --lookahead",
-                                            lines[0])
+                                            r"need of at least \d+ rows \(round 0\); raise "
+                                            r"--cache-rows or lower --lookahead", lines[0])
     assert not (tmp_path / "small").exists()
 
 

@@ -324,6 +324,54 @@ def test_oracle_rejects_capacity_below_peak():
         list(Oracle(40, 4, 1, 1, capacity=9).plan(iter(trace)))
 
 
+def test_a_growing_oracle_plans_the_same_rows_in_more_slots_as_it_needs_them():
+    """Without --cache-rows the oracle needs no pass first: it takes more slots when a round
+    needs them (an eighth more at least), and each round says the capacity its slots need.
+    The rows fetched and evicted are the fixed-capacity oracle's; no slot is out of range
+    or held by two rows at once."""
+    rng = np.random.default_rng(4)
+    trace = [rng.zipf(1.3, 64) % 500 for _ in range(60)]
+    fixed = list(Oracle(500, 8, 2, 2, capacity=500).plan(iter(trace)))
+    grown = list(Oracle(500, 8, 2, 2, capacity=None, grow=True).plan(iter(trace)))
+    caps = [rp.capacity for rp in grown]
+    assert caps == sorted(caps) and len(set(caps)) >= 3  # it grew, round by round
+    holder: dict[int, int] = {}
+    for a, b in zip(fixed, grown, strict=True):
+        assert a.fetch_keys.tolist() == b.fetch_keys.tolist()
+        assert (b.fetch_slots < b.capacity).all()
+        for k, slot in zip(b.fetch_keys.tolist(), b.fetch_slots.tolist(), strict=True):
+            assert slot not in holder.values()
+            holder[k] = slot
+        for pa, pb in zip(a.iters, b.iters, strict=True):
+            assert pa.evict_keys.tolist() == pb.evict_keys.tolist()
+            assert (pb.slots == [holder[k] for k in pb.uniq.tolist()]).all()
+            for k in pb.evict_keys.tolist():
+                del holder[k]
+    o = Oracle(500, 8, 2, 2, capacity=None, grow=True)
+    list(o.plan(iter(trace)))
+    assert o.peak_resident <= o.capacity <= o.peak_resident * 9 // 8 + 1
+
+
+def test_bagpipe_plans_without_a_pass_over_the_run_and_equals_sync(tiny_dataset, monkeypatch):
+    """Only the rounds are planned, as training goes (no whole-run pass: reading the run's
+    keys up front fails here); the cache grows to the run's peak and the parameters are
+    sync's."""
+    from bagpipe_cli.engine import planner
+
+    def no_pass(*a, **k):
+        raise AssertionError("a pass over the whole run")
+
+    kw = dict(data=str(tiny_dataset), batch_size=256, iterations=30, lookahead=8, trainers=2,
+              optimizer="adagrad", eval_rows=2000)
+    sync = train(TrainConfig(system="sync", **kw))
+    monkeypatch.setattr(planner, "key_batches", no_pass)
+    bag = train(TrainConfig(system="bagpipe", **kw))
+    assert_same_parameters(sync, bag)
+    peak = bag.summary["peak_resident_rows"]
+    assert bag.summary["bagpipe_peak_rows"] == peak
+    assert peak <= bag.summary["cache_rows"] <= peak * 9 // 8 + 1
+
+
 def test_sync_lists_on_a_hand_worked_trace():
     # keys per sample, 2 trainers x 2 samples x 1 table; L = 2
     trace = [np.array([1, 2, 2, 3]), np.array([1, 4, 5, 5]), np.array([6, 6, 6, 6])]

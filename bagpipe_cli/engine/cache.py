@@ -19,6 +19,17 @@ class RowCache:
         self.weight = torch.zeros(capacity, dim, device=device)
         self.state = torch.zeros(capacity, state_dim, device=device)
 
+    def grow(self, capacity: int) -> None:
+        """Room for `capacity` rows: the rows held keep their slots."""
+        if capacity <= self.capacity:
+            return
+        for name in ("weight", "state"):
+            old = getattr(self, name)
+            new = torch.zeros(capacity, old.shape[1], device=old.device)
+            new[:self.capacity] = old
+            setattr(self, name, new)
+        self.capacity = capacity
+
     def insert(self, slots: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
         idx = torch.from_numpy(slots.astype(np.int64)).to(self.weight.device)
         self.weight.index_copy_(0, idx, rows.to(self.weight.device))

@@ -17,7 +17,10 @@ For every iteration b, with U_b the unique global row keys of the global batch:
 Fetches and evictions are grouped in rounds of C iterations (C <= L): a round's rows are
 inserted into the cache before its first iteration, into slots freed by the previous
 round's evictions. Slots are assigned here, deterministically, so trainers only gather by
-slot. The oracle tracks the peak number of occupied slots and refuses a capacity below it.
+slot. The oracle tracks the peak number of occupied slots. With a fixed capacity it refuses
+a round that needs more; a growing cache (`grow`) takes more slots instead (at least an
+eighth more at a time), and each round says the capacity its slots need (`RoundPlan.capacity`),
+so the trainers grow their caches with it: nothing needs a pass over the whole run first.
 
 Vectorised with numpy: per batch a unique by marking (`engine/keys.py`) and a few
 gathers/scatters over arrays indexed by global key (memory bounded by the number of rows).
@@ -103,6 +106,7 @@ class RoundPlan:
     # [len(fetch_keys)] the one trainer a fetched row is private to, -1: every trainer's
     # (None: every row goes to every trainer).
     fetch_owner: np.ndarray | None = None
+    capacity: int | None = None  # cache slots the plan needs from this round on (None: no cache)
 
     def fetch_for(self, i: int, count: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(keys, slots) trainers i..i+count-1 fetch: every row except the other trainers'
@@ -134,7 +138,7 @@ class Oracle:
     """
 
     def __init__(self, total_rows: int, lookahead: int, round_len: int | None, trainers: int,
-                 capacity: int | None):
+                 capacity: int | None, grow: bool = False):
         if lookahead < 1:
             raise ConfigError(f"--lookahead must be >= 1 (got {lookahead})")
         c = round_len if round_len is not None else max(1, lookahead // 4)
@@ -145,14 +149,17 @@ class Oracle:
                 f"--round {c}: must be between 1 and (lookahead + 1) / 2 = {(lookahead + 1) // 2}"
             )
         self.L, self.C, self.N = lookahead, c, trainers
-        self.capacity = capacity
+        if grow and capacity is None:
+            capacity = 0
+        self.capacity, self.grow = capacity, grow
         self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
         self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
         self.where = np.zeros(total_rows, dtype=np.int32)  # a row's position in its latest batch
         self.keysets = KeySets(total_rows)
         self._trainers = np.empty(0, np.int16)
-        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity else None
+        # Free slots, a stack (the top at nfree - 1); None: no cache plan (no slots).
+        self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity is not None else None
         self.nfree = capacity or 0
         self.peak_resident = 0
         self.resident = 0
@@ -200,6 +207,18 @@ class Oracle:
                 pending = []
                 yield rp
 
+    def _grow(self, short: int) -> None:
+        """`short` more slots at least, an eighth of the capacity at least (so a cache grows
+        a few times, not every round); the new slots go under the free ones."""
+        cap = self.capacity
+        new = cap + max(short, cap // 8)
+        free = np.empty(new, dtype=np.int32)
+        added = new - cap
+        free[:added] = np.arange(new - 1, cap - 1, -1, dtype=np.int32)
+        free[added:added + self.nfree] = self.free[:self.nfree]
+        self.free, self.capacity = free, new
+        self.nfree += added
+
     def _read(self, j: int, keys: np.ndarray | UniqueKeys, before: _Read | None) -> _Read:
         """Batch j enters the window: its U_j and inverse; `latest` of its rows becomes j; and
         the rows of U_{j-1} that U_j uses again (sync_now of j-1: they were last read by j-1,
@@ -225,6 +244,8 @@ class Oracle:
         self.resident += len(fetch_keys)
         self.peak_resident = max(self.peak_resident, self.resident)
         if self.free is not None:
+            if len(fetch_keys) > self.nfree and self.grow:
+                self._grow(len(fetch_keys) - self.nfree)
             if len(fetch_keys) > self.nfree:
                 raise ConfigError(
                     f"cache capacity {self.capacity} rows is below the lookahead's need of at "
@@ -235,7 +256,8 @@ class Oracle:
             self.slot_of[fetch_keys] = fetch_slots
         else:
             fetch_slots = np.empty(0, np.int32)
-        rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident)
+        rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident,
+                       capacity=self.capacity)
         owners = []
         for b, uniq, inverse, fetch_mask, evict_mask, in_next in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)

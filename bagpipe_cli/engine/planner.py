@@ -2,7 +2,9 @@
 
 - `no_plan`: systems without a planned cache (sync, het, local) need only U_b and its
   inverse per iteration: an oracle with lookahead 1 and no cache plans them;
-- `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`);
+- `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`), planned as
+  training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
+  round needs more), so no pass over the whole run comes first;
 - `policy_plan(name)`: a fixed-capacity baseline (lru, lfu, fae) that follows its policy's
   decisions (`policies/decisions.py`, the same as `bagpipe profile`'s simulators), so
   fetched-row counts of a training run equal the profile's on the same batches.
@@ -25,7 +27,6 @@ import numpy as np
 from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.oracle import IterPlan, Oracle, RoundPlan, plan_peak
-from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy as cache_policy
 from bagpipe_cli.policies.trace import Trace, trace_from_parts
 
@@ -107,17 +108,34 @@ class PolicyPlanner:
 
 @dataclass
 class Planning:
-    """The planner of a run's cache, its capacity and bagpipe's peak (None without a cache)."""
+    """The planner of a run's cache and, from a planning pass, bagpipe's peak at --lookahead
+    (the baselines' default capacity; None without such a pass)."""
 
     planner: Oracle | PolicyPlanner
-    capacity: int | None
-    peak: int | None
+    peak: int | None = None
+    capacity: int | None = None  # a fixed-capacity baseline's (its slots may hold more)
+
+    @property
+    def cache_rows(self) -> int | None:
+        """The cache's capacity in rows (a growing oracle's so far; None: no cache)."""
+        p = self.planner
+        return self.capacity if isinstance(p, PolicyPlanner) else p.capacity
 
     @property
     def slots(self) -> int | None:
-        """Physical rows of the trainer cache the plan needs (None: the system has no cache)."""
+        """Physical rows of the trainer cache the plan needs so far (None: the system has no
+        cache); a growing oracle's grow as it plans."""
         p = self.planner
         return p.slots if isinstance(p, PolicyPlanner) else p.capacity
+
+    @property
+    def bagpipe_peak(self) -> int | None:
+        """Bagpipe's peak of resident rows at --lookahead: the pass's, or the oracle's own
+        (once it has planned the run)."""
+        p = self.planner
+        if self.peak is not None or isinstance(p, PolicyPlanner) or p.capacity is None:
+            return self.peak
+        return int(p.peak_resident)
 
 
 PlanBuilder = Callable[["RunSetup", int], Planning]  # (run, first iteration) -> its planning
@@ -125,7 +143,7 @@ PlanBuilder = Callable[["RunSetup", int], Planning]  # (run, first iteration) ->
 
 def no_plan(s: RunSetup, start: int = 0) -> Planning:
     """U_b and its inverse per iteration, nothing cached: an oracle of lookahead 1, no cache."""
-    return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None), None, None)
+    return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None))
 
 
 def _peak(s: RunSetup, start: int) -> tuple[int, int]:
@@ -139,14 +157,12 @@ def _peak(s: RunSetup, start: int) -> tuple[int, int]:
 
 
 def lookahead_plan(s: RunSetup, start: int = 0) -> Planning:
-    """Bagpipe's oracle at --lookahead, with a cache of --cache-rows (default: its peak)."""
+    """Bagpipe's oracle at --lookahead, planned as training goes: a cache of --cache-rows
+    (a round that needs more is refused), or by default one that grows with the rounds'
+    need (it ends at most an eighth above the run's peak)."""
     cfg = s.cfg
-    peak, capacity = _peak(s, start)
-    if cfg.cache_rows is not None and cfg.cache_rows < peak:
-        raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
-                          f"of {peak} rows; raise --cache-rows or lower --lookahead")
-    return Planning(Oracle(s.total_rows, cfg.lookahead, cfg.round, cfg.trainers, capacity),
-                    capacity, peak)
+    return Planning(Oracle(s.total_rows, cfg.lookahead, cfg.round, cfg.trainers, cfg.cache_rows,
+                           grow=cfg.cache_rows is None))
 
 
 def policy_plan(name: str) -> PlanBuilder:
@@ -159,6 +175,6 @@ def policy_plan(name: str) -> PlanBuilder:
         peak, capacity = _peak(s, start)
         trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets, start), s.total_rows)
         planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows)
-        return Planning(planner, capacity, peak)
+        return Planning(planner, peak, capacity)
 
     return build

@@ -56,13 +56,14 @@ def checkpoint_summary(ckpt: Checkpointer | None, ck: Checkpoint | None,
 
 def planner_summary(planning: Planning) -> dict[str, Any]:
     """The planner's speed, the run's own peak of resident cache rows (its planner's: the
-    oracle's, or the policy's), Bagpipe's peak at --lookahead (which sized the cache when
-    --cache-rows was not given) and the cache's capacity; None without a cache."""
+    oracle's, or the policy's), Bagpipe's peak at --lookahead (the baselines' default
+    capacity) and the cache's capacity (bagpipe's grows to its need, at most an eighth above
+    its peak); None without a cache."""
     p = planning.planner
-    cached = planning.capacity is not None
+    cached = planning.slots is not None
     return {"oracle_ms_per_batch": p.ms_per_batch if p is not None else math.nan,
             "peak_resident_rows": int(p.peak_resident) if cached else None,
-            "bagpipe_peak_rows": planning.peak, "cache_rows": planning.capacity}
+            "bagpipe_peak_rows": planning.bagpipe_peak, "cache_rows": planning.cache_rows}
 
 
 def held_out_classes(s: RunSetup) -> dict[str, Any]:

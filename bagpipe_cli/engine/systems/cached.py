@@ -22,7 +22,8 @@ class CacheSystem(EmbeddingSystem):
     """A trainer cache run by a plan: bagpipe (oracle, prefetched a round ahead, LRPP) or the
     lru/lfu/fae baselines (policy planner, fetched on miss when the iteration starts).
 
-    At the start of round r: write back the round's victims (lru/lfu), get round r's rows
+    At the start of round r: grow the cache if the plan's capacity grew (a growing oracle's),
+    write back the round's victims (lru/lfu), get round r's rows
     (prefetched during round r-1, or fetched now), insert them at the plan's slots, and, with
     prefetch, start fetching round r+1 (the transport does the transfer while the model
     computes). Rows are read and updated by slot; evicted rows are written back
@@ -54,6 +55,8 @@ class CacheSystem(EmbeddingSystem):
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
         t0 = time.perf_counter()
         self.pre_evicted = 0
+        if rp.capacity is not None and rp.capacity > self.cache.capacity:  # a growing plan's
+            self._grow(rp.capacity)
         if len(rp.pre_evict_keys):
             mine = self.trainers.shares(rp.pre_evict_keys)
             with self.tracer.span("evict", "evict", rows=int(mine.sum())):
@@ -78,6 +81,13 @@ class CacheSystem(EmbeddingSystem):
                 self._inflight[next_rp.r] = self.transport.fetch(keys)
                 self._trace_reads(next_rp)
         return waited
+
+    def _grow(self, capacity: int) -> None:
+        with self.tracer.span("grow cache", "insert", rows=capacity):
+            self.cache.grow(capacity)
+            key = np.full(capacity, -1, dtype=np.int64)
+            key[:len(self.slot_key)] = self.slot_key
+            self.slot_key = key
 
     def _trace_reads(self, rp: RoundPlan) -> None:
         """Arrows from round `rp`'s prefetch to each of its iterations that reads rows of it."""
