@@ -18,6 +18,7 @@ from bagpipe_cli.data import DatasetWriter, TableSpec, open_dataset
 from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
+from bagpipe_cli.engine.distributed.layout import check_datasets, dataset_fact
 from bagpipe_cli.engine.feed import key_batches
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
@@ -233,6 +234,31 @@ def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_p
         per_iteration.append(_traffic(s, "oracle")["sent_per_iteration"]["plan"])
     assert per_iteration[1] <= per_iteration[0] * 1.05, per_iteration
     assert per_iteration[1] < 1500  # bytes: a few numbers an iteration
+
+
+def test_every_rank_must_see_the_same_dataset(tiny_dataset, tmp_path):
+    """Every rank reads the dataset itself: a rank that cannot read it, or sees another one at
+    the same path, stops every rank alike, naming it and what to do."""
+    cfg = TrainConfig(data=str(tiny_dataset), trainers=2, servers=1)
+    lay = Layout.of(cfg)
+    good = dataset_fact(str(tiny_dataset))
+    assert set(good) == {"meta_sha256"}
+    facts = [{"host": f"h{r}", "dataset": good} for r in range(lay.world)]
+    check_datasets(cfg, lay, facts)  # all alike: nothing to say
+    facts[3] = {"host": "h3", "dataset": dataset_fact(str(tmp_path / "missing"))}
+    with pytest.raises(ConfigError, match=r"^trainer 1 \(rank 3\) on h3 cannot read the dataset .*"
+                                          r"no such directory; every rank .* shared file system"):
+        check_datasets(cfg, lay, facts)
+    facts[3] = {"host": "h3", "dataset": {"meta_sha256": "0" * 64}}
+    with pytest.raises(ConfigError, match=r"trainer 1 \(rank 3\) on h3 has another dataset .* "
+                                          r"than rank 0 \(its meta.json differs\)"):
+        check_datasets(cfg, lay, facts)
+    # A torchrun rank started where the dataset is missing says so before it joins.
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "train", str(tmp_path / "missing"),
+                        "--transport", "torch", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "no such directory; every rank of a distributed job reads the dataset" in r.stderr
 
 
 def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path):

@@ -20,8 +20,8 @@ from bagpipe_cli.cli.common import (
     warn_stale,
 )
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
-from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
+from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.io import Input, check_output_file, check_writable_dir
 
 
@@ -52,7 +52,12 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
             raise ConfigError(f"--trace {kw['trace']} is a folder; give a file, e.g. trace.json")
     cfg = TrainConfig(data=str(data), **kw)
     _warn_unread(given(kw), cfg.system, cfg.cache_rows)
-    open_dataset(data)  # a DATA that is no dataset is named first
+    try:
+        open_dataset(data)  # a DATA that is no dataset is named first
+    except BagpipeError as e:
+        if cfg.transport == "torch" and cfg.procs is None:  # one rank of a torchrun job
+            raise type(e)(f"{e}; {SHARED_DATA}") from None
+        raise
     _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
     # The engine (torch) is imported once the options and the paths are known to be good.
     from bagpipe_cli.engine import run

@@ -6,15 +6,18 @@ trainers (world size 1 + K + N).
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
-from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.data.format import META_FILE, read_meta
+from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
 from bagpipe_cli.engine.device import cuda_count, pick
-from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.errors import BagpipeError, ConfigError
 
 ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
 
@@ -92,3 +95,27 @@ def trainer_devices(cfg: TrainConfig, layout: Layout, facts: list[dict[str, Any]
             taken[(f["host"], dev)] = who
         out.append(dev)
     return out
+
+
+def dataset_fact(path: str) -> dict[str, str]:
+    """What a rank sees of the dataset at `path`: its meta.json's digest, or why it cannot
+    read it."""
+    try:
+        read_meta(Path(path))
+        return {"meta_sha256": hashlib.sha256((Path(path) / META_FILE).read_bytes()).hexdigest()}
+    except (BagpipeError, OSError) as e:
+        return {"error": str(e)}
+
+
+def check_datasets(cfg: TrainConfig, layout: Layout, facts: list[dict[str, Any]]) -> None:
+    """Every rank reads the dataset itself (the trainers their own samples), so every rank
+    must see the same one at --data's path. From every rank's `dataset_fact` (the same
+    answer on every rank): a ConfigError naming the first rank that does not."""
+    ours = facts[0]["dataset"]
+    for r, f in enumerate(facts):
+        d, who = f["dataset"], f"{layout.name(r)} on {f['host']}"
+        if "error" in d:
+            raise ConfigError(f"{who} cannot read the dataset {cfg.data}: {d['error']}; {SHARED_DATA}")
+        if "error" not in ours and d != ours:
+            raise ConfigError(f"{who} has another dataset at {cfg.data} than rank 0 (its "
+                              f"{META_FILE} differs); {SHARED_DATA}")

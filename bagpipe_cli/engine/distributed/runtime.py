@@ -27,7 +27,14 @@ from bagpipe_cli.engine.device import computing_on, cuda_count
 from bagpipe_cli.engine.distributed.clock import clock_offset
 from bagpipe_cli.engine.distributed.collective import TorchCollective
 from bagpipe_cli.engine.distributed.faults import Faults
-from bagpipe_cli.engine.distributed.layout import ALL_RANKS, Layout, rank_facts, trainer_devices
+from bagpipe_cli.engine.distributed.layout import (
+    ALL_RANKS,
+    Layout,
+    check_datasets,
+    dataset_fact,
+    rank_facts,
+    trainer_devices,
+)
 from bagpipe_cli.engine.distributed.loader import LoaderRank
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
@@ -108,11 +115,13 @@ def _place(cfg: TrainConfig, layout: Layout, rank: int, world: int) -> Placement
 
 def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, faults: Faults,
           progress: ProgressFn | None) -> TrainResult | None:
-    # Every rank learns every trainer's device (and every rank fails alike if one cannot run
-    # as asked) before the trainers' group is made; rank 0 also records every placement.
+    # Every rank learns every trainer's device and what every rank sees of the dataset (and
+    # every rank fails alike if one cannot run as asked) before the trainers' group is made;
+    # rank 0 also records every placement.
     facts: list[Any] = [None] * layout.world
     comm(layout, ALL_RANKS, dist.all_gather_object, facts,
-         {**rank_facts(), "placement": placement.to_json()})
+         {**rank_facts(), "placement": placement.to_json(), "dataset": dataset_fact(cfg.data)})
+    check_datasets(cfg, layout, facts)
     devices = trainer_devices(cfg, layout, facts)
     role, idx = layout.role(rank)
     device = torch.device(devices[idx] if role == "trainer" else "cpu")
