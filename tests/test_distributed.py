@@ -26,6 +26,8 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir
 from bagpipe_cli.launch.processes import free_port
 from bagpipe_cli.models import build_model
+from bagpipe_cli.report.analysis import annotate, traffic_table
+from bagpipe_cli.results import load_runs
 
 pytestmark = pytest.mark.slow  # every test here starts real processes
 
@@ -220,6 +222,13 @@ def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_
         assert server["received"][kind] == sum(t["sent"][kind] for t in trainers), kind
     assert server["sent"]["rows"] == sum(t["received"]["rows"] for t in trainers)
     assert oracle["sent_per_iteration"]["plan"] == oracle["sent"]["plan"] / 8
+    # The report's table of bytes by role reads the same counts: rank 0, the busiest trainer.
+    loaded = load_runs(tmp_path / "bag")
+    table = traffic_table(annotate(loaded.runs), loaded.traffic).set_index("role")
+    assert table.loc["rank 0 (loader + oracle)", "plan_mb"] == pytest.approx(
+        oracle["sent_per_iteration"]["plan"] / 1e6)
+    busiest = max(sum(t["sent_per_iteration"].values()) for t in trainers)
+    assert table.loc["trainer (busiest)", "sent_mb"] == pytest.approx(busiest / 1e6)
 
 
 def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_path):

@@ -35,14 +35,22 @@ from bagpipe_cli.report import plots
 from bagpipe_cli.report.accuracy import display_accuracy
 from bagpipe_cli.report.analysis import (
     BASELINE,
+    TRAFFIC_TEXT,
     annotate,
     context,
     summary_table,
     swept,
     time_breakdown,
+    traffic_table,
 )
 from bagpipe_cli.report.over_time import draw_accuracy, draw_timeline
-from bagpipe_cli.report.page import Block, display_summary, render_html, render_markdown
+from bagpipe_cli.report.page import (
+    Block,
+    display_summary,
+    display_traffic,
+    render_html,
+    render_markdown,
+)
 from bagpipe_cli.results import SkippedRun, is_run, load_runs
 
 FORMATS = ("png", "svg", "html", "md")
@@ -98,6 +106,7 @@ class ReportResult:
     skipped: list[SkippedRun] = field(default_factory=list)  # runs that could not be read
     accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)  # time to target, per group
     overlap: pd.DataFrame = field(default_factory=pd.DataFrame)  # transfers hidden, per group
+    traffic: pd.DataFrame = field(default_factory=pd.DataFrame)  # MB per iteration by role and kind
 
 
 def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict]]:
@@ -184,9 +193,10 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     acc = draw_accuracy(runs, loaded.evals, summary, sub, figures, notes)
     _draw_access_cdf(cfg, runs, figures, notes)
     notes += auc_notes(runs)
-    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped, acc)
+    traffic = traffic_table(runs, loaded.traffic)
+    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped, acc, traffic)
     result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes,
-                          loaded.skipped, acc, overlap)
+                          loaded.skipped, acc, overlap, traffic)
     result.files = _write_report(cfg, result, figures, blocks)
     return result
 
@@ -304,7 +314,8 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
         res.breakdown.to_csv(tmp / "time_breakdown.csv", index=False)
         res.runs.to_csv(tmp / "runs.csv", index=False)
         files += [out / "summary.csv", out / "time_breakdown.csv", out / "runs.csv"]
-        for name, table in (("accuracy.csv", res.accuracy), ("overlap.csv", res.overlap)):
+        for name, table in (("accuracy.csv", res.accuracy), ("overlap.csv", res.overlap),
+                            ("traffic.csv", res.traffic)):
             if len(table):
                 table.to_csv(tmp / name, index=False)
                 files.append(out / name)
@@ -329,7 +340,8 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
 
 def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
           figures: list[_Figure], notes: list[str], sub: str,
-          skipped: list[SkippedRun], accuracy: pd.DataFrame) -> list[Block]:
+          skipped: list[SkippedRun], accuracy: pd.DataFrame,
+          traffic: pd.DataFrame) -> list[Block]:
     benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
     title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
     n_runs = len(runs)
@@ -357,6 +369,9 @@ def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
     if len(accuracy):
         blocks += [Block("h2", "Accuracy and time to target"), Block("p", ACCURACY_TEXT),
                    Block("table", table=display_accuracy(accuracy))]
+    if len(traffic):
+        blocks += [Block("h2", "Bytes per iteration by role"), Block("p", TRAFFIC_TEXT),
+                   Block("table", table=display_traffic(traffic))]
     for name, _, heading, caption in figures:
         blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
     if notes:

@@ -26,6 +26,7 @@ from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import REFERENCE
+from bagpipe_cli.engine.traffic import KINDS
 
 BASELINE = REFERENCE
 TIME_COLUMNS = TIME_KEYS
@@ -227,3 +228,44 @@ def context(runs: pd.DataFrame) -> str:
     if gpu:
         parts.append(f"trainers on {gpu}")
     return " · ".join(p for p in parts if p)
+
+
+_ROLE_GROUPS = (("oracle", "rank 0 (loader + oracle)"), ("trainer", "trainer (busiest)"),
+                ("server", "server (busiest)"))
+TRAFFIC_TEXT = (
+    "Megabytes per iteration each role sent (by kind) and received, from the runs' own "
+    "counts (`summary.json`'s `roles.*.traffic`), for the distributed runs. For the trainers "
+    "and the servers, the busiest rank of the role (the most bytes sent); medians over "
+    "repeats. Kinds: plan (rank 0's plans; trainers pass them down the relay tree), rows "
+    "(fetches and write-backs, with their requests), gradients (pushes to the servers), "
+    "collective (the trainers' sums), control (start-up, checkpoints, evaluations).")
+
+
+def traffic_table(runs: pd.DataFrame, traffic: pd.DataFrame) -> pd.DataFrame:
+    """Per setting, system and role group: MB per iteration the busiest rank sent, by kind,
+    and received (medians over repeats); empty without distributed runs."""
+    if traffic.empty:
+        return pd.DataFrame()
+    t = traffic.merge(runs[["run_path", "setting", "variant", "group"]], on="run_path")
+    t["role_group"] = None
+    for prefix, label in _ROLE_GROUPS:
+        t.loc[t["role"].str.startswith(prefix), "role_group"] = label
+    t = t.dropna(subset=["role_group"])
+    per_rank = t.pivot_table(index=["run_path", "group", "setting", "variant", "role_group", "role"],
+                             columns=["direction", "kind"], values="bytes_per_iteration",
+                             aggfunc="sum", fill_value=0.0) / 1e6
+    sent = per_rank["sent"] if "sent" in per_rank.columns.get_level_values(0) else pd.DataFrame()
+    received = per_rank["received"] if "received" in per_rank.columns.get_level_values(0) else None
+    kinds = [k for k in KINDS if k in sent.columns and sent[k].any()]
+    flat = pd.DataFrame({"sent_mb": sent.sum(axis=1), **{f"{k}_mb": sent[k] for k in kinds},
+                         "received_mb": received.sum(axis=1) if received is not None else 0.0})
+    flat = flat.reset_index()
+    busiest = flat.loc[flat.groupby(["run_path", "role_group"])["sent_mb"].idxmax()]
+    order = {label: i for i, (_, label) in enumerate(_ROLE_GROUPS)}
+    out = (busiest.drop(columns=["run_path", "role"])
+           .groupby(["group", "setting", "variant", "role_group"], sort=False).median()
+           .reset_index())
+    groups = {g: i for i, g in enumerate(runs["group"].drop_duplicates())}  # the runs' order
+    out["_g"], out["_o"] = out["group"].map(groups), out["role_group"].map(order)
+    out = out.sort_values(["_g", "_o"], kind="stable").drop(columns=["group", "_g", "_o"])
+    return out.rename(columns={"variant": "system", "role_group": "role"}).reset_index(drop=True)

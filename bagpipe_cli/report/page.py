@@ -46,6 +46,15 @@ def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def display_traffic(traffic: pd.DataFrame) -> pd.DataFrame:
+    """The bytes-by-role table as strings: MB per iteration, 3 decimals."""
+    out = traffic.copy()
+    names = {c: f"{c.removesuffix('_mb')} MB/it" for c in out.columns if c.endswith("_mb")}
+    for c in names:
+        out[c] = out[c].map(lambda v: _num(v, ".3f"))
+    return out.rename(columns=names)
+
+
 def _md_cell(s: str) -> str:
     return str(s).replace("|", "\\|").replace("\n", " ")
 

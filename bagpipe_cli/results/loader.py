@@ -179,16 +179,36 @@ def eval_rows(run: StoredRun) -> pd.DataFrame | None:
     return e
 
 
+def traffic_rows(run: StoredRun) -> list[dict[str, Any]]:
+    """A distributed run's bytes per iteration, one row per (role, direction, kind), from
+    summary.json's `roles.<role>.traffic` (none for an in-process run, or an older one)."""
+    roles = run.summary.get("roles")
+    out: list[dict[str, Any]] = []
+    for role, figures in (roles.items() if isinstance(roles, dict) else ()):
+        traffic = figures.get("traffic") if isinstance(figures, dict) else None
+        if not isinstance(traffic, dict):
+            continue
+        for direction in ("sent", "received"):
+            per = traffic.get(f"{direction}_per_iteration")
+            for kind, v in (per.items() if isinstance(per, dict) else ()):
+                if isinstance(v, int | float) and not isinstance(v, bool):
+                    out.append({"run_path": str(run.folder), "role": role, "direction": direction,
+                                "kind": kind, "bytes_per_iteration": float(v)})
+    return out
+
+
 @dataclass
 class LoadResult:
     """Every readable run under some paths: one row per run, one per (run, iteration), one
-    per (run, evaluation during training: `evals`, keyed by run_path), and the runs skipped
-    as unreadable."""
+    per (run, evaluation during training: `evals`, keyed by run_path), one per (run, role,
+    direction, kind of bytes: `traffic`, distributed runs), and the runs skipped as
+    unreadable."""
 
     runs: pd.DataFrame
     metrics: pd.DataFrame
     skipped: list[SkippedRun] = field(default_factory=list)
     evals: pd.DataFrame = field(default_factory=pd.DataFrame)
+    traffic: pd.DataFrame = field(default_factory=pd.DataFrame)  # `traffic_rows` of every run
 
 
 def load_runs(*paths: Path) -> LoadResult:
@@ -202,7 +222,8 @@ def load_runs(*paths: Path) -> LoadResult:
     for df in (table, metrics):
         df.attrs["skipped"] = list(skipped)
     return LoadResult(table, metrics, skipped,
-                      pd.concat(evals, ignore_index=True) if evals else pd.DataFrame())
+                      pd.concat(evals, ignore_index=True) if evals else pd.DataFrame(),
+                      pd.DataFrame([t for r in runs for t in traffic_rows(r)]))
 
 
 def load_results(*paths: Path) -> pd.DataFrame:

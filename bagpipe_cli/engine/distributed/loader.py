@@ -30,7 +30,7 @@ from bagpipe_cli.engine.checkpoint import (
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
-from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, send_obj
+from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
 from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.loop import ProgressFn, eval_due
@@ -96,8 +96,9 @@ class LoaderRank:
         finally:
             if self.ckpt is not None:
                 self.ckpt.close()
-        outs = [self._recv(r) for r in lay.trainer_ranks]
-        shards = [self._recv(lay.server_rank(k)) for k in range(lay.servers)]
+        # The results (not counted: their senders count none of them either).
+        outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
+        shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
         wall = time.perf_counter() - t_start - self.end_eval_s
         self.cpu_s = time.process_time() - cpu
         return self._result(planning, prior, outs, shards, wall, ck)

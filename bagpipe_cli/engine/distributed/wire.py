@@ -33,9 +33,10 @@ HEADER = 5  # int64s of a request's header
 # the others are "control".
 OP_KINDS = {OP_FETCH: "rows", OP_WRITEBACK: "rows", OP_GRAD: "gradients"}
 
-# Rank 0 plans the whole run (bagpipe's peak, the baselines' trace) before its first message,
-# which on a large dataset takes longer than --timeout: that one wait is this long. A rank 0
-# that dies meanwhile is noticed at once (its connections close).
+# Before its first message rank 0 may pass over the whole run (the lru/lfu/fae baselines'
+# trace and capacity; bagpipe plans as it goes), which on a large dataset takes longer than
+# --timeout: that one wait is this long. A rank 0 that dies meanwhile is noticed at once (its
+# connections close).
 PLANNING_WAIT_S = 24 * 3600.0
 
 
