@@ -28,6 +28,19 @@ def test_in_process_keeps_cores_for_the_oracle_and_servers():
     assert off.compute == off.helpers == (0, 1)
 
 
+
+def test_in_process_gives_the_feed_the_cores_it_was_measured_to_need():
+    cores = tuple(range(8))
+    shared = plan_in_process("auto", None, cores, feed_need=0.3)  # under half a core: share
+    assert shared.compute == shared.helpers == cores and shared.torch_threads == 8
+    two = plan_in_process("auto", None, cores, feed_need=2.4)
+    assert (two.compute, two.helpers, two.torch_threads) == (tuple(range(6)), (6, 7), 6)
+    most = plan_in_process("auto", None, (0, 1), feed_need=5.0)  # the trainers keep one core
+    assert (most.compute, most.helpers) == ((0,), (1,))
+    gpu = plan_in_process("auto", None, cores, gpu=True, feed_need=0.1)  # a GPU: all but 2
+    assert gpu.compute == (0, 1) and gpu.helpers == tuple(range(2, 8))
+
+
 def test_ranks_share_a_machine():
     roles = ["oracle", "server", "trainer", "trainer"]
     got = [plan_rank("auto", None, roles, r, tuple(range(16))) for r in range(4)]
@@ -50,7 +63,11 @@ def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset):
     (p,) = r.config["layout"]["placement"]
     assert p["policy"] == "auto" and p["role"] == "in-process"
     assert p["pinned"] is True
-    assert tuple(p["compute"]) == plan_in_process("auto", None, before).compute
+    # The feed's measured need decided: on the tiny dataset a small fraction of a core, so
+    # the trainers get every core and the feed shares them.
+    assert 0 < p["feed_need"] < 0.5
+    assert tuple(p["compute"]) == plan_in_process("auto", None, before, feed_need=p["feed_need"]).compute
+    assert tuple(p["compute"]) == before == tuple(p["helpers"])
 
 
 @pytest.mark.slow

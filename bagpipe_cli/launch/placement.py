@@ -4,9 +4,14 @@ oracle/loader and the servers get, so that on one machine the trainer's compute 
 On a cluster the oracle and the servers run on machines of their own; on one machine they
 share the cores with the trainers. With `--placement auto` (the default):
 
-- in-process: the oracle/loader, server and collective threads get `reserved_cores(n)`
-  cores of the n this process may use (1 of 2..9, 2 of 10..17, ...), the main thread and
-  torch's intra-op threads the rest; torch gets as many threads as it has cores;
+- in-process: the oracle/loader, server and collective threads get the cores the feed
+  needs, measured before training (`feed_need`: its seconds to read and index a batch over
+  the trainers' seconds to compute one, rounded; engine/local/runtime.py), and the main
+  thread and torch's intra-op threads the rest; torch gets as many threads as it has cores.
+  A feed that needs less than half a core shares every core with the trainers (on 2 cores a
+  reserved core would halve them). Without a measurement (a GPU, or none asked for) the
+  helpers get `reserved_cores(n)` of the n cores (1 of 2..9, 2 of 10..17, ...); on a GPU
+  all but GPU_TRAINER_CORES;
 - over torch.distributed: the ranks on one machine split its cores: the trainer ranks get
   an equal share each (as many torch threads as cores; at most GPU_TRAINER_CORES for a
   trainer on a GPU, whose CPU only launches kernels), the oracle and server ranks what is
@@ -21,7 +26,7 @@ What was decided, and whether pinning held, is recorded in config.json (`layout.
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 # torch is imported where it is used: the run's options (engine/config.py) read PLACEMENTS
@@ -53,6 +58,7 @@ class Placement:
     helpers: tuple[int, ...]
     torch_threads: int
     pinned: bool = False  # set once the OS accepted the affinity
+    feed_need: float | None = None  # cores the feed was measured to need (None: not measured)
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -61,9 +67,10 @@ class Placement:
 
 
 def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
-                    gpu: bool = False) -> Placement:
+                    gpu: bool = False, feed_need: float | None = None) -> Placement:
     """The placement of an in-process run on `cores` (`gpu`: the trainers compute on a GPU,
-    so the helpers get all but GPU_TRAINER_CORES of them)."""
+    so the helpers get all but GPU_TRAINER_CORES of them; `feed_need`: the cores the feed
+    was measured to need, which the helpers get, rounded, at most all but one)."""
     if policy == "off":
         import torch
 
@@ -71,8 +78,11 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
     r = reserved_cores(len(cores))
     if gpu and len(cores) > GPU_TRAINER_CORES:
         r = len(cores) - GPU_TRAINER_CORES
+    elif not gpu and feed_need is not None:
+        r = min(len(cores) - 1, int(feed_need + 0.5))
     compute, helpers = (cores[:-r], cores[-r:]) if r else (cores, cores)
-    return Placement(policy, "in-process", compute, helpers, threads or len(compute))
+    return Placement(policy, "in-process", compute, helpers, threads or len(compute),
+                     feed_need=feed_need)
 
 
 def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,
@@ -127,7 +137,7 @@ class Pinned:
         self._saved = available_cores()
         pinned = p.policy != "off" and pin(p.compute)
         torch.set_num_threads(p.torch_threads)
-        self.placement = Placement(p.policy, p.role, p.compute, p.helpers, p.torch_threads, pinned)
+        self.placement = replace(p, pinned=pinned)
         return self.placement
 
     def __exit__(self, *exc: object) -> None:

@@ -23,13 +23,14 @@ from typing import Any
 
 import pandas as pd
 import torch
+import torch.nn.functional as F
 
 from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
 from bagpipe_cli.engine.evaluation import eval_point
-from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
+from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.loader import LoaderFeed
 from bagpipe_cli.engine.local.transport import InProcessTransport
@@ -56,19 +57,60 @@ from bagpipe_cli.engine.trace import (
 )
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
+from bagpipe_cli.models import build_model
+
+STEP_SAMPLES = 128  # the trainers' step is timed on this many samples (`feed_need`)
 
 
 def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
     """Run `cfg` in this process and return its metrics, summary and final parameters."""
     device = pick(cfg.device, cuda_count())
-    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, available_cores(), device != "cpu"))
-    with pinned as placement, computing_on(device, not cfg.nondeterministic) as dev:
-        return _train(cfg, pinned, placement, dev, progress)
-
-
-def _train(cfg: TrainConfig, pinned: Pinned, placement: Placement, device: torch.device,
-           progress: ProgressFn | None) -> TrainResult:
     s = prepare(cfg)
+    cores = available_cores()
+    need = feed_need(s, len(cores)) if cfg.placement == "auto" and device == "cpu" else None
+    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, cores, device != "cpu", need))
+    with pinned as placement, computing_on(device, not cfg.nondeterministic) as dev:
+        return _train(s, pinned, placement, dev, progress)
+
+
+def feed_need(s: RunSetup, cores: int) -> float | None:
+    """The cores the feed needs to keep up with the trainers on `cores` CPU cores: its seconds
+    to read and index a batch (one thread; the faster of the run's last two batches) over the
+    trainers' seconds to compute one (a forward and backward of the dense model, torch on
+    every core, timed on up to STEP_SAMPLES samples and scaled to the global batch). None on
+    one core (nothing to split)."""
+    if cores < 2:
+        return None
+    cfg = s.cfg
+    stream = batch_stream(s.ds, cfg, s.train_rows, s.offsets, max(0, cfg.iterations - 2))
+    read, batch = float("inf"), None
+    while True:  # the first read also sets up the reader's key tables: the second is timed
+        t = time.perf_counter()
+        got = next(stream, None)
+        if got is None:
+            break
+        read, batch = min(read, time.perf_counter() - t), got
+    n = min(len(batch.labels), STEP_SAMPLES)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cores)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            model = build_model(s.mcfg)
+            dense, labels = torch.from_numpy(batch.dense[:n]), torch.from_numpy(batch.labels[:n])
+            emb = torch.randn(n, s.ds.meta.num_tables, s.row_dim)
+            for k in (1, n):  # a warm-up on one sample, then the timed step
+                t = time.perf_counter()
+                e = emb[:k].clone().requires_grad_()
+                F.binary_cross_entropy_with_logits(model(dense[:k], e), labels[:k]).backward()
+            step = (time.perf_counter() - t) * len(batch.labels) / n
+    finally:
+        torch.set_num_threads(threads)
+    return read / step
+
+
+def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.device,
+           progress: ProgressFn | None) -> TrainResult:
+    cfg = s.cfg
     ck = open_resume(s)
     start = ck.iteration if ck else 0
     model, dense_opt = build_dense(cfg, s.mcfg, device)
