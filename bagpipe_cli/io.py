@@ -4,8 +4,8 @@ Everything is written to a temporary sibling (`.NAME.tmp-*`) and renamed into pl
 crash, an error, Ctrl-C, SIGTERM or SIGHUP never leaves a half-written dataset, result or
 file. While a process writes a temporary it holds an flock on it; the kernel drops the lock
 when the process dies, however it dies, so a temporary nobody holds is a leftover of a run
-that was killed (`stale_temporaries`). An `--out` that is, holds or lies inside one of the
-command's inputs is refused before any work (`check_output_dir`).
+that was killed (`stale_temporaries`). What may be written at all is one rule's
+(`outputs.check_output`), checked before any work.
 """
 
 from __future__ import annotations
@@ -18,116 +18,16 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.outputs import _real, check_output_dir, special
 
 STARTED = time.time()  # about when this process started (the CLI imports io before any work)
 
-
-@dataclass(frozen=True)
-class Input:
-    """A path a command reads, which its output must never replace."""
-
-    option: str  # how the user named it: "DATA", "INPUTS", "--vocab-from", ...
-    path: Path
-    may_hold_out: bool = False  # the output may lie inside it (a report inside its bench folder)
-
-
-def _real(p: Path) -> Path:
-    """`p` absolute, with symlinks and `..` resolved (as far as it exists)."""
-    return Path(os.path.realpath(Path(p).expanduser()))
-
-
-def check_not_input(out: Path, inputs: Iterable[Input], option: str = "--out") -> None:
-    """Refuse an output that is, holds or lies inside one of `inputs`: writing it would
-    replace or alter what the command reads."""
-    o = _real(out)
-    for inp in inputs:
-        i = _real(inp.path)
-        if o == i:
-            how = "is"
-        elif o in i.parents:
-            how = "holds"
-        elif i in o.parents and not inp.may_hold_out:
-            how = "lies inside"
-        else:
-            continue
-        raise ConfigError(f"{option} {out} {how} the input {inp.option} {inp.path}; writing it "
-                          "would replace or alter that input: choose a path outside it")
-
-
-def check_output_dir(out: Path, overwrite: bool, option: str = "--out",
-                     inputs: Iterable[Input] = ()) -> None:
-    """Refuse, before any work, an output directory that is or touches an input (with or
-    without `overwrite`), an existing non-empty one unless `overwrite`, and one whose parent
-    cannot be made or written. Nothing is touched but a missing parent, which is made."""
-    out = Path(out)
-    o = _real(out)
-    try:
-        cwd = _real(Path.cwd())
-    except OSError:  # the working directory was removed: it cannot be the output
-        cwd = None
-    if cwd is not None and (o == cwd or o in cwd.parents):
-        what = ("the working directory" if o == cwd
-                else f"a folder above the working directory {cwd}")
-        raise ConfigError(f"{option} {out} is {what}, which the output would replace: choose a "
-                          "new folder for it")
-    check_not_input(out, inputs, option)
-    if out.exists() and not out.is_dir():
-        raise ConfigError(f"{option} {out} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise ConfigError(f"{option} {out} exists and is not empty; pass --overwrite to replace it")
-    _check_parent(out, option)
-
-
-def check_output_file(path: Path, option: str, inputs: Iterable[Input] = ()) -> None:
-    """Refuse, before any work, a file to write that is a directory, that is or touches an
-    input, or whose folder cannot be made or written (the error names `path`)."""
-    path = Path(path)
-    if path.is_dir():
-        raise ConfigError(f"{option} {path} is a directory; give a file name")
-    check_not_input(path, inputs, option)
-    _check_parent(path, option)
-
-
-def check_writable_dir(path: Path, option: str, inputs: Iterable[Input] = ()) -> None:
-    """A folder a run writes into, keeping what is there (checkpoints): it is not an input
-    or a file, and it can be made and written."""
-    path = Path(path)
-    check_not_input(path, inputs, option)
-    if path.exists() and not path.is_dir():
-        raise ConfigError(f"{option} {path} exists and is not a directory")
-    if path.is_dir():
-        _probe(path, path, option)
-    else:
-        _check_parent(path, option)
-
-
-def _check_parent(out: Path, option: str) -> None:
-    parent = _real(out).parent
-    if not parent.exists():
-        # Creating missing parents is what a user expects of `--out a/b/c`.
-        try:
-            parent.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise ConfigError(f"{option} {out}: cannot create its folder {parent}: "
-                              f"{e.strerror or e}") from None
-    if not parent.is_dir():
-        raise ConfigError(f"{option} {out}: {parent} is not a directory")
-    _probe(parent, out, option)
-
-
-def _probe(folder: Path, out: Path, option: str) -> None:
-    """Make and remove a folder in `folder`: what the write will do (access() says yes to root
-    where the file system still says no, as in /proc or on a read-only mount)."""
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=f".{Path(out).name}.probe-", dir=folder))
-    except OSError as e:
-        raise ConfigError(f"{option} {out}: cannot write in {folder}: {e.strerror or e}") from None
 
 
 def _lock(path: Path) -> int:
@@ -202,6 +102,9 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
     """Open a temporary file next to `path` for writing; rename it over `path` on success.
     An error names `path`, never the temporary file."""
     path = Path(path)
+    what = special(path)
+    if what is not None:  # (the commands refuse it before any work: `check_output`)
+        raise ConfigError(f"{path} is {what}, which bagpipe never replaces")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
@@ -222,6 +125,45 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+class _Recording:
+    """A binary file whose first failed write is kept (torch's writer turns it into an
+    unhelpful RuntimeError)."""
+
+    def __init__(self, f: Any):
+        self.f, self.error = f, None
+
+    def write(self, b: Any) -> int:
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = self.error or e
+            raise
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def torch_save(obj: Any, target: Path | Any) -> None:
+    """`torch.save` into a file (a path, or an open binary file); a write that fails (a full
+    disk, a quota, an I/O error) raises the OSError that failed it, naming the file, rather
+    than torch's "[enforce fail at inline_container.cc...]"."""
+    import torch
+
+    if isinstance(target, str | Path):
+        with open(target, "wb") as f:
+            torch_save(obj, f)
+        return
+    rec = _Recording(target)
+    try:
+        torch.save(obj, rec)
+    except RuntimeError:
+        if rec.error is None:
+            raise
+        e = rec.error
+        name = getattr(target, "name", None)  # (an int: a file opened from a descriptor)
+        raise OSError(e.errno, e.strerror, name if isinstance(name, str) else None) from None
 
 
 NEWER = "made since this run started"

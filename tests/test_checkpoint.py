@@ -146,7 +146,8 @@ def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, syst
     assert r.returncode == 0, r.stderr[-2000:]
     assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["ckpt-00000012", "ckpt-00000006"]
     _keep_up_to(tmp_path / "ck", 6)
-    r = subprocess.run(argv + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "ck")],
+    r = subprocess.run(argv + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "ck"),
+                            "--overwrite"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr[-2000:]
     ref = train(TrainConfig(data=str(tiny_dataset), system=system, **kw))

@@ -114,7 +114,9 @@ def test_a_report_inside_its_bench_folder_is_fine(world, tmp_path):
     shutil.copytree(world / "bench", bench)
     r = invoke(["report", bench, "--out", bench / "report", "--format", "md"])
     assert r.exit_code == 0, r.output
-    r = invoke(["report", bench, "--format", "md"])  # the default: <RESULTS>/report, replaced
+    r = invoke(["report", bench, "--format", "md"])  # the default: <RESULTS>/report, kept ...
+    assert r.exit_code == 2 and "pass --overwrite" in r.output
+    r = invoke(["report", bench, "--format", "md", "--overwrite"])  # ... or replaced
     assert r.exit_code == 0, r.output
 
 
@@ -201,6 +203,7 @@ def test_a_failed_model_write_is_an_error_naming_the_users_path(world, tmp_path,
     monkeypatch.setattr(torch, "save", full)
     model = tmp_path / "m.pt"
     r = invoke(["train", world / "ds", *SMALL, "--out", tmp_path / "run", "--save-model", model])
-    line = one_error(r, str(model), "No space left on device", code=1)
-    assert line.startswith(f"Error: {model}")
+    line = one_error(r, str(model), "No space left on device (the disk is full)", code=2)
+    assert line.startswith(f"Error: --save-model {model}")
     assert not [p for p in tmp_path.iterdir() if ".tmp-" in p.name]
+    assert not (tmp_path / "run").exists()  # the run folder, written last, is not either

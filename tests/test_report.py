@@ -99,8 +99,12 @@ def test_report_cli_default_out_and_rerun(tmp_path):
     assert r.exit_code == 0, r.output
     assert (res / "report" / "report.md").is_file() and not (res / "report" / "report.html").exists()
     assert "report.md" in r.output
-    # Reports are derived: an earlier report is replaced, and it is not read as results.
+    # An earlier report follows the rule of every output: kept without --overwrite ...
     r = CliRunner().invoke(cli, ["report", str(res), "--format", "html"])
+    assert r.exit_code == 2 and "exists and is not empty; pass --overwrite" in r.output
+    assert (res / "report" / "report.md").is_file()
+    # ... replaced with it, and not read as results.
+    r = CliRunner().invoke(cli, ["report", str(res), "--format", "html", "--overwrite"])
     assert r.exit_code == 0, r.output
     assert (res / "report" / "report.html").is_file() and not (res / "report" / "report.md").exists()
 

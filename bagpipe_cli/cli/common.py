@@ -23,7 +23,8 @@ from rich.progress import (
 
 from bagpipe_cli import signals
 from bagpipe_cli.errors import BagpipeError
-from bagpipe_cli.io import Input, check_output_dir, stale_temporaries
+from bagpipe_cli.io import stale_temporaries
+from bagpipe_cli.outputs import CAUSES, FILE, Input, Output, check_output, os_error_words
 
 
 def _console(stderr: bool = False) -> Console:
@@ -56,8 +57,7 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except BagpipeError as e:
             raise OneLineError(str(e), e.exit_code) from None
         except OSError as e:
-            where = f"{e.filename}: " if e.filename else ""
-            raise OneLineError(f"{where}{e.strerror or e}", 1) from None
+            raise OneLineError(_os_error(e), 2 if e.errno in CAUSES else 1) from None
         except MemoryError:
             raise OneLineError("out of memory; use a smaller --batch-size or dataset", 1) from None
         except KeyboardInterrupt as e:
@@ -65,6 +65,22 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
                                "written are kept)", signals.exit_code(e)) from None
 
     return wrapper
+
+
+def _os_error(e: OSError) -> str:
+    """A failed read or write in one line: the option whose path it was (an output of the
+    command's), the path and the cause."""
+    name = str(e.filename) if e.filename else ""
+    option = ""
+    ctx = click.get_current_context(silent=True)
+    for param in ctx.command.params if ctx is not None and name else ():
+        value = ctx.params.get(param.name)
+        if isinstance(param.type, OutputPath) and value is not None:
+            root = os.path.abspath(value)
+            if os.path.abspath(name) == root or os.path.abspath(name).startswith(root + os.sep):
+                option = f"{param.opts[0]} "
+                break
+    return f"{option}{name + ': ' if name else ''}{os_error_words(e)}"
 
 
 class SectionOption(click.Option):
@@ -76,13 +92,49 @@ class SectionOption(click.Option):
         self.section = section
 
 
-def check_out(out: Path, overwrite: bool, inputs: list[Input] | tuple[Input, ...] = (),
-              option: str = "--out") -> None:
-    """Before any work: refuse an output that would replace or alter an input, the working
-    directory, or an existing output without --overwrite (`io.check_output_dir`); name the
-    temporaries that earlier killed runs left next to it, removing those that are safe to."""
-    check_output_dir(out, overwrite, option, inputs)
-    warn_stale(out)
+class OutputPath(click.Path):
+    """The type of every option or argument naming a path a command writes: what it makes
+    (`outputs.Output.makes`: FILE, a kind of folder, CHECKPOINTS). `check_outputs` applies the one
+    rule (`outputs.check_output`) to every parameter of this type."""
+
+    def __init__(self, makes: str, path_type: type = Path):
+        super().__init__(path_type=path_type)
+        self.makes = makes
+
+
+class InputPath(click.Path):
+    """The type of every option or argument naming a path a command reads."""
+
+    def __init__(self, path_type: type = Path) -> None:
+        super().__init__(path_type=path_type)
+
+
+def check_outputs(inputs: list[Input] | tuple[Input, ...] = (), grow: bool = False,
+                  skip: tuple[str, ...] = (), **derived: Path | None) -> None:
+    """Before any work: every path the current command writes, by the one rule
+    (`outputs.check_output`): its OutputPath parameters as given (a default the command derives
+    is passed as `derived`, by parameter name), with its --overwrite, against `inputs`
+    (and each output against the others); `skip`: parameters this run does not write. Names
+    the temporaries earlier killed runs left next to them, removing those that are safe to."""
+    ctx = click.get_current_context()
+    overwrite = bool(ctx.params.get("overwrite"))
+    names = {p.name for p in ctx.command.params}
+    fix = ("pass --overwrite to replace it" if "overwrite" in names
+           else "pass --resume to continue it, or choose a new folder" if "resume" in names
+           else "choose a new path")
+    outs = []
+    for param in ctx.command.params:
+        if isinstance(param.type, OutputPath) and param.name not in skip:
+            value = derived.get(param.name) or ctx.params.get(param.name)
+            if value is not None:
+                outs.append(Output(param.opts[0] if param.opts[0].startswith("-") else param.name.upper(),
+                                   Path(value), param.type.makes))
+    for out in outs:
+        # A file may lie inside the run's folder (a trace next to its run); folders not.
+        others = [Input(o.option, o.path, may_hold_out=out.makes == FILE)
+                  for o in outs if o is not out and o.makes != FILE]
+        check_output(out, overwrite, [*inputs, *others], grow=grow, fix=fix)
+        warn_stale(out.path)
 
 
 def warn_stale(out: Path) -> None:
@@ -107,17 +159,20 @@ def list_option(value: str | None, cast: Callable[[str], Any], option: str) -> l
                                  param_hint=option) from None
 
 
-def out_option(required: bool = True, help: str = "Output directory (written atomically).") -> Callable:
-    return click.option("--out", "out", type=click.Path(path_type=Path), required=required, help=help,
+def out_option(makes: str, required: bool = True,
+               help: str = "Output directory (written atomically).") -> Callable:
+    """--out: the folder a command makes (`makes`: its kind, outputs.FOLDER_MARKS)."""
+    return click.option("--out", "out", type=OutputPath(makes), required=required, help=help,
                         cls=SectionOption, section="output")
 
 
 overwrite_option = click.option(
-    "--overwrite", is_flag=True, help="Replace an existing non-empty output directory.",
+    "--overwrite", is_flag=True, help="Replace existing outputs (a non-empty --out folder, an "
+    "existing output file); links, devices and bagpipe folders of another kind never are.",
     cls=SectionOption, section="output",
 )
 
-data_argument = click.argument("data", type=click.Path(path_type=Path))
+data_argument = click.argument("data", type=InputPath())
 
 
 @contextlib.contextmanager

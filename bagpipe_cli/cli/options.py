@@ -11,7 +11,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from bagpipe_cli.cli.common import SectionOption
+from bagpipe_cli.cli.common import InputPath, OutputPath, SectionOption
 from bagpipe_cli.engine.config import SECTIONS, field_option
 
 _TYPES = {int: int, float: float, str: str}
@@ -56,7 +56,9 @@ def _unwrap_optional(hint: Any) -> Any:
     return next(a for a in args if a is not type(None)) if type(None) in args else hint
 
 
-def _click_type(hint: Any, choices: tuple[str, ...] | None) -> Any:
+def _click_type(hint: Any, choices: tuple[str, ...] | None, path: str | None = None) -> Any:
+    if path is not None:  # a path the command reads or writes (`setting(path=...)`)
+        return InputPath(str) if path == "input" else OutputPath(path, str)
     return click.Choice(choices) if choices else _TYPES[_unwrap_optional(hint)]
 
 
@@ -77,7 +79,8 @@ def config_options(cls: type) -> Callable[[Callable], Callable]:
                 option = click.option(field_option(f), f.name, is_flag=True, default=default, **common)
             elif typing.get_origin(hint) is tuple and f.metadata.get("multiple"):
                 option = click.option(field_option(f), f.name, multiple=True,
-                                      type=_TYPES[typing.get_args(hint)[0]], **common)
+                                      type=_click_type(typing.get_args(hint)[0], None,
+                                                       f.metadata.get("path")), **common)
             elif typing.get_origin(hint) is tuple:
                 shown = None if default is None else ",".join(map(str, default))
                 option = click.option(field_option(f), f.name, default=shown,
@@ -85,7 +88,8 @@ def config_options(cls: type) -> Callable[[Callable], Callable]:
                                       callback=_items(typing.get_args(hint)[0]), **common)
             else:
                 option = click.option(field_option(f), f.name,
-                                      type=_click_type(hints[f.name], f.metadata["choices"]),
+                                      type=_click_type(hints[f.name], f.metadata["choices"],
+                                                       f.metadata.get("path")),
                                       default=default, show_default=default not in (None, ""), **common)
             fn = option(fn)
         return fn

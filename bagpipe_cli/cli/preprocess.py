@@ -10,7 +10,8 @@ import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
-    check_out,
+    InputPath,
+    check_outputs,
     console,
     format_si,
     list_option,
@@ -19,7 +20,7 @@ from bagpipe_cli.cli.common import (
     progress_bar,
     translate_errors,
 )
-from bagpipe_cli.io import Input
+from bagpipe_cli.outputs import Input
 
 if TYPE_CHECKING:
     from bagpipe_cli.data.preprocess import PreprocessResult
@@ -30,13 +31,13 @@ _PHASES = {"read": "read + count", "write": "write ids", "encode": "read + encod
 def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Options every input format shares."""
     decorators = [
-        out_option(),
+        out_option("dataset"),
         click.option("--min-count", type=int, default=1, show_default=True,
                      help="Values seen fewer than K times map to id 0 (missing/rare)."),
         click.option("--max-rows-per-table", type=int, default=None,
                      help="Hash values into R ids (1..R-1, 0 = missing) instead of building a "
                           "vocabulary; one pass (like DLRM's --max-ind-range)."),
-        click.option("--vocab-from", type=click.Path(path_type=Path), default=None,
+        click.option("--vocab-from", type=InputPath(), default=None,
                      help="Encode with the vocabularies of this preprocessed dataset (e.g. a test "
                           "split with the training mapping); unknown values -> 0."),
         click.option("--on-bad-line", type=click.Choice(["error", "skip"]), default="error",
@@ -60,8 +61,8 @@ def _run(fmt: str, inputs: tuple[Path, ...], out: Path, overwrite: bool, block_m
     from bagpipe_cli.data.preprocess import preprocess as run_preprocess
 
     cfg = PreprocessConfig(format=fmt, inputs=inputs, block_size=block_mb * 2**20, **kwargs)
-    check_out(out, overwrite, [Input("INPUTS", p) for p in inputs]
-              + ([Input("--vocab-from", kwargs["vocab_from"])] if kwargs.get("vocab_from") else []))
+    check_outputs([Input("INPUTS", p) for p in inputs]
+                  + ([Input("--vocab-from", kwargs["vocab_from"])] if kwargs.get("vocab_from") else []))
 
     def progress(phase: str, total: int | None):
         return progress_bar(_PHASES.get(phase, phase), total, unit="rows")
@@ -117,7 +118,7 @@ def preprocess() -> None:
 
 @preprocess.command(epilog="Example: bagpipe preprocess criteo day_0.gz day_1.gz --out data/tb "
                            "--max-rows-per-table 10000000")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=InputPath())
 @click.option("--no-label", is_flag=True,
               help="The files have no label column (Kaggle's test.txt).")
 @_common_options
@@ -132,7 +133,7 @@ def criteo(inputs: tuple[Path, ...], out: Path, overwrite: bool, no_label: bool,
 
 
 @preprocess.command(epilog="Example: bagpipe preprocess avazu train.gz --out data/avazu --min-count 5")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=InputPath())
 @click.option("--hour", type=click.Choice(["split", "keep"]), default="split", show_default=True,
               help="split: YYMMDDHH -> hour_of_day and day_of_week tables; keep: one raw `hour` table.")
 @_common_options
@@ -144,7 +145,7 @@ def avazu(inputs: tuple[Path, ...], out: Path, overwrite: bool, **kw: Any) -> No
 
 @preprocess.command(epilog="Example: bagpipe preprocess csv clicks.parquet --out data/mine --label "
                            "clicked --categorical user,item,shop --dense price,age")
-@click.argument("inputs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.argument("inputs", nargs=-1, required=True, type=InputPath())
 @click.option("--label", required=True, help="Label column (values 0 or 1).")
 @click.option("--categorical", required=True, help="Comma-separated categorical columns.")
 @click.option("--dense", default=None, help="Comma-separated numeric columns.")

@@ -17,7 +17,7 @@ from rich.progress import (
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
-    check_out,
+    check_outputs,
     console,
     data_argument,
     err_console,
@@ -26,7 +26,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.io import Input
+from bagpipe_cli.outputs import Input
 from bagpipe_cli.policies.table import POLICIES
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ def _int(v: str) -> int:
               help="Policies to simulate, comma-separated.")
 @click.option("--dim", type=int, default=64, show_default=True,
               help="Embedding dimension, for the fp32 bytes fetched.")
-@out_option(required=False, help="Output directory, written atomically "
+@out_option("profile", required=False, help="Output directory, written atomically "
                                  "[default: results/profile-<dataset directory name>].")
 @overwrite_option
 @translate_errors
@@ -78,7 +78,7 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     )
     out = out or Path("results") / f"profile-{Path(data).resolve().name}"
     open_dataset(data)  # a DATA that is no dataset is named first
-    check_out(out, overwrite, [Input("DATA", data)])  # fail before minutes of work, not after
+    check_outputs([Input("DATA", data)], out=out)  # fail before minutes of work, not after
     with _Stages() as progress:
         result = run_profile(cfg, progress)
     write_profile(result, out, overwrite)

@@ -9,8 +9,15 @@ from typing import TYPE_CHECKING
 import click
 from rich.table import Table
 
-from bagpipe_cli.cli.common import console, overwrite_option, translate_errors, warn_stale
-from bagpipe_cli.io import Input, check_not_input
+from bagpipe_cli.cli.common import (
+    InputPath,
+    OutputPath,
+    check_outputs,
+    console,
+    overwrite_option,
+    translate_errors,
+)
+from bagpipe_cli.outputs import Input
 
 if TYPE_CHECKING:
     from bagpipe_cli.results import SkippedRun
@@ -24,9 +31,10 @@ RESULT_FILES = ("summary.json", "bench.json", "meta.json", "profile.json")
 Examples:
   bagpipe report results/bench-quick-20250101-120000
   bagpipe report results/paper results/sync-run --out results/paper-report --format png,svg,html,md""")
-@click.argument("results", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="Report folder [default: <first RESULTS>/report]; an earlier report there is replaced.")
+@click.argument("results", nargs=-1, required=True, type=InputPath())
+@click.option("--out", type=OutputPath("report"), default=None,
+              help="Report folder [default: <first RESULTS>/report]; an earlier report there is "
+                   "replaced with --overwrite.")
 @click.option("--format", "formats", default="png,html,md", show_default=True,
               help="Comma-separated outputs: png, svg (figures), html, md (pages).")
 @overwrite_option
@@ -42,10 +50,11 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
     """
     from bagpipe_cli.report import ReportConfig, build_report
+    from bagpipe_cli.results import find_runs
 
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
-    check_not_input(cfg.out_dir, _inputs(cfg.results, cfg.out_dir))
-    warn_stale(cfg.out_dir)
+    find_runs(*cfg.results)  # a RESULTS that is not there is named before --out is made
+    check_outputs(_inputs(cfg.results, cfg.out_dir), out=cfg.out_dir)
     res = build_report(cfg)
     warn_skipped(res.skipped)
     s = res.summary

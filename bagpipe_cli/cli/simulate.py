@@ -8,8 +8,9 @@ import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    InputPath,
     SectionOption,
-    check_out,
+    check_outputs,
     console,
     err_console,
     out_option,
@@ -19,7 +20,8 @@ from bagpipe_cli.cli.common import (
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.cli.report import warn_skipped
 from bagpipe_cli.engine.registry import role
-from bagpipe_cli.io import Input, atomic_dir
+from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.outputs import Input
 from bagpipe_cli.simulate.cluster import SimulateConfig, load_cluster
 
 EPILOG = """\b
@@ -33,16 +35,17 @@ Examples:
 
 
 @click.command(cls=SectionedCommand, epilog=EPILOG)
-@click.argument("source", required=False, type=click.Path(path_type=Path))
-@click.option("--cluster", "cluster_file", type=click.Path(path_type=Path), cls=SectionOption,
+@click.argument("source", required=False, type=InputPath())
+@click.option("--cluster", "cluster_file", type=InputPath(), cls=SectionOption,
               section="cluster and network",
               help="Cluster/scenario YAML file of these settings (see benchmarks/paper-scenario.yaml); "
                    "options given here override it.")
-@click.option("--validate", "validate_paths", multiple=True, type=click.Path(path_type=Path),
+@click.option("--validate", "validate_paths", multiple=True, type=InputPath(),
               help="Instead of predicting: compare the model with every run under RESULTS "
                    "(run or bench folders; repeatable).")
 @config_options(SimulateConfig)
-@out_option(required=False, help="Write simulate.json, CSVs and plots here (atomically).")
+@out_option("simulation", required=False,
+            help="Write simulate.json, CSVs and plots here (atomically).")
 @overwrite_option
 @translate_errors
 def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tuple[Path, ...],
@@ -63,8 +66,7 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
         _validate(validate_paths, out, overwrite)
         return
     cf = load_cluster(cluster_file) if cluster_file else None
-    if out is not None:
-        check_out(out, overwrite, _inputs(source, cluster_file, cf, options))
+    check_outputs(_inputs(source, cluster_file, cf, options))
     from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
 
     cfg = build_config(str(source) if source else None, cf, lambda m: err_console.print(m), **options)
@@ -144,8 +146,7 @@ def _print_result(result) -> None:
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
     from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
 
-    if out is not None:
-        check_out(out, overwrite, [Input("--validate", p) for p in paths])
+    check_outputs([Input("--validate", p) for p in paths])
     with err_console.status("validating") as status:
         result = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
     warn_skipped(result.skipped)

@@ -9,7 +9,7 @@ import click
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
-    check_out,
+    check_outputs,
     console,
     out_option,
     overwrite_option,
@@ -22,7 +22,7 @@ from bagpipe_cli.data.synth import PRESETS, SynthConfig, generate
 @click.command(
     epilog="Example: bagpipe synth --out data/tiny --preset tiny --rows 50000 --seed 1"
 )
-@out_option()
+@out_option("dataset")
 @click.option("--preset", type=click.Choice(list(PRESETS)), default="criteo-kaggle", show_default=True,
               help="Table layout: " + "; ".join(f"{k}: {p.description}" for k, p in PRESETS.items()))
 @click.option("--rows", type=int, default=None, help="Number of samples [default: the preset's].")
@@ -43,7 +43,7 @@ def synth(out: Path, overwrite: bool, **kwargs) -> None:
     trained on it reach an AUC well above 0.5.
     """
     cfg = SynthConfig(**kwargs)
-    check_out(out, overwrite)
+    check_outputs()
     t0 = time.perf_counter()
     with progress_bar("synth", cfg.num_rows) as advance:
         meta = generate(cfg, out, overwrite=overwrite, progress=advance)

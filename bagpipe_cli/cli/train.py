@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
 from pathlib import Path
 
 import click
@@ -9,30 +11,31 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    OutputPath,
     SectionOption,
-    check_out,
+    check_outputs,
     console,
     data_argument,
     err_console,
     out_option,
     overwrite_option,
     translate_errors,
-    warn_stale,
 )
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
-from bagpipe_cli.errors import BagpipeError, ConfigError
-from bagpipe_cli.io import Input, check_output_file, check_writable_dir
+from bagpipe_cli.errors import BagpipeError
+from bagpipe_cli.outputs import FILE, Input
 
 
 @click.command(cls=SectionedCommand, epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
                       "--batch-size 1024 --iterations 200 --lookahead 16 --out results/run1")
 @data_argument
 @config_options(TrainConfig)
-@out_option()
+@out_option("run")
 @overwrite_option
-@click.option("--save-model", type=click.Path(path_type=Path), default=None, cls=SectionOption,
-              section="output", help="Write the dense state_dict and every full embedding table here (torch.save).")
+@click.option("--save-model", type=OutputPath(FILE), default=None, cls=SectionOption,
+              section="output", help="Write the dense state_dict and every full embedding table "
+                                     "here (torch.save; an existing file only with --overwrite).")
 @translate_errors
 def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw) -> None:
     """Train one system on DATA and write config.json, metrics.csv and summary.json to --out.
@@ -46,10 +49,9 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         kw["transport"] = "torch"  # the spawned ranks run with --transport torch
     if kw["checkpoint_every"] and kw["checkpoint_dir"] is None:
         kw["checkpoint_dir"] = str(out.with_name(out.name + ".ckpt"))
-    if kw["trace"] is not None:  # absolute: the report finds it from config.json
-        kw["trace"] = str(Path(kw["trace"]).resolve())
-        if Path(kw["trace"]).is_dir():
-            raise ConfigError(f"--trace {kw['trace']} is a folder; give a file, e.g. trace.json")
+    trace = kw["trace"]
+    if trace is not None:  # absolute: the report finds it from config.json
+        kw["trace"] = os.path.abspath(trace)
     cfg = TrainConfig(data=str(data), **kw)
     _warn_unread(given(kw), cfg.system, cfg.cache_rows)
     try:
@@ -58,11 +60,9 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         if cfg.transport == "torch" and cfg.procs is None:  # one rank of a torchrun job
             raise type(e)(f"{e}; {SHARED_DATA}") from None
         raise
-    _check_outputs(cfg, out, overwrite, save_model)  # fail before training, not after
+    _check_outputs(cfg)  # fail before training, not after
     # The engine (torch) is imported once the options and the paths are known to be good.
     from bagpipe_cli.engine import run
-    from bagpipe_cli.engine import save_model as write_model
-    from bagpipe_cli.results import write_run, write_trace
 
     if cfg.resume is not None and (cfg.transport == "inproc" or cfg.procs is not None):
         _check_resume(cfg)
@@ -81,15 +81,40 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
         result = run(cfg, progress=on_iter)
     if result is None:  # a non-zero rank of a torch.distributed job: rank 0 writes the run
         return
-    write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
-              trainer_metrics=result.trainer_metrics, evals=result.evals)
-    if result.trace is not None:
-        write_trace(Path(cfg.trace), result.trace)
-    if save_model is not None:
-        write_model(result, save_model, [t.name for t in open_dataset(data).meta.tables])
+    _write_outputs(result, cfg, out, overwrite, save_model)
     console.print(_summary_table(cfg, result.summary, out))
     for w in result.warnings:
         err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
+
+
+def _write_outputs(result, cfg: TrainConfig, out: Path, overwrite: bool,
+                   save_model: Path | None) -> None:
+    """Each output written whole (atomically), the run folder last, so that its presence means
+    the run's outputs are complete; a write that fails removes what this command made before."""
+    from bagpipe_cli.data import open_dataset
+    from bagpipe_cli.engine import save_model as write_model
+    from bagpipe_cli.results import write_run, write_trace
+
+    made: list[Path] = []
+
+    def making(path: Path) -> None:
+        if not os.path.lexists(path):
+            made.append(path)
+
+    try:
+        if save_model is not None:
+            making(save_model)
+            write_model(result, save_model, [t.name for t in open_dataset(cfg.data).meta.tables])
+        if result.trace is not None:
+            making(Path(cfg.trace))
+            write_trace(Path(cfg.trace), result.trace)
+        write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
+                  trainer_metrics=result.trainer_metrics, evals=result.evals)
+    except BaseException:
+        for p in made:
+            with contextlib.suppress(OSError):
+                p.unlink()
+        raise
 
 
 def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
@@ -138,21 +163,21 @@ def _warn_unread(options: dict, system: str, cache_rows: int | None) -> None:
                    f"(read by {', '.join(readers)})", err=True)
 
 
-def _check_outputs(cfg: TrainConfig, out: Path, overwrite: bool, save_model: Path | None) -> None:
-    """Every path the run will write, checked before it starts: none replaces or alters an
-    input (the dataset, the checkpoints it resumes from or writes), and each can be written."""
+def _check_outputs(cfg: TrainConfig) -> None:
+    """Every path the run will write, checked before it starts by the one rule
+    (`check_outputs`): none replaces or alters an input (the dataset, the checkpoints it
+    resumes from), or another output, and each can be written. The checkpoint folder is
+    written into (kept) only when the run checkpoints."""
     inputs = [Input("DATA", Path(cfg.data))]
-    if cfg.resume is not None:
-        inputs.append(Input("--resume", Path(cfg.resume)))
-    if cfg.checkpoint_dir is not None:
+    ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_every and cfg.checkpoint_dir else None
+    resumed = Path(cfg.resume).resolve() if cfg.resume is not None else None
+    if resumed is not None and not (ckpt and (resumed == ckpt.resolve()
+                                              or ckpt.resolve() in resumed.parents)):
+        inputs.append(Input("--resume", resumed))  # (resuming from the checkpoints it goes on
+        #                                           writing is continuing them)
+    if ckpt is None and cfg.checkpoint_dir is not None:  # read (--resume's default), not written
         inputs.append(Input("--checkpoint-dir", Path(cfg.checkpoint_dir)))
-    check_out(out, overwrite, inputs)
-    if cfg.checkpoint_every and cfg.checkpoint_dir is not None:
-        check_writable_dir(Path(cfg.checkpoint_dir), "--checkpoint-dir", inputs[:1])
-    for option, path in (("--save-model", save_model), ("--trace", cfg.trace)):
-        if path is not None:
-            check_output_file(Path(path), option, [*inputs, Input("--out", out, may_hold_out=True)])
-            warn_stale(Path(path))
+    check_outputs(inputs, checkpoint_dir=ckpt, skip=() if ckpt else ("checkpoint_dir",))
 
 
 def _check_resume(cfg: TrainConfig) -> None:

@@ -6,6 +6,7 @@ writes `meta.json` when it is finished; the row count need not be known in advan
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import hashlib
 import json
@@ -149,5 +150,8 @@ class DatasetWriter:
         return meta
 
     def abort(self) -> None:
+        """Close every array file (the folder is removed by its caller). A close that fails
+        (a full disk flushing the last bytes) still closes its file, and the others."""
         for w in [*self._sparse, self._dense] + ([self._labels] if self._labels else []):
-            w.abort()
+            with contextlib.suppress(OSError):
+                w.abort()

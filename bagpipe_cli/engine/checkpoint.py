@@ -42,8 +42,9 @@ import torch
 from bagpipe_cli import __version__
 from bagpipe_cli.engine.config import TrainConfig, option_name
 from bagpipe_cli.engine.shards import gather_shards
-from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir, json_default
+from bagpipe_cli.errors import BagpipeError, ConfigError
+from bagpipe_cli.io import atomic_dir, json_default, torch_save
+from bagpipe_cli.outputs import os_error_words
 
 FORMAT = "bagpipe-checkpoint"
 VERSION = 1
@@ -61,6 +62,13 @@ FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", 
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used (missing, corrupt, foreign or from another config)."""
+
+
+class CheckpointWriteError(BagpipeError):
+    """A checkpoint that could not be written (the earlier ones are intact): exit code 2, as
+    every failed write."""
+
+    exit_code = 2
 
 
 @dataclass
@@ -116,8 +124,8 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
     root.mkdir(parents=True, exist_ok=True)
     out = root / checkpoint_name(iteration)
     with atomic_dir(out, overwrite=True) as tmp:
-        torch.save({"weight": weight, "state": state}, tmp / "tables.pt")
-        torch.save({"model": dense, "optimizer": dense_optimizer, "rng": rng}, tmp / "dense.pt")
+        torch_save({"weight": weight, "state": state}, tmp / "tables.pt")
+        torch_save({"model": dense, "optimizer": dense_optimizer, "rng": rng}, tmp / "dense.pt")
         # JSON floats round-trip exactly, so the resumed run's metrics are the straight run's.
         (tmp / "metrics.json").write_text(json.dumps(metrics, default=json_default))
         (tmp / "state.json").write_text(json.dumps({
@@ -283,6 +291,7 @@ class Checkpointer:
             self.root = Path(self._tmp)
         else:
             self.root = Path(cfg.checkpoint_dir)
+        self._made_root = not self.root.exists()  # removed again if it stays empty
         self.config = asdict(cfg)
         self.dataset = dataset
         self.ms: list[float] = []
@@ -290,8 +299,21 @@ class Checkpointer:
         clean_partial(self.root)
 
     def save(self, b: int, weight, state, dense, dense_optimizer, rng, metrics, t0: float) -> None:
-        self.last = save_checkpoint(self.root, b, self.config, self.dataset, weight, state, dense,
-                                    dense_optimizer, rng, metrics, self.keep)
+        """Write the checkpoint before iteration b; a failed write (a full disk...) leaves the
+        earlier ones as they were and raises CheckpointWriteError saying which to resume from."""
+        try:
+            self.last = save_checkpoint(self.root, b, self.config, self.dataset, weight, state,
+                                        dense, dense_optimizer, rng, metrics, self.keep)
+        except OSError as e:
+            if self._made_root and not any(self.root.iterdir()):
+                self.root.rmdir()
+            where = f"{e.filename}: " if e.filename else ""
+            use = (f"the previous one, {self.last}, is intact: --resume {self.last} continues "
+                   "from it" if self.last is not None else
+                   "this run wrote no checkpoint before it")
+            raise CheckpointWriteError(f"--checkpoint-dir {self.root}: the checkpoint before "
+                                       f"iteration {b} could not be written ({where}"
+                                       f"{os_error_words(e)}); {use}") from None
         self.ms.append(1e3 * (time.perf_counter() - t0))
 
     def summary(self, median_iter_ms: float) -> dict[str, Any]:

@@ -53,18 +53,20 @@ PLANNER_BYTES_PER_ROW = 21
 def setting(default: Any, help: str, *, section: str, option: str | None = None,
             choices: tuple[str, ...] | None = None, at_least: int | None = None,
             cli: bool = True, multiple: bool = False, factory: Any = None,
-            at_most: tuple[int, str] | None = None) -> Any:
+            at_most: tuple[int, str] | None = None, path: str | None = None) -> Any:
     """A config field with its command-line help and the section of the help it is shown in.
 
     `option` overrides `--field-name`; `choices`, `at_least` and `at_most` (bounds of every
     element of a tuple; `at_most` is (bound, why)) are checked by `check_settings`;
     `multiple`: a tuple option given once per value (`--calibrate A --calibrate B`) instead
-    of comma-separated; `factory` makes a mutable default (dict).
+    of comma-separated; `factory` makes a mutable default (dict); `path`: the option names a
+    path the command reads ("input") or writes (what it makes: `outputs.Output.makes`), which the
+    command line checks by the one output rule (`cli.common.check_outputs`).
     """
     if section not in SECTIONS:
         raise ValueError(f"section {section!r}: choose one of {SECTIONS}")
     meta = {"help": help, "option": option, "choices": choices, "cli": cli, "section": section,
-            "at_least": at_least, "multiple": multiple, "at_most": at_most}
+            "at_least": at_least, "multiple": multiple, "at_most": at_most, "path": path}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -149,7 +151,7 @@ class TrainConfig:
                           section="output")
     trace: str | None = setting(None, "Write the run's timeline here: every role's events as "
                                       "Chrome trace-event JSON (open it in ui.perfetto.dev or "
-                                      "chrome://tracing).", section="output")
+                                      "chrome://tracing).", section="output", path="file")
     eval_every: int = setting(0, "Evaluate the held-out rows every N iterations, timed apart, "
                                  "into metrics_eval.csv (0: only at the end).", at_least=0,
                               section="output")
@@ -188,11 +190,12 @@ class TrainConfig:
     checkpoint_every: int = setting(0, "Checkpoint every N iterations (0: never).", at_least=0,
                                     section="checkpoints")
     checkpoint_dir: str | None = setting(None, "Where checkpoints go [default: <--out>.ckpt].",
-                                         section="checkpoints")
+                                         section="checkpoints", path="checkpoints")
     checkpoint_keep: int = setting(2, "Newest good checkpoints kept.", at_least=1,
                                    section="checkpoints")
     resume: str | None = setting(None, "Resume from a checkpoint folder, or the newest good one "
-                                       "in a --checkpoint-dir.", section="checkpoints")
+                                       "in a --checkpoint-dir.", section="checkpoints",
+                         path="input")
 
     def __post_init__(self) -> None:
         s = spec(self.system)

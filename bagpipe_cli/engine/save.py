@@ -4,10 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from bagpipe_cli.engine.result import TrainResult
-from bagpipe_cli.io import atomic_file
+from bagpipe_cli.io import atomic_file, torch_save
 
 
 def save_model(result: TrainResult, path: Path, table_names: list[str]) -> None:
@@ -16,4 +14,4 @@ def save_model(result: TrainResult, path: Path, table_names: list[str]) -> None:
            "tables": dict(zip(table_names, result.tables, strict=True)),
            "config": result.config}
     with atomic_file(Path(path), "wb") as f:
-        torch.save(obj, f)
+        torch_save(obj, f)

@@ -31,6 +31,7 @@ from bagpipe_cli.engine.records import MIN_AUC_CLASS, auc_warning
 from bagpipe_cli.engine.registry import role
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
+from bagpipe_cli.outputs import Output, check_output
 from bagpipe_cli.report import plots
 from bagpipe_cli.report.accuracy import display_accuracy
 from bagpipe_cli.report.analysis import (
@@ -73,7 +74,7 @@ class ReportConfig:
     results: tuple[Path, ...]  # run folders, bench folders or parents
     out: Path | None = None  # default: <first result>/report
     formats: tuple[str, ...] = ("png", "html", "md")  # of FORMATS
-    overwrite: bool = False  # replace a non-empty --out that is not an earlier report
+    overwrite: bool = False  # replace a non-empty --out (never a bagpipe folder of another kind)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "results", tuple(Path(p) for p in self.results))
@@ -175,9 +176,7 @@ def _loss_note(curves: list[tuple[str, str, pd.DataFrame]]) -> str:
 def build_report(cfg: ReportConfig) -> ReportResult:
     """Load the results under `cfg.results`, draw every figure, write the page(s)."""
     out = cfg.out_dir
-    if out.is_dir() and any(out.iterdir()) and not (out / "report.json").is_file() and not cfg.overwrite:
-        raise ConfigError(f"--out {out} exists, is not empty and is not a bagpipe report; pass "
-                          "--overwrite to replace it")
+    check_output(Output("--out", out, "report"), cfg.overwrite)
     loaded = load_runs(*cfg.results)
     runs, metrics = annotate(loaded.runs), loaded.metrics
     summary = summary_table(runs, metrics)

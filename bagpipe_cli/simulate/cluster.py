@@ -96,7 +96,7 @@ class SimulateConfig:
                                              "from measured runs under RESULTS (no-network runs "
                                              "preferred), scaled to the samples per trainer "
                                              "(repeatable).", multiple=True,
-                                         section="cluster and network")
+                                         section="cluster and network", path="input")
     runtime: str = setting("distributed", "distributed: a process per trainer, each fetching and "
                                           "pushing its own rows; inproc: one process for every "
                                           "trainer.", choices=RUNTIMES, section="runtime")

@@ -43,7 +43,8 @@ from bagpipe_cli.data.preprocess.manifest import load_saved_vocabs, write_meta
 from bagpipe_cli.data.preprocess.vocab import Vocab, VocabCounter, hash_bucket
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.io import atomic_dir, check_output_dir
+from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.outputs import check_output_dir
 
 Progress = Callable[[str, "int | None"], AbstractContextManager[Callable[[int], None]]]
 

@@ -44,7 +44,7 @@ from bagpipe_cli.engine.result import TrainResult
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
-from bagpipe_cli.io import atomic_file, json_default
+from bagpipe_cli.io import atomic_file, json_default, torch_save
 from bagpipe_cli.launch.netshape import ShapedNetwork
 from bagpipe_cli.launch.placement import (
     GPU_TRAINER_CORES,
@@ -194,7 +194,7 @@ def rank_main(conf: str, out: str) -> int:
         result = run_rank(cfg, lambda b, rec: print(json.dumps({"iteration": b}), flush=True))
         if result is not None:
             with atomic_file(Path(out), "wb") as f:
-                torch.save(result, f)
+                torch_save(result, f)
         return 0
     except BagpipeError as e:
         print(f"Error: {e}", file=sys.stderr)
