@@ -104,6 +104,13 @@ def test_resume_refuses_another_config_or_dataset(tiny_dataset, tmp_path):
         TrainConfig(data=str(tiny_dataset), system="het", staleness=2, checkpoint_every=5)
     with pytest.raises(ConfigError, match="--checkpoint-every must be >= 0"):
         TrainConfig(data=str(tiny_dataset), checkpoint_every=-1)
+    # Another dataset of the very same shape (another seed): its arrays' checksums differ.
+    from bagpipe_cli.data.synth import SynthConfig, generate
+
+    other = tmp_path / "other"
+    generate(SynthConfig(preset="tiny", rows=20_000, seed=1), other)
+    with pytest.raises(CheckpointError, match="another dataset of the same shape .the checksums of cat_000.npy"):
+        train(TrainConfig(**{**kw, "data": str(other)}, resume=str(tmp_path / "ck")))
 
 
 def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):

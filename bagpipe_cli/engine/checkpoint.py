@@ -96,7 +96,8 @@ def dataset_identity(ds) -> dict[str, Any]:
     """What a checkpoint records of its dataset (compared on resume; the path may move)."""
     return {"name": ds.meta.name, "rows": int(ds.rows),
             "cardinalities": [int(c) for c in ds.meta.cardinalities],
-            "dense_features": int(ds.meta.num_dense)}
+            "dense_features": int(ds.meta.num_dense),
+            "checksums": dict(ds.meta.checksums)}  # of its arrays: another dataset of one shape
 
 
 def _sha256(path: Path) -> str:
@@ -255,6 +256,14 @@ def check_compatible(cfg: TrainConfig, ck: Checkpoint, dataset: dict[str, Any], 
         if dataset.get(key) != ck.dataset.get(key):
             raise CheckpointError(f"{option} {ck.path}: the checkpoint is of another dataset "
                                   f"({key} {ck.dataset.get(key)} != {dataset.get(key)})")
+    theirs = ck.dataset.get("checksums")  # (a checkpoint older than this has none)
+    if theirs and dataset.get("checksums") and theirs != dataset["checksums"]:
+        differ = sorted(k for k in set(theirs) | set(dataset["checksums"])
+                        if theirs.get(k) != dataset["checksums"].get(k))
+        raise CheckpointError(f"{option} {ck.path}: the checkpoint is of another dataset of the "
+                              f"same shape (the checksums of {', '.join(differ[:3])}"
+                              f"{' ...' if len(differ) > 3 else ''} differ from {cfg.data}'s); "
+                              "resume with the dataset it was made with")
     if ck.iteration >= cfg.iterations:
         raise CheckpointError(f"{option} {ck.path}: the checkpoint is at iteration {ck.iteration}, "
                               f"not below --iterations {cfg.iterations}; nothing left to train")

@@ -3,16 +3,17 @@
 Rank 0 sends each round to trainer 0; trainer j passes it on, as it arrived, to trainers
 2j+1 and 2j+2 before it makes its own Round of it. So rank 0's link carries one copy of a
 round whatever the number of trainers, a trainer's at most two, and a round reaches the
-last of N trainers after about log2(N) + 1 hops; rounds travel a few ahead of use, which
-hides the hops. The relay has a process group of its own (rank 0 and the trainers), and on
-a trainer it runs on a thread of its own: receiving and passing on waits neither for the
-training loop nor the loop for it, until `depth` rounds are ready.
+last of N trainers after about log2(N) + 1 hops. A trainer takes round r+1 at the start of
+round r (the training loop peeks a round ahead to prefetch its rows), so rank 0 plans and
+sends it while the trainers train round r-1. The relay has a process group of its own (rank
+0 and the trainers) and runs on the training thread: every trainer reaches a round's start
+after the previous round's collectives, so a parent's send always meets its child's receive.
+(Not on a thread of its own: a thread left inside a blocking receive of gloo's when its
+process is stopped aborts the process, and gloo's receives cannot be given up.)
 """
 
 from __future__ import annotations
 
-import queue
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -37,42 +38,22 @@ def children(j: int, n: int) -> list[int]:
 
 class PlanFeed:
     """Trainer i's end of the relay (see the module docstring): iterating yields its Rounds,
-    made of each plan by `make`, until rank 0 sends None; an error on the thread is raised
-    there. `first_wait_s` bounds the wait for the first plan (rank 0 may plan first)."""
+    made of each plan by `make`, until rank 0 sends None."""
 
     def __init__(self, layout: Layout, group: Any, i: int, make: Callable[[RoundPlan], Round],
-                 traffic: Traffic, first_wait_s: float | None = None, depth: int = 2):
+                 traffic: Traffic):
         up = parent(i)
         self.src = 0 if up is None else layout.trainer_rank(up)
         self.dst = [layout.trainer_rank(c) for c in children(i, layout.trainers)]
         self.layout, self.group, self.make, self.traffic = layout, group, make, traffic
-        self.first_wait_s = first_wait_s
-        self._q: queue.Queue = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._run, name="plans", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        wait = self.first_wait_s
-        try:
-            while True:
-                enc = recv_encoded(self.src, self.layout, wait, self.group)
-                wait = None
-                self.traffic.receive("plan", enc.nbytes)
-                for dst in self.dst:
-                    self.traffic.send("plan", send_encoded(enc, dst, self.layout, self.group))
-                rp = decode(enc)
-                if rp is None:
-                    self._q.put(None)
-                    return
-                self._q.put(self.make(rp))
-        except BaseException as e:  # noqa: BLE001 - re-raised on the training thread
-            self._q.put(e)
 
     def __iter__(self) -> Iterator[Round]:
         while True:
-            item = self._q.get()
-            if isinstance(item, BaseException):
-                raise item
-            if item is None:
+            enc = recv_encoded(self.src, self.layout, group=self.group)
+            self.traffic.receive("plan", enc.nbytes)
+            for dst in self.dst:  # passed on before this trainer reads a sample of it
+                self.traffic.send("plan", send_encoded(enc, dst, self.layout, self.group))
+            rp = decode(enc)
+            if rp is None:
                 return
-            yield item
+            yield self.make(rp)
