@@ -4,6 +4,7 @@ engine's own metrics, calibration, --validate on real runs, and bad input."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pandas as pd
@@ -13,6 +14,7 @@ from click.testing import CliRunner
 from bagpipe_cli.cli import cli
 from bagpipe_cli.simulate.calibrate import compute_of, read_measured
 from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Volumes, Workload, predict
+from bagpipe_cli.simulate.plans import bytes_per_iteration
 
 # Hand-computed cases use: row_dim 24 + state_dim 1 -> 100 bytes per row; 0.8 Gbit/s =
 # 1e8 bytes/s, so one row takes 1 us and 1000 rows take 1 ms (latency 0 unless stated).
@@ -158,6 +160,124 @@ def test_no_network_means_compute_alone():
     assert p.iter_ms == pytest.approx([8.0] * 3)  # 0.5 + 6 + 1 + 0.25 + 0.25
 
 
+def _planned(plan_ms: float = 1.0) -> Volumes:
+    """bagpipe, 4 iterations in rounds of 2: rank 0 sends 200,000 B for round 0 and 100,000 B
+    for round 1, and plans a batch in `plan_ms`; nothing fetched."""
+    start = np.array([True, False, True, False])
+    v = volumes("bagpipe", 4, round_start=start, prefetch_ahead=True,
+                plan_bytes=np.array([200_000, 0, 100_000, 0]), plan_ms=plan_ms)
+    v.plan_end_bytes = 31
+    return v
+
+
+def test_rank_0_is_a_pipeline_stage_no_iteration_is_shorter():
+    # Rank 0's link 0.08 Gbit/s = 1e7 B/s: round 0's plan takes 20 ms, 10 ms an iteration,
+    # round 1's 5 ms; + 1 ms of planning a batch: 11, 11, 6, 6 ms against 6 ms of compute.
+    p = predict(_planned(), Cluster(1, 1, 0.08, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([11, 11, 6, 6])
+    assert p.oracle_ms_per_iter == pytest.approx(8.5) and p.exposed_plan_ms == pytest.approx(2.5)
+    assert p.mean_ms >= p.oracle_ms_per_iter and p.relay_ms_per_iter == 0  # one trainer: no relay
+    assert p.oracle_mb_per_iter == pytest.approx((300_000 + 31) / 4 / 1e6)
+    # A fast link hides rank 0 behind the trainers: the compute alone.
+    p = predict(_planned(), Cluster(1, 1, 8.0, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([6] * 4) and p.exposed_plan_ms == 0
+    # Planning slower than the trainers sets the pace, whatever the link.
+    p = predict(_planned(plan_ms=9.0), Cluster(1, 1, None, 0.0), WORK, FB6)
+    assert p.iter_ms == pytest.approx([9] * 4) and p.oracle_ms_per_iter == pytest.approx(9)
+
+
+def test_the_relay_tree_is_a_stage_too():
+    # N = 3: trainer 0 passes each plan on to trainers 1 and 2 on its own link, 0.04 Gbit/s =
+    # 5e6 B/s: round 0: 2 x 40 ms over 2 iterations, round 1: 2 x 20 ms over 2.
+    cl = Cluster(3, 1, 8.0, 0.0, trainer_gbps=0.04)
+    p = predict(_planned(), cl, WORK, FB6)
+    assert p.iter_ms == pytest.approx([40, 40, 20, 20])
+    assert p.relay_ms_per_iter == pytest.approx(30) and p.mean_ms >= p.oracle_ms_per_iter
+    # A --procs run's plans cross loopback (plans_on_network False): the planning alone.
+    p = predict(_planned(), replace(cl, plans_on_network=False), WORK, FB6)
+    assert max(p.iter_ms) < 6.1 and p.oracle_ms_per_iter == pytest.approx(1.0)
+
+
+def test_relay_fanout_is_the_engines():
+    from bagpipe_cli.engine.distributed.relay import FANOUT
+    from bagpipe_cli.simulate.plans import RELAY_FANOUT
+
+    assert RELAY_FANOUT == FANOUT
+
+
+def test_plan_formulas_equal_the_encoded_rounds(tiny_dataset):
+    """simulate/plans.py against wire.encode of real rounds (every planner, both key widths)."""
+    from bagpipe_cli.data.format import open_dataset, table_offsets
+    from bagpipe_cli.engine.distributed.rounds import shared_round
+    from bagpipe_cli.engine.distributed.wire import encode
+    from bagpipe_cli.engine.oracle import Oracle
+    from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
+    from bagpipe_cli.policies.table import policy
+    from bagpipe_cli.simulate import plans
+
+    ds = open_dataset(tiny_dataset)
+    offsets, total = table_offsets(ds.meta.cardinalities), int(sum(ds.meta.cardinalities))
+
+    def batches():
+        return (ds.keys_block(b * 512, (b + 1) * 512, offsets) for b in range(12))
+
+    def close(predicted, rp, keys, view=True, cached=True):
+        real = encode(shared_round(rp, view, cached, keys)).nbytes
+        assert abs(predicted - real) <= 16 + 0.001 * real, (predicted, real)
+
+    assert encode(None).nbytes == plans.END
+    for keys, kb in ((np.int32, 4), (np.int64, 8)):
+        for n, c in ((1, 1), (2, 3), (8, 4)):
+            for rp in Oracle(total, 2 * c, c, n, 100_000).plan(batches()):
+                close(plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
+                                            [len(p.evict_keys) for p in rp.iters]), rp, keys)
+            for rp in Oracle(total, 1, 1, n, None).plan(batches()):
+                u = len(rp.iters[0].uniq)
+                close(plans.view_round(kb, n, u), rp, keys, cached=False)
+                close(plans.count_round(n), rp, keys, view=False, cached=False)
+        trace = trace_of(batches(), total)
+        for name in ("lru", "fae"):
+            for rp in PolicyPlanner(policy(name).decisions(trace, 3000, 1.0), trace, total).plan(batches()):
+                if not rp.iters:
+                    close(plans.policy_last(kb, len(rp.pre_evict_keys)), rp, keys)
+                    continue
+                p = rp.iters[0]
+                close(plans.policy_round(kb, len(rp.fetch_keys), len(rp.pre_evict_keys), len(p.uniq),
+                                         len(p.evict_keys)), rp, keys)
+
+
+def test_syncs_rank_0_bytes_do_not_grow_with_the_batch(tiny_dataset):
+    from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
+    def plan_bytes(batch):
+        tc = TraceConfig(str(tiny_dataset), batch_size=batch, iterations=8, trainers=2,
+                         runtime="distributed")
+        v = trace_volumes(tc, ["sync", "bagpipe"])[0]
+        return {s: bytes_per_iteration(x) for s, x in v.items()}
+
+    small, large = plan_bytes(256), plan_bytes(4096)
+    assert small["sync"] == large["sync"] < 1000  # |U_b| alone, whatever the batch
+    assert large["bagpipe"] > 4 * small["bagpipe"]  # U_b and its lists grow with the batch
+    inproc = trace_volumes(TraceConfig(str(tiny_dataset), batch_size=256, iterations=8), ["bagpipe"])[0]
+    assert bytes_per_iteration(inproc["bagpipe"]) == 0  # in-process: no rank 0 link
+
+
+def test_iteration_time_is_never_below_rank_0s_on_a_trace(tiny_dataset):
+    from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
+    tc = TraceConfig(str(tiny_dataset), batch_size=1024, iterations=24, lookahead=8, trainers=2,
+                     runtime="distributed")
+    vols = trace_volumes(tc, ["sync", "bagpipe", "lru", "local"])[0]
+    for gbps in (0.01, 1.0, None):  # rank 0 the bottleneck, a share, nothing but its planning
+        for s, v in vols.items():
+            p = predict(v, Cluster(2, 1, gbps, 10.0 if gbps else 0.0), Workload(16, 0, 1000, warmup=4),
+                        ComputeTimes(fwd_bwd_ms=0.5))
+            assert v.plan_ms > 0 and p.oracle_ms_per_iter > 0, s
+            assert p.mean_ms >= p.oracle_ms_per_iter - 1e-9 and p.median_ms > 0, (s, gbps)
+            if gbps is None:  # no link delays: rank 0's time is its planning
+                assert p.oracle_ms_per_iter == pytest.approx(v.plan_ms), s
+
+
 def test_compute_of_takes_medians_and_leaves_out_communication():
     m = pd.DataFrame({
         "data": [0.1, 0.0, 0.002, 0.0, 0.004, 0.0],  # seconds; rounds of 2: starts 0, 2, 4
@@ -232,7 +352,10 @@ def test_validate_prints_the_table(runs, tmp_path):
     assert r.exit_code == 0, r.output
     for needle in ("predicted", "measured", "sync", "bagpipe", "het", "runs within"):
         assert needle in r.output
+    # in-process runs have no rank 0 link: their plan bytes are not checked, and it says so
+    assert "rank 0's plan bytes not checked for 4 run(s): in-process" in " ".join(r.output.split())
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
+    assert df["plan_ok"].isna().all()
     assert len(df) == 4 and set(df["system"]) == {"sync", "bagpipe", "het"}
     assert (df["predicted_ms"] > 0).all() and df["error"].notna().all()
     # The emulated sync run borrows its fetch CPU from its no-network twin.
@@ -267,6 +390,32 @@ def test_simulate_dataset_with_cluster_file_writes_outputs(runs, tiny_dataset, t
                                  "--sweep-trainers", "1,2", "--sweep-gbps", "1"])
     assert r.exit_code == 0, r.output
     assert "1.00x" in r.output
+
+
+def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset, tmp_path):
+    out = tmp_path / "weak"
+    args = ["simulate", str(tiny_dataset), "--compute-ms", "2", "--net-gbps", "1", "--trainers", "2",
+            "--batch-size", "512", "--iterations", "12", "--warmup", "2", "--systems", "sync,bagpipe",
+            "--sweep-trainers", "1,2,4", "--sweep-gbps", "1", "--sweep-scaling", "weak"]
+    r = CliRunner().invoke(cli, [*args, "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "rank 0" in r.output and "MB/iter" in r.output
+    sweep = pd.read_csv(out / "sweep.csv")
+    by_n = sweep[sweep.sweep == "trainers"].set_index(["system", "trainers"])
+    assert [by_n.loc[("sync", n), "batch_size"] for n in (1, 2, 4)] == [256, 512, 1024]
+    mb = {s: [by_n.loc[(s, n), "oracle_mb_per_iter"] for n in (1, 2, 4)] for s in ("sync", "bagpipe")}
+    assert mb["bagpipe"][0] < mb["bagpipe"][1] < mb["bagpipe"][2]  # U_b grows with the batch
+    assert max(mb["sync"]) < 0.001  # |U_b| alone
+    assert (sweep["mean_ms"] >= sweep["oracle_ms_per_iter"] - 1e-9).all()
+    pred = pd.read_csv(out / "predictions.csv")
+    assert {"oracle_mb_per_iter", "oracle_ms_per_iter", "relay_ms_per_iter", "exposed_plan_ms"} <= set(pred)
+    # A weak sweep past the data is one line that names it.
+    r = CliRunner().invoke(cli, [*args[:-6], "--sweep-trainers", "128", "--sweep-gbps", "1",
+                                 "--sweep-scaling", "weak"])
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert "--sweep-scaling weak at 128 trainers" in r.output
+    r = CliRunner().invoke(cli, [*args[:-1], "both"])
+    assert r.exit_code == 2 and "'both' is not one of 'strong', 'weak'" in r.output
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -350,9 +499,41 @@ def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
 
 
 @pytest.mark.slow
+def test_predicted_rank_0_bytes_equal_the_counted(procs_runs):
+    """What the model says rank 0 sends per iteration (simulate/plans.py) is what the runs'
+    rank 0 counted (summary roles.oracle.traffic)."""
+    from bagpipe_cli.simulate.volumes import trace_volumes
+
+    for system in ("sync", "bagpipe", "lru", "het"):
+        r = read_measured(procs_runs / system)
+        v = trace_volumes(r.trace, [system])[0][system]
+        assert r.counted_plan_bytes == pytest.approx(bytes_per_iteration(v), rel=0.10), system
+    assert read_measured(procs_runs / "sync").counted_plan_bytes < 1000  # |U_b| alone
+
+
+@pytest.mark.slow
 def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(procs_runs), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
     assert len(df) == 4 and (df["predicted_ms"] > 0).all()
     assert df["setting"].str.contains("procs").all()
+    # rank 0's plan bytes, checked beside the time
+    assert (df["plan_check"] == "checked").all() and df["plan_ok"].all()
+    assert (df["plan_error"].abs() <= 0.10).all() and "rank 0's plan bytes: 4 of 4" in r.output
+
+
+@pytest.mark.slow
+def test_validate_skips_the_bytes_of_runs_that_did_not_count_them(procs_runs, tmp_path):
+    import shutil
+
+    old = tmp_path / "old" / "bagpipe"
+    shutil.copytree(procs_runs / "bagpipe", old)
+    summary = json.loads((old / "summary.json").read_text())
+    del summary["roles"]["oracle"]["traffic"]  # as results from before the count
+    (old / "summary.json").write_text(json.dumps(summary))
+    r = CliRunner().invoke(cli, ["simulate", "--validate", str(tmp_path / "old"), "--out", str(tmp_path / "v")])
+    assert r.exit_code == 0 and "Traceback" not in r.output, r.output
+    assert "not checked for 1 run(s): not counted" in r.output
+    df = pd.read_csv(tmp_path / "v" / "validate.csv")
+    assert df["plan_ok"].isna().all() and df["predicted_ms"].notna().all()

@@ -101,15 +101,19 @@ def _print_result(result) -> None:
     title = (f"{cfg.name}: {cl.trainers} trainers, {cl.servers} servers, {net}, "
              f"{cl.net_latency_us:g} us, {cfg.runtime}; batch {cfg.batch_size:,}, L={cfg.lookahead}, "
              f"{result.trace['iterations']:,} iterations traced")
-    tab = Table(title=title, caption="ms per iteration, means after warm-up; fetch, sync: exposed "
-                "waits; iter = compute + fetch + sync; vs sync: speed-up of the mean")
-    for col in ["system", "compute", "fetch", "sync", "iter", "median", "vs sync", "fetched/iter"]:
+    tab = Table(title=title, caption="ms per iteration, means after warm-up; fetch, sync, plan: "
+                "exposed waits (plan: for rank 0 or the plans' relay); iter = compute + fetch + sync "
+                "+ plan; vs sync: speed-up of the mean; rank 0: its planning + sending per "
+                "iteration, and the plan MB it sends")
+    for col in ["system", "compute", "fetch", "sync", "plan", "iter", "median", "vs sync",
+                "rank 0", "MB/iter", "fetched/iter"]:
         tab.add_column(col, justify="left" if col == "system" else "right")
     for p in result.predictions:
         v = result.volumes[p.system]
         tab.add_row(p.system, f"{p.compute_ms:.2f}", f"{p.exposed_fetch_ms:.2f}",
-                    f"{p.exposed_sync_ms:.2f}", f"{p.mean_ms:.2f}", f"{p.median_ms:.2f}",
-                    f"{p.speedup:.2f}x", f"{v['rows_fetched']:,.0f}")
+                    f"{p.exposed_sync_ms:.2f}", f"{p.exposed_plan_ms:.2f}", f"{p.mean_ms:.2f}",
+                    f"{p.median_ms:.2f}", f"{p.speedup:.2f}x", f"{p.oracle_ms_per_iter:.2f}",
+                    f"{p.oracle_mb_per_iter:.3f}", f"{v['rows_fetched']:,.0f}")
     console.print(tab)
     src = result.compute_source
     if src.get("kind") == "calibrated":
@@ -144,7 +148,7 @@ def _print_result(result) -> None:
 
 
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
-    from bagpipe_cli.simulate.validate import TOLERANCE, validate, validation_frame
+    from bagpipe_cli.simulate.validate import BYTES_TOLERANCE, TOLERANCE, validate, validation_frame
 
     check_outputs([Input("--validate", p) for p in paths])
     with err_console.status("validating") as status:
@@ -152,15 +156,20 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
     warn_skipped(result.skipped)
     rows = result.rows
     tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
-                      f"within ±{TOLERANCE:.0%} passes)",
-                caption="ms per iteration; compute: calibrated from the run's own timers")
-    for col in ["system", "setting", "compute", "predicted", "measured", "error", ""]:
+                      f"within ±{TOLERANCE:.0%} passes) and rank 0's plan bytes (±{BYTES_TOLERANCE:.0%})",
+                caption="ms per iteration; compute: calibrated from the run's own timers; rank 0: "
+                        "plan MB per iteration, predicted / counted by the run (-: not counted)")
+    for col in ["system", "setting", "compute", "predicted", "measured", "error", "",
+                "rank 0 MB", "counted", "error", " "]:
         tab.add_column(col, justify="left" if col in ("system", "setting") else "right")
     for r in rows:
         d = r.to_dict()
+        plan = (["-", "-", "-", ""] if r.plan_ok is None else
+                [f"{1e-6 * d['predicted_plan_bytes']:.3f}", f"{1e-6 * d['counted_plan_bytes']:.3f}",
+                 f"{100 * d['plan_error']:+.1f}%", "ok" if r.plan_ok else "[red]OUT[/red]"])
         tab.add_row(d["system"], d["setting"], f"{d['compute_ms']:.2f}",
                     f"{d['predicted_ms']:.2f}", f"{d['measured_ms']:.2f}", f"{100 * d['error']:+.1f}%",
-                    "ok" if r.ok else "[red]OUT[/red]")
+                    "ok" if r.ok else "[red]OUT[/red]", *plan)
     console.print(tab)
     n_ok = sum(r.ok for r in rows)
     by_sys: dict[str, list[bool]] = {}
@@ -168,6 +177,16 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
         by_sys.setdefault(r.run.system, []).append(r.ok)
     console.print(f"{n_ok} of {len(rows)} runs within ±{TOLERANCE:.0%}; by system: "
                   + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items()))
+    checked = [r for r in rows if r.plan_ok is not None]
+    if checked:
+        console.print(f"rank 0's plan bytes: {sum(r.plan_ok for r in checked)} of {len(checked)} "
+                      f"distributed runs within ±{BYTES_TOLERANCE:.0%}")
+    unchecked: dict[str, int] = {}
+    for r in rows:
+        if r.plan_ok is None:
+            unchecked[r.plan_check] = unchecked.get(r.plan_check, 0) + 1
+    for why, n in unchecked.items():
+        console.print(f"rank 0's plan bytes not checked for {n} run(s): {why}")
     missing = [r.run.run_id for r in rows if r.run.network_emulated and r.run.fetch_cpu_from.startswith("none")]
     if missing:
         console.print(f"note: {len(missing)} emulated-network run(s) have no no-network twin; their "

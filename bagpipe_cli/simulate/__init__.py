@@ -99,7 +99,8 @@ class SimulateResult:
     compute_source: dict[str, Any]
     predictions: list[Prediction]
     volumes: dict[str, dict[str, float]]  # per system: mean rows per iteration moved
-    sweep: pd.DataFrame  # system, sweep, trainers, net_gbps, mean_ms, speedup
+    sweep: pd.DataFrame  # sweep, system, trainers, net_gbps, batch_size, mean_ms, speedup, and
+    #                      rank 0's figures (SWEEP_PLAN_COLUMNS)
 
     def predictions_frame(self) -> pd.DataFrame:
         import pandas as pd
@@ -150,6 +151,18 @@ def _mean_volumes(v: Volumes) -> dict[str, float]:
             "unique_rows": float(v.unique_rows.sum()) / n}
 
 
+# Rank 0's figures of a prediction, in every row of the sweeps.
+SWEEP_PLAN_COLUMNS = ("oracle_mb_per_iter", "oracle_ms_per_iter", "relay_ms_per_iter",
+                      "exposed_plan_ms")
+
+
+def _sweep_row(sweep: str, p: Prediction, trainers: int, net_gbps: float | None,
+               batch_size: int) -> dict[str, Any]:
+    return {"sweep": sweep, "system": p.system, "trainers": trainers, "net_gbps": net_gbps,
+            "batch_size": batch_size, "mean_ms": p.mean_ms, "speedup": p.speedup,
+            **{k: getattr(p, k) for k in SWEEP_PLAN_COLUMNS}}
+
+
 def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = None) -> SimulateResult:
     """Trace the dataset, predict every system at the cluster and along the sweeps."""
     import pandas as pd
@@ -179,25 +192,34 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
         cl = replace(cfg.cluster, net_gbps=g)
         ps = [predict(vols[s], cl, work, compute[s]) for s in cfg.systems]
         add_speedups(ps)
-        rows += [{"sweep": "net_gbps", "system": p.system, "trainers": cl.trainers, "net_gbps": g,
-                  "mean_ms": p.mean_ms, "speedup": p.speedup} for p in ps]
+        rows += [_sweep_row("net_gbps", p, cl.trainers, g, cfg.batch_size) for p in ps]
     n0 = cfg.cluster.trainers
     for n in cfg.trainer_counts:
         say(f"sweeping trainers: {n}")
         vn = dict(vols)
+        batch = cfg.sweep_batch(n)
         # Volumes traced again per trainer count: every system's when each trainer fetches its
-        # own rows (distributed), else het's per-trainer caches. Bagpipe's split of
-        # the non-critical rows into sync_later / no_sync also depends on N, but it only
-        # loads the asynchronous collective link; the sweep keeps the configured N's.
-        redo = [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes]
-        if n != n0 and redo:
-            vn.update(trace_volumes(replace(tc, trainers=n), redo)[0])
+        # own rows (distributed) or the batch grows (weak scaling), else het's per-trainer
+        # caches. In-process, bagpipe's split of the non-critical rows into sync_later /
+        # no_sync also depends on N, but it only loads the asynchronous collective link; the
+        # sweep keeps the configured N's.
+        redo = [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes
+                or batch != cfg.batch_size]
+        if (n != n0 or batch != cfg.batch_size) and redo:
+            try:
+                vn.update(trace_volumes(replace(tc, trainers=n, batch_size=batch), redo)[0])
+            except ConfigError as e:
+                if batch == cfg.batch_size:
+                    raise
+                raise ConfigError(f"--sweep-scaling weak at {n} trainers (a global batch of "
+                                  f"{batch:,}): {e}") from None
         cl = replace(cfg.cluster, trainers=n)
-        # Strong scaling: the global batch stays, each trainer computes batch / n samples.
-        ps = [predict(vn[s], cl, work, compute[s].scaled(n0 / n)) for s in cfg.systems]
+        # Strong scaling: the global batch stays, each trainer computes batch / n samples;
+        # weak: each trainer computes what it does at the configured cluster.
+        scale = n0 / n if cfg.sweep_scaling == "strong" else 1.0
+        ps = [predict(vn[s], cl, work, compute[s].scaled(scale)) for s in cfg.systems]
         add_speedups(ps)
-        rows += [{"sweep": "trainers", "system": p.system, "trainers": n, "net_gbps": cl.net_gbps,
-                  "mean_ms": p.mean_ms, "speedup": p.speedup} for p in ps]
+        rows += [_sweep_row("trainers", p, n, cl.net_gbps, batch) for p in ps]
     return SimulateResult(cfg, info, work, compute, csrc, preds,
                           {s: _mean_volumes(v) for s, v in vols.items()}, pd.DataFrame(rows))
 

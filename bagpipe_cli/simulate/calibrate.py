@@ -66,6 +66,9 @@ class MeasuredRun:
     network_emulated: bool
     model: str = "dlrm"
     fetch_cpu_from: str = ""  # where fetch_cpu_ms came from (emulated runs: a no-net twin)
+    # The plan bytes per iteration rank 0 counted (summary roles.oracle.traffic); None for
+    # a run that did not count them (in-process, or from before the count)
+    counted_plan_bytes: float | None = None
 
     def twin_key(self) -> tuple:
         """Runs equal in everything but the network are twins."""
@@ -129,7 +132,7 @@ def read_measured(folder: Path) -> MeasuredRun:
     )
     cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
                       train.get("net_gbps"), float(train.get("net_latency_us") or 0.0),
-                      collectives_on_network=on_network,
+                      collectives_on_network=on_network, plans_on_network=on_network,
                       # runs before the exact sum: the distributed runtime all-gathered
                       collective=train.get("collective", "allgather" if distributed else "exact"))
     work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
@@ -149,7 +152,20 @@ def read_measured(folder: Path) -> MeasuredRun:
         measured_mean_ms=1e3 * float(m["time"].mean()) if len(m) else math.nan,
         network_emulated=emulated,
         model=mcfg.name,
+        counted_plan_bytes=counted_plan_bytes(summary),
     )
+
+
+def counted_plan_bytes(summary: dict[str, Any]) -> float | None:
+    """Rank 0's plan bytes per iteration as the run counted them
+    (`roles.oracle.traffic.sent_per_iteration.plan`); None where the run has no such count."""
+    try:
+        value = summary["roles"]["oracle"]["traffic"]["sent_per_iteration"]["plan"]
+    except (KeyError, TypeError):
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return None
+    return float(value)
 
 
 def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulated: bool,

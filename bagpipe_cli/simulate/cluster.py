@@ -27,6 +27,8 @@ the file. Besides the fields, a file may have a `description` and a `synth:` map
     systems: [sync, bagpipe, lru, lfu, fae, het, local]
     sweep_trainers: [1, 2, 4, 8, 16]  # or: sweep: {trainers: [...], net_gbps: [...]}
     sweep_gbps: [1, 10, 25, 100]
+    sweep_scaling: strong             # the trainers sweep keeps the global batch; weak: the
+                                      # samples per trainer (batch_size / trainers)
     reported: {speedup_max: 5.6, source: "BagPipe, SOSP 2023"}   # shown next to the prediction
 
 Every key is optional; the dataset (`data`) and one of `compute_ms` / `calibrate` may come
@@ -53,6 +55,7 @@ RUNTIMES = ("inproc", "distributed")
 
 DEFAULT_SWEEP_TRAINERS = (1, 2, 4, 8, 16, 32)
 DEFAULT_SWEEP_GBPS = (1.0, 2.5, 5.0, 10.0, 25.0, 40.0, 100.0)
+SCALINGS = ("strong", "weak")  # what the trainers sweep keeps: the global batch, or a trainer's
 FILE_KEYS = ("description", "synth", "sweep")  # a cluster file's keys that are not settings
 SWEEP_KEYS = {"trainers": "sweep_trainers", "net_gbps": "sweep_gbps"}  # `sweep:` -> settings
 
@@ -104,11 +107,17 @@ class SimulateConfig:
     warmup: int = shared("warmup")
     sweep_trainers: tuple[int, ...] | None = setting(
         None, "Trainer counts of the sweep, comma-separated [default: those of "
-              f"{','.join(map(str, DEFAULT_SWEEP_TRAINERS))} that divide --batch-size].",
+              f"{','.join(map(str, DEFAULT_SWEEP_TRAINERS))} that divide --batch-size; "
+              "all of them with --sweep-scaling weak].",
         at_least=1, section="output")
     sweep_gbps: tuple[float, ...] = setting(DEFAULT_SWEEP_GBPS, "Bandwidths of the sweep "
                                                                 "(Gbit/s), comma-separated.",
                                             section="output")
+    sweep_scaling: str = setting("strong", "What the trainers sweep keeps: strong, the global "
+                                           "--batch-size (a trainer computes batch / N samples); "
+                                           "weak, the samples per trainer (batch / --trainers; "
+                                           "the global batch grows with N).",
+                                 choices=SCALINGS, section="output")
     name: str = setting("", "The scenario's name in the output [default: the dataset's].",
                         section="output")
     reported: dict[str, Any] = setting(None, "Published figures shown next to the predictions.",
@@ -140,7 +149,7 @@ class SimulateConfig:
         if not all(g > 0 for g in self.sweep_gbps):
             raise ConfigError(f"--sweep-gbps: bandwidths must be > 0 (got {self.sweep_gbps})")
         for n in self.sweep_trainers or ():
-            if self.batch_size % n:
+            if self.sweep_scaling == "strong" and self.batch_size % n:
                 raise ConfigError(f"--sweep-trainers {n}: --batch-size {self.batch_size} is not "
                                   f"divisible by {n}")
 
@@ -155,7 +164,13 @@ class SimulateConfig:
         """The sweep's trainer counts."""
         if self.sweep_trainers is not None:
             return self.sweep_trainers
+        if self.sweep_scaling == "weak":
+            return DEFAULT_SWEEP_TRAINERS
         return tuple(n for n in DEFAULT_SWEEP_TRAINERS if self.batch_size % n == 0)
+
+    def sweep_batch(self, n: int) -> int:
+        """The global batch of the trainers sweep at n trainers."""
+        return self.batch_size if self.sweep_scaling == "strong" else self.batch_size // self.trainers * n
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self) | {"cluster": asdict(self.cluster)}

@@ -15,7 +15,9 @@ docs/performance-model.md for the formulas):
 - the trainers' sums cost what `--collective` moves (a ring's bytes for the exact sum and
   allreduce, N-1 vectors for allgather); the dense gradients' sum runs on the background
   link during the backward (as the engine's DDP buckets), the asynchronous sums after it,
-  waited for two iterations later.
+  waited for two iterations later;
+- rank 0 and the relay of its plans are pipeline stages ahead of the trainers: no iteration
+  is shorter than either's time per iteration (`simulate/plans.py`).
 
 Compute is given per phase (`ComputeTimes`): calibrated from a measured run or chosen.
 Everything here is pure: no I/O, no printing.
@@ -32,6 +34,7 @@ from bagpipe_cli.engine.config import COLLECTIVE_KINDS as KINDS
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.simulate.plans import bytes_per_iteration, plan_stages
 
 SYSTEMS = ENGINE_SYSTEMS  # the model replays the engine's systems
 COLLECTIVES = KINDS  # how trainers sum: exact (the default), allgather, allreduce
@@ -94,6 +97,7 @@ class Cluster:
     collectives_on_network: bool = True  # False: the trainers' collectives take ComputeTimes.sync_ms
     #   (a --procs run with the sleep emulation: its collectives cross loopback, not the model)
     collective: str = "exact"  # how the trainers sum (engine/collective.py): exact, allgather, allreduce
+    plans_on_network: bool = True  # False: rank 0's plans cross loopback (a --procs run): planning alone
 
     def __post_init__(self) -> None:
         if self.collective not in COLLECTIVES:
@@ -138,6 +142,10 @@ class Volumes:
     push_gradients: bool = False  # sync, het: write_back carries gradients (no optimizer state)
     empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
     messages: int = 1  # latencies per transfer on a link (distributed: one per trainer)
+    # Rank 0 (simulate/plans.py): plan bytes of the round starting at b, after the last, ms a batch
+    plan_bytes: np.ndarray | None = None
+    plan_end_bytes: int = 0
+    plan_ms: float = 0.0
 
     def totals(self) -> dict[str, int]:
         return {
@@ -180,6 +188,10 @@ class Prediction:
     exposed_fetch_ms: float  # mean time the main thread waits for fetches
     exposed_sync_ms: float  # mean time it waits for all-reduces (sync_now + dense; late sync_later)
     link_busy: float  # busiest server link's busy fraction of the run
+    oracle_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
+    oracle_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
+    relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
+    exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
     speedup: float = float("nan")  # mean time of sync / mean time of this system
     iter_ms: np.ndarray = field(default=None, repr=False)  # every iteration's predicted time
 
@@ -347,6 +359,10 @@ class _Replay:
         total = self.t if self.t > 0 else 1.0
         # No iteration is faster than the machine's cores get through every process's CPU.
         times = np.maximum(self.times, self.cpu_bound)
+        # Nor than the plans' pipeline stages (rank 0, the relay), which run ahead of them.
+        oracle, relay = plan_stages(self.vol, self.cluster)
+        planned = np.maximum(times, np.maximum(oracle, relay))
+        plan_wait, times = planned - times, planned
         return Prediction(
             system=self.vol.system,
             median_ms=1e3 * float(np.median(times[m])) if I else math.nan,
@@ -355,6 +371,10 @@ class _Replay:
             exposed_fetch_ms=1e3 * float(self.fetch_wait[m].mean()) if I else math.nan,
             exposed_sync_ms=1e3 * float(self.sync_wait[m].mean()) if I else math.nan,
             link_busy=float(self.links.busy.max() / total) if I else 0.0,
+            oracle_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
+            oracle_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
+            relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,
+            exposed_plan_ms=1e3 * float(plan_wait[m].mean()) if I else 0.0,
             iter_ms=1e3 * times,
         )
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
 from bagpipe_cli.engine.registry import color, role
 
@@ -23,8 +23,8 @@ def _num(x: float, _pos: object = None) -> str:
 def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str, log2: bool) -> None:
     df = result.sweep[result.sweep["sweep"] == sweep]
     cfg = result.config
-    fig = Figure(figsize=(11, 5), dpi=DPI)
-    ax_s, ax_t = fig.subplots(1, 2)
+    fig = Figure(figsize=(16, 5), dpi=DPI)
+    ax_s, ax_t, ax_o = fig.subplots(1, 3)
     for system in cfg.systems:
         d = df[df["system"] == system].sort_values(xcol)
         if d.empty:
@@ -34,7 +34,13 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
                  "ls": "--" if role(system) in ("reference", "bound") else "-"}
         ax_s.plot(d[xcol], d["speedup"], label=system, **style)
         ax_t.plot(d[xcol], d["mean_ms"], label=system, **style)
-    for ax in (ax_s, ax_t):
+        # rank 0's own time per iteration, in the system's colour, under its iteration time
+        ax_t.plot(d[xcol], d["oracle_ms_per_iter"], color=color(system), ls=":", lw=1.2,
+                  marker="x", ms=4)
+        ax_o.plot(d[xcol], 100 * d["oracle_ms_per_iter"] / d["mean_ms"], label=system, **style)
+    ax_t.plot([], [], color="#555555", ls=":", marker="x", ms=4, lw=1.2,
+              label="rank 0: planning +\nsending plans")
+    for ax in (ax_s, ax_t, ax_o):
         ax.set_xscale("log", base=2 if log2 else 10)
         ax.xaxis.set_major_formatter(FuncFormatter(_num))
         ax.xaxis.set_minor_locator(NullLocator())
@@ -46,11 +52,20 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
     ax_s.set_ylim(bottom=0)
     ax_s.set_title("speed-up over sync")
     ax_t.set_yscale("log")
+    lo, hi = ax_t.get_ylim()
+    if hi / lo > 10:  # over decades: 1, 2, 5 of each, labelled; else every minor tick labelled
+        ax_t.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        ax_t.yaxis.set_minor_formatter(NullFormatter())
+    else:
+        ax_t.yaxis.set_minor_formatter(FuncFormatter(_num))
     ax_t.yaxis.set_major_formatter(FuncFormatter(_num))
-    ax_t.yaxis.set_minor_formatter(FuncFormatter(_num))
     ax_t.set_ylabel("predicted time per iteration (ms, log scale)")
-    ax_t.set_title("iteration time")
-    ax_t.legend(loc="best", fontsize=9)
+    ax_t.set_title("iteration time (dotted: rank 0's time)")
+    ax_t.legend(loc="best", fontsize=8)
+    ax_o.axhline(100.0, color="#bbbbbb", lw=1)
+    ax_o.set_ylim(0, 105)
+    ax_o.set_ylabel("rank 0's time / iteration time (%)")
+    ax_o.set_title("rank 0's share (100%: it sets the pace)")
     cl = cfg.cluster
     net = ("no network delay" if cl.net_gbps is None and not cl.net_latency_us
            else f"{'unlimited' if cl.net_gbps is None else format(cl.net_gbps, 'g')} Gbit/s, "
@@ -59,19 +74,25 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
         net += f"; trainers' links {cl.trainer_gbps:g} Gbit/s"
     fixed = net if sweep == "trainers" else f"{cl.trainers} trainers"
     servers = f"{cl.servers} server" + ("s" if cl.servers != 1 else "")
-    fig.suptitle(f"{cfg.name} ({cfg.runtime}): batch {cfg.batch_size:,}, L={cfg.lookahead}, "
+    batch = (f"batch {cfg.batch_size:,}" if sweep != "trainers" or cfg.sweep_scaling == "strong"
+             else f"batch {cfg.batch_size // cfg.trainers:,} x N")
+    fig.suptitle(f"{cfg.name} ({cfg.runtime}): {batch}, L={cfg.lookahead}, "
                  f"{servers}, {fixed}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
 
 
 def plot_speedup_vs_trainers(result: SimulateResult, path: Path) -> None:
-    """Speed-up over sync and iteration time vs trainers (global batch fixed)."""
-    _plot(result, path, "trainers", "trainers", "trainers (global batch fixed)", True)
+    """Speed-up over sync, iteration time and rank 0's share vs trainers (the global batch
+    fixed, or the samples per trainer: `sweep_scaling`)."""
+    cfg = result.config
+    kept = ("global batch fixed" if cfg.sweep_scaling == "strong"
+            else f"{cfg.batch_size // cfg.trainers:,} samples a trainer")
+    _plot(result, path, "trainers", "trainers", f"trainers ({kept})", True)
 
 
 def plot_speedup_vs_bandwidth(result: SimulateResult, path: Path) -> None:
-    """Speed-up over sync and iteration time vs link bandwidth."""
-    label = ("embedding servers' link bandwidth (Gbit/s)" if result.config.cluster.trainer_gbps
-             is not None else "link bandwidth (Gbit/s)")
+    """Speed-up over sync, iteration time and rank 0's share vs link bandwidth."""
+    label = ("embedding servers' and rank 0's link bandwidth (Gbit/s)"
+             if result.config.cluster.trainer_gbps is not None else "link bandwidth (Gbit/s)")
     _plot(result, path, "net_gbps", "net_gbps", label, False)

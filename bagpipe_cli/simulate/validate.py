@@ -6,6 +6,12 @@ iterations, lookahead, round, cache rows, staleness, trainers, servers), compute
 calibrated from the same run's non-communication timers (`calibrate.compute_of`), the
 network from its config, and the prediction's median iteration time is compared with the
 measured `median_iter_ms`.
+
+For every distributed run that counted its traffic, the plan bytes rank 0 sent per
+iteration (`roles.oracle.traffic.sent_per_iteration.plan`) are checked against the model's
+(`simulate/plans.py`) too, within `BYTES_TOLERANCE`. In-process runs have no rank 0 link,
+and runs from before the count have nothing to compare: they are skipped for that check
+(`plan_check` says why).
 """
 
 from __future__ import annotations
@@ -24,12 +30,41 @@ from bagpipe_cli.simulate.model import Prediction, Volumes, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
 
 TOLERANCE = 0.20  # |predicted / measured - 1| within which a run passes
+BYTES_TOLERANCE = 0.10  # |predicted / counted - 1| of rank 0's plan bytes per iteration
 
 
 @dataclass
 class ValidationRow:
     run: MeasuredRun
     prediction: Prediction
+
+    @property
+    def plan_check(self) -> str:
+        """Whether rank 0's bytes are checked: "checked", or why not."""
+        if self.run.trace.runtime != "distributed":
+            return "in-process run: no rank 0 link"
+        if self.run.counted_plan_bytes is None:
+            return "not counted (a result from before rank 0 counted its traffic)"
+        return "checked"
+
+    @property
+    def predicted_plan_bytes(self) -> float:
+        return 1e6 * self.prediction.oracle_mb_per_iter
+
+    @property
+    def plan_error(self) -> float:
+        """predicted / counted - 1 (rank 0's plan bytes per iteration); NaN where unchecked."""
+        c = self.run.counted_plan_bytes
+        if self.plan_check != "checked" or not c:
+            return math.nan
+        return self.predicted_plan_bytes / c - 1
+
+    @property
+    def plan_ok(self) -> bool | None:
+        """Within BYTES_TOLERANCE; None where unchecked."""
+        if self.plan_check != "checked":
+            return None
+        return abs(self.plan_error) <= BYTES_TOLERANCE
 
     @property
     def error(self) -> float:
@@ -49,6 +84,10 @@ class ValidationRow:
             "measured_ms": r.measured_median_ms, "error": self.error, "ok": self.ok,
             "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
             "exposed_fetch_ms": p.exposed_fetch_ms, "exposed_sync_ms": p.exposed_sync_ms,
+            "oracle_ms_per_iter": p.oracle_ms_per_iter, "exposed_plan_ms": p.exposed_plan_ms,
+            "predicted_plan_bytes": self.predicted_plan_bytes,
+            "counted_plan_bytes": r.counted_plan_bytes, "plan_error": self.plan_error,
+            "plan_ok": self.plan_ok, "plan_check": self.plan_check,
             "run_path": str(r.path),
         }
 

@@ -7,10 +7,18 @@ read, so the counts are the ones a run records in metrics.csv: rows fetched per
 round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
 per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
 are split by shard (`key % K`) because every server has its own link.
+
+Rank 0 is traced too: what its plans weigh on the wire (`simulate/plans.py`, distributed
+runtime) and how long its planner takes per batch. As in a run, the planner is handed each
+batch already read and indexed (a run's loader workers do that in parallel), so its time is
+the planning alone; sync, het and local run the planner their runs' rank 0 runs (no_plan's
+oracle of lookahead 1).
 """
 
 from __future__ import annotations
 
+import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,13 +28,15 @@ import numpy as np
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
 from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.engine.feed import batch_start
-from bagpipe_cli.engine.oracle import Oracle, plan_peak
+from bagpipe_cli.engine.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.oracle import Oracle, RoundPlan, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
+from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.model import SYSTEMS, Volumes
 
 RUNTIMES = ("inproc", "distributed")
@@ -156,7 +166,8 @@ class _Trace:
         return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(),
                        np.zeros((i, m, k), np.int64), z.copy(),
                        np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64),
-                       messages=self.cfg.trainers if self.distributed else 1)
+                       messages=self.cfg.trainers if self.distributed else 1,
+                       plan_bytes=np.zeros(i, np.int64))
 
     def slices(self, keys: np.ndarray) -> list[np.ndarray]:
         """The unique keys of each trainer's samples."""
@@ -169,6 +180,67 @@ class _Trace:
         k = self.cfg.servers
         return sum(_by_shard(x, k) for x in self.slices(kb)) if self.distributed else _by_shard(uniq, k)
 
+    @property
+    def key_bytes(self) -> int:
+        return plans.key_bytes(self.total)
+
+    def send(self, v: Volumes, b: int, nbytes: int) -> None:
+        """Rank 0 sends `nbytes` of plans for the round starting at b (nothing crosses a
+        link in-process: the plans stay in the process)."""
+        if self.distributed:
+            v.plan_bytes[b] += nbytes
+
+    def planned(self, planner: Any, v: Volumes, hold_keys: bool = False
+                ) -> Iterator[tuple[RoundPlan, list[np.ndarray]]]:
+        """The planner's rounds over the traced batches (each with its batches' keys when
+        `hold_keys`); when they are done, `v.plan_ms` is the planner's time per batch, the
+        batches' reading and indexing left out (`_Batches`), and the end of the plans is sent.
+
+        `plan_ms` is the median over the rounds of a round's time per batch: the mean would
+        take in the first touches of the planner's tables and whatever else ran on the
+        machine for a moment, which a long run does not pay every round."""
+        batches = _Batches(self, hold_keys)
+        rounds = planner.plan(batches)
+        per_batch = []
+        while True:
+            t0, read0 = time.perf_counter(), batches.seconds
+            rp = next(rounds, None)
+            spent = time.perf_counter() - t0 - (batches.seconds - read0)
+            if rp is None:
+                break
+            if rp.iters:
+                per_batch += [max(0.0, spent) / len(rp.iters)] * len(rp.iters)
+            yield rp, [batches.held.popleft() for _ in rp.iters] if hold_keys else []
+        v.plan_ms = 1e3 * float(np.median(per_batch)) if per_batch else 0.0
+        if self.distributed:
+            v.plan_end_bytes += plans.END
+
+
+class _Batches:
+    """The traced batches as a run's rank 0 hands them to its planner: read and indexed
+    (UniqueKeys) by its loader workers, in parallel with the planning. `seconds` is the time
+    spent on that here, which is not the planner's; `held` keeps each batch's keys until
+    its round is planned (`hold`)."""
+
+    def __init__(self, t: _Trace, hold: bool):
+        self.t, self.hold = t, hold
+        self.seconds = 0.0
+        self.held: deque[np.ndarray] = deque()
+
+    def __iter__(self) -> Iterator[UniqueKeys]:
+        keysets = KeySets(self.t.total)
+        it = self.t.keys()
+        while True:
+            t0 = time.perf_counter()
+            keys = next(it, None)
+            if keys is None:
+                return
+            u = keysets.unique(keys)
+            if self.hold:
+                self.held.append(keys)
+            self.seconds += time.perf_counter() - t0
+            yield u
+
 
 def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists."""
@@ -177,8 +249,8 @@ def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     v = t.empty(s.name)
     v.round_start[:] = False
     v.prefetch_ahead = True
-    n = cfg.trainers
-    for rp in oracle.plan(t.keys()):
+    n, kb = cfg.trainers, t.key_bytes
+    for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
         if t.distributed:  # each trainer fetches the round but the others' private rows
@@ -189,6 +261,8 @@ def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
             v.write_back[p.b] = _by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
+        t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
+                                            [len(p.evict_keys) for p in rp.iters]))
     t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
         raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
@@ -200,13 +274,15 @@ def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
 def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     """A fixed-capacity baseline (lru/lfu/fae): misses fetched when the iteration starts,
     victims written back first, by the plan its registry entry builds."""
-    k, capacity = t.cfg.servers, t.capacity()
+    k, capacity, kb = t.cfg.servers, t.capacity(), t.key_bytes
     trace = t.trace()
     decisions = policy(s.name).decisions(trace, capacity, t.cfg.hot_sample)
     v = t.empty(s.name)
-    for rp in PolicyPlanner(decisions, trace, t.total).plan(t.keys()):
-        if not rp.iters:
-            continue  # the final write-back of every resident row, after training
+    for rp, _ in t.planned(PolicyPlanner(decisions, trace, t.total), v):
+        if not rp.iters:  # the final write-back of every resident row, after training
+            if t.distributed:
+                v.plan_end_bytes += plans.policy_last(kb, len(rp.pre_evict_keys))
+            continue
         p = rp.iters[0]
         # Distributed: the cache is replicated, every trainer fetches the round's misses.
         v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k) * (t.cfg.trainers if t.distributed else 1)
@@ -214,7 +290,21 @@ def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
         v.write_back[p.b] = _by_shard(p.evict_keys, k)
         v.sync_now[p.b] = p.sync_now
         v.unique_rows[p.b] = len(p.uniq)
+        t.send(v, p.b, plans.policy_round(kb, len(rp.fetch_keys), len(rp.pre_evict_keys),
+                                          len(p.uniq), len(p.evict_keys)))
     return v
+
+
+def _no_plan(t: _Trace) -> Oracle:
+    """The planner of a system without a planned cache (engine/planner.py's `no_plan`)."""
+    return Oracle(t.total, 1, 1, t.cfg.trainers, None)
+
+
+def _planless_round(t: _Trace, s: SystemSpec, v: Volumes, b: int, uniq: np.ndarray) -> None:
+    """Rank 0's plan of iteration b of a system without a planned cache: U_b where its
+    trainers read the global batch, else |U_b| alone."""
+    n = t.cfg.trainers
+    t.send(v, b, plans.view_round(t.key_bytes, n, len(uniq)) if s.global_view else plans.count_round(n))
 
 
 def fetched_volumes(t: _Trace, s: SystemSpec) -> Volumes:
@@ -222,10 +312,11 @@ def fetched_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     v = t.empty(s.name)
     v.push_gradients = True
     v.empty_fetch_message = t.cfg.servers == 1  # a fetch is sent even for no rows
-    for b, kb in enumerate(t.keys()):
-        uniq = np.unique(kb)
+    for rp, (keys,) in t.planned(_no_plan(t), v, hold_keys=True):
+        b, uniq = rp.iters[0].b, rp.iters[0].uniq
         v.unique_rows[b] = len(uniq)
-        v.read_fetch[b, 0] = v.write_back[b] = t.pushed(kb, uniq)
+        v.read_fetch[b, 0] = v.write_back[b] = t.pushed(keys, uniq)
+        _planless_round(t, s, v, b, uniq)
     return v
 
 
@@ -236,24 +327,29 @@ def stale_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     v = t.empty(s.name, 1 if t.distributed else n)
     v.push_gradients = True
     state = _HetState(t.total, n, cfg.staleness)
-    for b, kb in enumerate(t.keys()):
-        uniq = np.unique(kb)
+    for rp, (keys,) in t.planned(_no_plan(t), v, hold_keys=True):
+        b, uniq = rp.iters[0].b, rp.iters[0].uniq
         v.unique_rows[b] = len(uniq)
-        needs = state.step(kb, uniq)
+        needs = state.step(keys, uniq)
         if t.distributed:  # the server serves the trainers' fetches in turn
             needs = [np.concatenate(needs)]
         for i, need in enumerate(needs):
             v.read_fetch[b, i] = _by_shard(need, k)
-        v.write_back[b] = t.pushed(kb, uniq)
+        v.write_back[b] = t.pushed(keys, uniq)
+        _planless_round(t, s, v, b, uniq)
     return v
 
 
 def local_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     """Every table on the trainer (local): nothing moves but the all-reduce of U_b's rows."""
     v = t.empty(s.name)
-    for b, kb in enumerate(t.keys()):
-        v.unique_rows[b] = v.sync_now[b] = len(np.unique(kb))
+    for rp, _ in t.planned(_no_plan(t), v):
+        b, uniq = rp.iters[0].b, rp.iters[0].uniq
+        v.unique_rows[b] = v.sync_now[b] = len(uniq)
+        _planless_round(t, s, v, b, uniq)
     return v
+
+
 class _HetState:
     """HetSystem's rule: a trainer refetches a row it has not cached or whose copy lags
     the servers' version by more than `staleness`; every row of U_b gets one version more."""

@@ -1,0 +1,114 @@
+"""Rank 0's plans: the bytes it sends (each round's plan, as a `--procs` / torchrun run's rank
+0 sends it), and the pipeline stages of sending them (`plan_stages`).
+
+A round's plan crosses as `engine/distributed/rounds.py`'s `shared_round` of the planner's
+RoundPlan, encoded by `engine/distributed/wire.py` (a length, a pickle, large arrays raw).
+Its bytes are the arrays' bytes, which grow with the rows, plus a fixed part (the
+pickled RoundPlan and IterPlans, each array's header, the length), measured on encoded
+rounds. `tests/test_simulate.py` holds these formulas equal to `wire.encode` of real rounds
+(to a few bytes) and to the bytes real runs count. With `kb` the bytes of a key (4 where
+every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1:
+
+    lookahead (bagpipe)   734 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
+    policy (lru/lfu/fae)  825 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
+                          410 + R (kb + 4)       the last round: every resident row written back
+    global view (het, local)   733 + U kb + 16 N                      (one iteration a round)
+    no global view (sync)      711 + 16 N
+    the end of the plans       31
+
+F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
+evicted after b, R: rows resident at the end, N trainers; 16 N: two arrays of N int64s per
+iteration (`no_sync_owner_rows`, `private_fetched`).
+
+Rank 0 plans each round and sends it to trainer 0, which passes it on to trainers 1 and 2,
+and so on down a binary tree (`engine/distributed/relay.py`); rounds travel ahead of use, so
+both are pipeline stages: `plan_stages` gives their time per iteration.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from bagpipe_cli.simulate.model import Cluster, Volumes
+
+INT32_KEYS = 2**31 - 1  # rounds.key_dtype: int32 keys where every row's key fits
+
+SLOT = 4  # int32 cache slot of a row
+OWNER = 2  # int16 one trainer using a row (bagpipe)
+ROW_CLASS = 1  # int8 LRPP class of a row (bagpipe)
+PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per iteration
+
+# The fixed part of an encoded round (bytes), measured on wire.encode(shared_round(...)).
+LOOKAHEAD_ROUND = 734
+LOOKAHEAD_ITER = 264
+POLICY_ROUND = 825  # a policy round: always one iteration
+POLICY_LAST = 410  # the write-back round after the last iteration (no iterations)
+VIEW_ROUND = 733  # U_b and nothing else
+COUNT_ROUND = 711  # |U_b| alone
+END = 31  # the None that ends the plans
+RELAY_FANOUT = 2  # engine/distributed/relay.py's FANOUT (a test holds them equal): the trainers
+#                   a trainer passes each plan on to
+
+
+def key_bytes(total_rows: int) -> int:
+    """Bytes of a key on the wire."""
+    return 4 if total_rows <= INT32_KEYS else 8
+
+
+def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evicted: list[int]) -> int:
+    """A bagpipe round: its fetched rows (with slot and owner), and per iteration U_b (with
+    slot, class and owner) and the evicted rows (with slot)."""
+    return (LOOKAHEAD_ROUND + LOOKAHEAD_ITER * len(uniq) + fetched * (kb + SLOT + OWNER)
+            + sum(uniq) * (kb + SLOT + ROW_CLASS + OWNER) + sum(evicted) * (kb + SLOT)
+            + PER_TRAINER * trainers * len(uniq))
+
+
+def policy_round(kb: int, fetched: int, pre_evicted: int, uniq: int, evicted: int) -> int:
+    """An lru/lfu/fae round of one iteration: every list with its slots."""
+    return POLICY_ROUND + (fetched + pre_evicted + uniq + evicted) * (kb + SLOT) + 8
+
+
+def policy_last(kb: int, resident: int) -> int:
+    """The round after the last iteration: every resident row written back."""
+    return POLICY_LAST + resident * (kb + SLOT)
+
+
+def view_round(kb: int, trainers: int, uniq: int) -> int:
+    """A round of one iteration of a system without a planned cache: U_b (het, local)."""
+    return VIEW_ROUND + uniq * kb + PER_TRAINER * trainers
+
+
+def count_round(trainers: int) -> int:
+    """A round of one iteration that carries |U_b| alone (sync)."""
+    return COUNT_ROUND + PER_TRAINER * trainers
+
+
+def bytes_per_iteration(vol: Volumes) -> float:
+    """Rank 0's plan bytes per iteration of the run (what a run's traffic counts)."""
+    sent = 0 if vol.plan_bytes is None else int(vol.plan_bytes.sum())
+    return (sent + vol.plan_end_bytes) / max(1, vol.iterations)
+
+
+def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
+    """Per iteration, in seconds: rank 0's time (planning the batch, and its share of sending
+    its round's plan on its link, a CPU machine's as the servers') and the busiest relaying
+    trainer's (its share of sending the round's plan on to its children on its own link).
+    Without `cluster.plans_on_network` (a --procs run: loopback) the planning alone."""
+    I = vol.iterations  # noqa: E741 - the paper's symbol
+    oracle, relay = np.full(I, vol.plan_ms * 1e-3), np.zeros(I)
+    if vol.plan_bytes is None or not I or not cluster.plans_on_network:
+        return oracle, relay
+    link, relay_link = cluster.network, cluster.trainer_network
+    copies = min(RELAY_FANOUT, cluster.trainers - 1)  # trainer 0's children
+    starts = np.flatnonzero(vol.round_start)
+    if not len(starts) or starts[0] != 0:
+        starts = np.concatenate([[0], starts])
+    for a, b in zip(starts, [*starts[1:], I], strict=True):
+        nbytes = int(vol.plan_bytes[a:b].sum())
+        if nbytes:
+            oracle[a:b] += link.transfer_seconds(nbytes) / (b - a)
+            relay[a:b] += copies * relay_link.transfer_seconds(nbytes) / (b - a)
+    return oracle, relay
