@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from bagpipe_cli.data.preprocess.stream import InputStream
+from bagpipe_cli.data.preprocess.stream import InputStream, describe_bytes
 from bagpipe_cli.errors import DataError
 
 PARQUET_SUFFIXES = (".parquet", ".pq")
@@ -55,7 +55,7 @@ class Block:
     path: Path
     first_line: int  # 1-based line (or, for Parquet, row) number of the block's first line
     line_numbers: np.ndarray | None = None  # per row, when rows were dropped; else consecutive
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line, problem) dropped by the parser
+    bad: list[tuple[int, str, str]] = field(default_factory=list)  # (line, problem, cause) the parser dropped
     unit: str = "line"  # "line" for text, "row" for Parquet
 
     def lines(self, rows: np.ndarray) -> np.ndarray:
@@ -70,6 +70,13 @@ class Block:
         return f"{self.path}:{line}" if self.unit == "line" else f"{self.path}: row {line}"
 
 
+def one_line(e: BaseException | str) -> str:
+    """A library's error message as one printable line (pyarrow's may span several, or hold
+    bytes of the file it could not read)."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    return "".join(c if c.isprintable() else "?" for c in text)
+
+
 def is_parquet(path: Path) -> bool:
     """Whether `path` is a Parquet file, by its magic bytes (`PAR1` at the start; any name:
     `clicks.parquet.brotli` too). A file named like Parquet without them is an error."""
@@ -82,23 +89,33 @@ def is_parquet(path: Path) -> bool:
     if magic == PARQUET_MAGIC:
         return True
     if path.suffix.lower() in PARQUET_SUFFIXES:
+        with open(path, "rb") as f:
+            looks = describe_bytes(f.read(1 << 12))
         raise DataError(f"{path}: named like a Parquet file, but it does not start with "
-                        f"{PARQUET_MAGIC.decode()}: not a Parquet file")
+                        f"{PARQUET_MAGIC.decode()}: not a Parquet file"
+                        + (f" (it looks like {looks})" if looks else ""))
     return False
 
 
 def read_header(path: Path, fmt: TextFormat) -> list[str]:
-    """Column names from a text file's first line, or a Parquet file's schema."""
+    """Column names from a text file's first line, or a Parquet file's schema.
+
+    Names must be distinct: a file with two columns of one name is refused, naming it.
+    """
     path = Path(path)
     if is_parquet(path):
         try:
-            return list(pq.ParquetFile(path).schema_arrow.names)
+            names = list(pq.ParquetFile(path).schema_arrow.names)
         except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+            raise DataError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
+        if not names:
+            raise DataError(f"{path}: the Parquet schema has no columns")
+        _check_distinct(path, names, f"{path}: the Parquet schema")
+        return names
     s = InputStream(path)
     try:
         buf = b""
-        while b"\n" not in buf:
+        while b"\n" not in buf and len(buf) <= _SUB_BLOCK:
             more = s.read(1 << 16)
             if not more:
                 break
@@ -106,24 +123,41 @@ def read_header(path: Path, fmt: TextFormat) -> list[str]:
     finally:
         s.close()
     if not buf.strip():
-        raise DataError(f"{path}: empty file")
+        raise DataError(f"{path}: empty file (no header line, no rows)")
+    if b"\n" not in buf and len(buf) > _SUB_BLOCK:
+        raise DataError(f"{path}:1: no line break in the first {_SUB_BLOCK:,} bytes; the first "
+                        "line must be a header naming the columns (lines may end in \\n or \\r\\n)")
     line = buf.split(b"\n", 1)[0].rstrip(b"\r")
     try:
         text = line.decode("utf-8-sig")
     except UnicodeDecodeError as e:
-        raise DataError(f"{path}:1: header is not UTF-8 text") from e
+        raise DataError(f"{path}:1: header is not UTF-8 text (byte {line[e.start]:#04x} at "
+                        f"column {e.start + 1}); save the file as UTF-8") from None
+    if not text.strip():
+        raise DataError(f"{path}:1: the first line is empty; it must be a header naming the columns")
+    if "\r" in text:
+        raise DataError(f"{path}:1: a carriage return (\\r) inside the line; lines must end in \\n "
+                        "or \\r\\n (convert old Mac line endings)")
     if fmt.quoting:
         try:
-            names = next(csv.reader([text], delimiter=fmt.delimiter))
-        except (csv.Error, StopIteration) as e:  # e.g. a carriage return inside the line
+            names = next(csv.reader([text], delimiter=fmt.delimiter, strict=True))
+        except (csv.Error, StopIteration) as e:  # an unclosed quote, a lone carriage return
             raise DataError(f"{path}:1: the header is not a CSV line ({e})") from None
     else:
         names = text.split(fmt.delimiter)
     names = [n.strip() for n in names]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise DataError(f"{path}:1: duplicate column names in the header: {', '.join(dup)}")
+    _check_distinct(path, names, f"{path}:1: the header")
     return names
+
+
+def _check_distinct(path: Path, names: list[str], where: str) -> None:
+    """Refuse a header or schema that names a column twice: which one would be read?"""
+    seen: dict[str, int] = {}
+    for i, n in enumerate(names):
+        if n in seen:
+            raise DataError(f"{where} names column {n!r} twice (columns {seen[n] + 1} and {i + 1}); "
+                            "rename one")
+        seen[n] = i
 
 
 def _raw_blocks(s: InputStream, block_size: int, skip_header: bool) -> Iterator[tuple[memoryview, int]]:
@@ -223,6 +257,37 @@ def _fields(text: str, fmt: TextFormat) -> int:
     return text.count(fmt.delimiter) + 1
 
 
+def _non_finite(table: pa.Table) -> bool:
+    """Whether a float column the parser typed holds inf or NaN (a missing value is null)."""
+    for col in table.columns:
+        if pa.types.is_floating(col.type):
+            finite = pc.sum(pc.is_finite(col)).as_py() or 0
+            if finite + col.null_count != len(col):
+                return True
+    return False
+
+
+def _unmatched_lines(block: bytes, first: int, path: Path, fmt: TextFormat, more_rows: bool) -> str:
+    """Why the parser found another number of rows than a block has lines, at which line.
+
+    More rows: a carriage return that is not part of a \\r\\n ends a row for the parser
+    but not a line for us. Fewer: a quoted field holds a line break (two lines, one row).
+    """
+    lines = block.split(b"\n")
+    if more_rows:
+        for i, ln in enumerate(lines):
+            if b"\r" in ln.rstrip(b"\r"):
+                return (f"{path}:{first + i}: a carriage return (\\r) inside the line; lines must "
+                        "end in \\n or \\r\\n (convert old Mac line endings)")
+    elif fmt.quoting:
+        for i, ln in enumerate(lines):
+            if ln.count(b'"') % 2:
+                return (f"{path}:{first + i}: a quoted field runs onto the next line; line "
+                        "breaks inside fields are not supported")
+    return (f"{path}:{first}-{first + len(lines) - 2}: could not match rows to lines "
+            "(line breaks inside fields are not supported)")
+
+
 def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[str, pa.DataType],
                      block_size: int, hasher: hashlib._Hash | None = None,
                      field_hint: Callable[[int, str], str] | None = None) -> Iterator[Block]:
@@ -243,27 +308,32 @@ def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[
             line += nlines
             try:
                 table, bad_texts = _parse(buf, names, types, fmt, len(names))
+                if _non_finite(table):
+                    raise pa.ArrowInvalid("a number that is not finite")
             except pa.ArrowInvalid:
-                # A value did not convert: parse again with every column as text.
+                # A value did not convert, or is inf/nan (or beyond a float64, which the
+                # parser makes inf): parse again with every column as text, so that the
+                # decoder checks them and names the value as it is written.
                 text_types = {c: pa.binary() for c in types}
                 try:
                     table, bad_texts = _parse(buf, names, text_types, fmt, len(names))
                 except pa.ArrowInvalid as e:
-                    raise DataError(f"{path}:{first}-{line - 1}: cannot parse ({e})") from e
+                    raise DataError(f"{path}:{first}-{line - 1}: cannot parse ({one_line(e)})") from e
             block = Block(table, path, first)
+            keep = np.ones(nlines, bool)
             if bad_texts:
                 located = _locate(bytes(buf), bad_texts)
                 block.bad = [
                     (first + i, f"expected {len(names)} fields, found {_fields(t, fmt)}"
-                                f"{field_hint(_fields(t, fmt), t) if field_hint else ''}")
+                                f"{field_hint(_fields(t, fmt), t) if field_hint else ''}",
+                     "wrong number of fields")
                     for i, t in located
                 ]
-                keep = np.ones(nlines, bool)
                 keep[[i for i, _ in located]] = False
                 block.line_numbers = first + np.flatnonzero(keep)
-                if len(block.line_numbers) != table.num_rows:  # e.g. a quoted newline
-                    raise DataError(f"{path}:{first}-{line - 1}: could not match rows to lines "
-                                    "(fields with line breaks are not supported)")
+            if int(keep.sum()) != table.num_rows:  # a line break inside a field, or a lone \r
+                raise DataError(_unmatched_lines(bytes(buf), first, path, fmt,
+                                                 more_rows=table.num_rows > keep.sum()))
             yield block
     finally:
         s.close()
@@ -281,12 +351,16 @@ def iter_parquet_blocks(path: Path, types: dict[str, pa.DataType], rows: int) ->
             cols = {}
             for name in types:
                 col = batch.column(name)
-                cols[name] = _cast_loosely(col, types[name])
+                try:
+                    cols[name] = _cast_loosely(col, types[name])
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise DataError(f"{path}: column {name!r} holds {col.type} values; preprocess "
+                                    "reads columns of numbers, strings or booleans") from None
             table = pa.table(cols)
             yield Block(table, path, start + 1, unit="row")
             start += batch.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+        raise DataError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
     if start == 0:
         raise DataError(f"{path}: no rows")
 
