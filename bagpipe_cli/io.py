@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import functools
 import json
 import math
 import os
@@ -293,48 +292,32 @@ def read_yaml(path: Path, what: str | None = None) -> Any:
 
     where = what or str(path)
     try:
-        return yaml.load(read_text(path, what), Loader=_unique_key_loader())  # a SafeLoader
-    except _DuplicateKey as e:
-        raise ConfigError(f"{where}: line {e.line}: key {e.key!r} is given twice in one mapping "
-                          f"(first at line {e.first}); remove one (YAML would silently keep "
-                          "the later value)") from None
+        return yaml.load(read_text(path, what), Loader=_unique_key_loader(yaml, where))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}:" if mark is not None else ""
         raise ConfigError(f"{where}:{line} not valid YAML ({getattr(e, 'problem', None) or e})") from None
 
 
-class _DuplicateKey(Exception):
-    """A mapping key written twice (line numbers 1-based)."""
-
-    def __init__(self, key: Any, line: int, first: int):
-        super().__init__(key, line, first)
-        self.key, self.line, self.first = key, line, first
-
-
-@functools.cache
-def _unique_key_loader() -> type:
-    """A yaml.SafeLoader that refuses a key given twice in one mapping (`_DuplicateKey`).
-
-    The check runs before merge keys (`<<: *base`) are flattened, so a key that overrides
-    a merged one is allowed, as YAML means it to be.
-    """
-    import yaml
+def _unique_key_loader(yaml: Any, where: str) -> type:
+    """A yaml.SafeLoader that refuses a key given twice in one mapping. The check runs before
+    merge keys (`<<: *base`) are flattened: a key may override a merged one, as YAML means."""
 
     class UniqueKeyLoader(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
-            if isinstance(node, yaml.MappingNode):
-                seen: dict[Any, int] = {}
-                for key_node, _ in node.value:
-                    if key_node.tag == "tag:yaml.org,2002:merge":
-                        continue
-                    key = self.construct_object(key_node, deep=True)
-                    try:
-                        if key in seen:
-                            raise _DuplicateKey(key, key_node.start_mark.line + 1, seen[key] + 1)
-                        seen[key] = key_node.start_mark.line
-                    except TypeError:  # an unhashable key: the base class names it
-                        continue
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise ConfigError(f"{where}: line {line}: key {key!r} is given twice in one "
+                                          f"mapping (first at line {seen[key]}); remove one (YAML "
+                                          "would silently keep the later value)")
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base class names it
+                    continue
             return super().construct_mapping(node, deep=deep)
 
     return UniqueKeyLoader

@@ -371,7 +371,8 @@ def test_an_id_array_of_the_wrong_width_names_the_table_size(tmp_path):
     meta["tables"][0]["cardinality"] = 10**12  # ids would be int64; the file holds int32
     (ds / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(DataError, match=r"int32 ids, but meta.json gives table 'c1' "
-                                        r"1,000,000,000,000 rows, more than int32 ids can number"):
+                                        r"1,000,000,000,000 rows, whose ids are int64 \(int64 only "
+                                        r"above 2,147,483,647 rows\)"):
         open_dataset(ds)
     meta["tables"][0]["cardinality"] = 3
     (ds / "meta.json").write_text(json.dumps(meta))

@@ -315,48 +315,38 @@ def read_meta(path: Path) -> DatasetMeta:
 def _not_regular(path: Path) -> str | None:
     """Why `path` is not a regular file to read (None: it is one)."""
     try:
-        st = path.stat()
+        mode = path.stat().st_mode
     except FileNotFoundError:
-        if path.is_symlink():
-            return f"a broken symlink (to {os.readlink(path)})"
-        return "missing"
+        return f"a broken symlink (to {os.readlink(path)})" if path.is_symlink() else "missing"
     except OSError as e:
         return f"cannot be read: {e.strerror or e}"
-    if stat.S_ISREG(st.st_mode):
+    if stat.S_ISREG(mode):
         return None
-    kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a device" if
-            stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) else "a pipe" if
-            stat.S_ISFIFO(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "special")
+    kind = next((k for test, k in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a device"),
+                                   (stat.S_ISBLK, "a device"), (stat.S_ISFIFO, "a pipe"))
+                 if test(mode)), "a socket or other special file")
     target = f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
     return f"not a regular file: it is {kind}{target}"
 
 
-def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...], what: str,
+def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],
                 table: TableSpec | None = None) -> np.ndarray:
-    """Map one array of a dataset, checked against meta.json; `what` names it in errors
-    ("the ids of table 'C1'"), and `table` says why its ids have the dtype they must have."""
+    """Map one array of a dataset, checked against meta.json (`table`: whose ids it holds)."""
     why = _not_regular(path)
-    if why == "missing":
-        raise DataError(f"{path}: missing array file ({what})")
     if why is not None:
-        raise DataError(f"{path}: {why}; expected the .npy array of {what}")
+        raise DataError(f"{path}: missing array file" if why == "missing" else
+                        f"{path}: {why}; expected a .npy array")
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, SyntaxError, EOFError) as e:
         raise DataError(f"{path}: not a readable .npy array ({e})") from e
     if a.dtype != dtype:
-        if table is not None and a.dtype in (np.int32, np.int64):
-            # The ids' width follows the table's size in meta.json: the two disagree.
-            if dtype == np.int64:
-                raise DataError(f"{path}: {a.dtype} ids, but meta.json gives table {table.name!r} "
-                                f"{table.cardinality:,} rows, more than int32 ids can number "
-                                f"({_INT32_MAX:,}), so its ids must be int64: meta.json and the "
-                                "arrays disagree (re-create the dataset)")
+        if table is not None and a.dtype in (np.int32, np.int64):  # the width follows the size
             raise DataError(f"{path}: {a.dtype} ids, but meta.json gives table {table.name!r} "
-                            f"{table.cardinality:,} rows, whose ids are int32 (int64 only above "
-                            f"{_INT32_MAX:,} rows): meta.json and the arrays disagree "
-                            "(re-create the dataset)")
-        raise DataError(f"{path}: dtype {a.dtype}, expected {dtype} for {what}")
+                            f"{table.cardinality:,} rows, whose ids are {dtype} (int64 only above "
+                            f"{_INT32_MAX:,} rows): meta.json and the arrays disagree (re-create "
+                            "the dataset)")
+        raise DataError(f"{path}: dtype {a.dtype}, expected {dtype}")
     if a.shape != shape:
         raise DataError(f"{path}: shape {a.shape}, expected {shape} from meta.json")
     return a
@@ -369,13 +359,10 @@ def open_dataset(path: Path | str, verify: bool = False) -> Dataset:
     meta = read_meta(path)
     arrays: dict[str, np.ndarray] = {}
     for t, spec in enumerate(meta.tables):
-        arrays[sparse_file(t)] = _open_array(path / sparse_file(t), spec.dtype, (meta.rows,),
-                                             f"the ids of table {spec.name!r}", spec)
-    arrays[DENSE_FILE] = _open_array(path / DENSE_FILE, np.dtype(np.float32),
-                                     (meta.rows, meta.num_dense), "the dense features")
+        arrays[sparse_file(t)] = _open_array(path / sparse_file(t), spec.dtype, (meta.rows,), spec)
+    arrays[DENSE_FILE] = _open_array(path / DENSE_FILE, np.dtype(np.float32), (meta.rows, meta.num_dense))
     if meta.label is not None:
-        arrays[LABELS_FILE] = _open_array(path / LABELS_FILE, np.dtype(np.float32), (meta.rows,),
-                                          "the labels")
+        arrays[LABELS_FILE] = _open_array(path / LABELS_FILE, np.dtype(np.float32), (meta.rows,))
     ds = Dataset(path, meta, arrays)
     if verify:
         ds.verify()

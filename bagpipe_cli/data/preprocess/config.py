@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe_cli.data.preprocess.reader import is_parquet
+from bagpipe_cli.data.preprocess.sniff import is_parquet
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_int, check_memory, check_table_rows
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import re
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from bagpipe_cli.data.preprocess.reader import (
     iter_text_blocks,
     prefetch,
 )
+from bagpipe_cli.data.preprocess.values import fmt_value, not_finite, numbers
 from bagpipe_cli.data.preprocess.vocab import hex_bad, value_keys
 from bagpipe_cli.errors import DataError
 
@@ -108,59 +108,6 @@ class DecodedBlock:
 _Issue = tuple[np.ndarray, Callable[[int], str], str]
 
 
-_SHOWN = 40  # characters of a bad value a message shows
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    if isinstance(v, str) and len(v) > _SHOWN:  # a message stays one readable line
-        return f"{v[: _SHOWN // 2]!r}...({len(v):,} characters)"
-    return repr(v)
-
-
-_INT_RE = r"^\s*[+-]?[0-9]+\s*$"
-_FLOAT_RE = r"^\s*[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))\s*$"
-_NAMED_NON_FINITE = re.compile(r"^\s*[+-]?(inf|infinity|nan)\s*$", re.IGNORECASE)
-
-
-def _numbers(col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(float64 values, bad mask, missing mask) of a numeric column.
-
-    Missing is an empty field (null); its value is NaN. A value written as `nan` is NaN but
-    not missing, and `inf` or a number beyond a float64 (1e400) is infinite: the callers
-    decide what those mean. A typed column was validated by the parser; a text column (the
-    slow path, after a value that did not convert) is checked here, vectorised.
-    """
-    missing = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else np.zeros(len(col), bool)
-    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
-        vals = pc.cast(col, pa.float64(), safe=False).to_numpy()  # nulls -> NaN; |x| > 2^53 rounds
-        return vals, np.zeros(len(vals), bool), missing
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    arr = pc.cast(arr, pa.binary())
-    ok = pc.fill_null(pc.match_substring_regex(arr, _INT_RE if integer else _FLOAT_RE), True)
-    bad = ~ok.to_numpy(zero_copy_only=False)
-    clean = pc.if_else(ok, arr, pa.scalar(b"0", pa.binary()))
-    text = pc.replace_substring_regex(pc.utf8_trim_whitespace(pc.cast(clean, pa.string())), r"^\+", "")
-    vals = pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
-    vals = np.where(bad, np.nan, vals)
-    return vals, bad, missing
-
-
-def _not_finite(name: str, col: pa.ChunkedArray, r: int) -> str:
-    """Why value `r` of numeric column `name`, which is inf or NaN, cannot be used."""
-    v = col[r].as_py()
-    if isinstance(v, bytes | str):  # as written in a text file
-        text = v.decode("utf-8", "replace") if isinstance(v, bytes) else v
-        if not _NAMED_NON_FINITE.match(text):  # digits that overflow: 1e400
-            return (f"{name} = {_fmt_value(text.strip())} is beyond the range of a 64-bit float "
-                    "(about 1.8e308)")
-        return f"{name} = {text.strip()!r} is not a finite number; an empty field is a missing value"
-    return f"{name} = {v!r} is not a finite number; a null is a missing value"
-
-
 def _dict_encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
     """(codes, distinct values in order of first appearance); missing rows get len(values)."""
     enc = pc.dictionary_encode(col)
@@ -219,7 +166,7 @@ def _cat(spec: CatSpec, col: pa.ChunkedArray) -> tuple[CatColumn | None, _Issue 
         valid[-1] = False
     if bad.any():
         rows = np.flatnonzero(bad[codes])
-        return None, (rows, lambda r: (f"{spec.name} = {_fmt_value(col[int(r)].as_py())} is not "
+        return None, (rows, lambda r: (f"{spec.name} = {fmt_value(col[int(r)].as_py())} is not "
                                        "a hexadecimal value of 1-8 digits"),
                       f"{spec.name}: not hexadecimal")
     return CatColumn(codes, keys, valid, values), None
@@ -227,7 +174,7 @@ def _cat(spec: CatSpec, col: pa.ChunkedArray) -> tuple[CatColumn | None, _Issue 
 
 def _hour_parts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Avazu `hour` (YYMMDDHH) -> (hour of day, day of week, missing, bad) per row."""
-    vals, bad, missing = _numbers(col, integer=True)
+    vals, bad, missing = numbers(col, integer=True)
     with np.errstate(invalid="ignore"):
         huge = ~np.isnan(vals) & (np.abs(vals) >= 1e10)  # no YYMMDDHH; beyond int64, maybe
     bad |= huge
@@ -261,15 +208,15 @@ def _dense(name: str, col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, 
         x = np.maximum(pc.fill_null(col, 0).to_numpy(), 0).astype(np.float32)
         x += 1  # exact for integers: log(1 + x) == log1p(x) here, and log is vectorised
         return np.log(x, out=x), []
-    vals, bad, missing = _numbers(col, integer)
+    vals, bad, missing = numbers(col, integer)
     issues: list[_Issue] = []
     if bad.any():
         kind = "an integer" if integer else "a number"
-        issues.append((np.flatnonzero(bad), lambda r: f"{name} = {_fmt_value(col[int(r)].as_py())} "
+        issues.append((np.flatnonzero(bad), lambda r: f"{name} = {fmt_value(col[int(r)].as_py())} "
                                                        f"is not {kind}", f"{name}: not {kind}"))
-    not_finite = ~bad & ~missing & ~np.isfinite(vals)
-    if not_finite.any():
-        issues.append((np.flatnonzero(not_finite), lambda r: _not_finite(name, col, int(r)),
+    inf_or_nan = ~bad & ~missing & ~np.isfinite(vals)
+    if inf_or_nan.any():
+        issues.append((np.flatnonzero(inf_or_nan), lambda r: not_finite(name, col, int(r)),
                        f"{name}: not finite"))
     with np.errstate(invalid="ignore"):
         vals = np.log1p(np.maximum(vals, 0.0))  # NaN (missing or bad) stays NaN
@@ -281,7 +228,7 @@ def _label(layout: Layout, t: pa.Table, empty_rows: Callable[[], np.ndarray],
            issues: list[_Issue]) -> np.ndarray:
     name = layout.label
     raw = t.column(name)
-    lab, bad, missing = _numbers(raw, integer=False)
+    lab, bad, missing = numbers(raw, integer=False)
     wrong = ~missing & (lab != 0) & (lab != 1)  # nan, inf and a bad value too (NaN)
     if missing.any():
         empty = empty_rows()
@@ -292,7 +239,7 @@ def _label(layout: Layout, t: pa.Table, empty_rows: Callable[[], np.ndarray],
                 issues.append((np.flatnonzero(rows), lambda r, what=what: what, cause))
     if wrong.any():
         issues.append((np.flatnonzero(wrong), lambda r: (
-            f"{name} = {_fmt_value(raw[int(r)].as_py())} is not 0 or 1"), f"{name}: not 0 or 1"))
+            f"{name} = {fmt_value(raw[int(r)].as_py())} is not 0 or 1"), f"{name}: not 0 or 1"))
     return np.where(wrong | missing, 0, lab).astype(np.float32)
 
 
@@ -357,7 +304,7 @@ def _hour_issues(t: pa.Table, hours: dict[str, Future[_HourParts]]) -> list[_Iss
         if bad.any():
             col = t.column(c)
             issues.append((np.flatnonzero(bad), lambda r, col=col, c=c: (
-                f"{c} = {_fmt_value(col[int(r)].as_py())} is not YYMMDDHH"), f"{c}: not YYMMDDHH"))
+                f"{c} = {fmt_value(col[int(r)].as_py())} is not YYMMDDHH"), f"{c}: not YYMMDDHH"))
     return issues
 
 

@@ -6,8 +6,9 @@ block holds whole lines and pyarrow keeps empty lines (as all-null rows), row i 
 is line `first_line + i` of the file: no per-line Python work is needed to know where a
 row came from. Lines with the wrong number of fields are dropped by pyarrow's
 `invalid_row_handler`; only then is the block searched for them to learn their line
-numbers. A block whose numbers do not convert is parsed again with those columns as raw
-bytes, and the caller validates them itself (the slow path, taken only for bad input).
+numbers. A block whose numbers do not convert, or hold inf or nan, is parsed again with
+those columns as raw bytes, and the caller validates them itself (the slow path, taken
+only for bad input). What a file is, before it is read, is `sniff`'s to say.
 
 The raw bytes are hashed (sha256) as they are read (`stream`), so a checksum costs no
 extra read.
@@ -30,21 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
-from bagpipe_cli.data.preprocess.stream import InputStream, describe_bytes
+from bagpipe_cli.data.preprocess.sniff import MAX_LINE, TextFormat, one_line
+from bagpipe_cli.data.preprocess.stream import InputStream
 from bagpipe_cli.errors import DataError
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-PARQUET_MAGIC = b"PAR1"
-_SUB_BLOCK = 1 << 20  # pyarrow's own parallel parse unit (also the longest line allowed)
-
-
-@dataclass(frozen=True)
-class TextFormat:
-    """How a delimited text file is laid out."""
-
-    delimiter: str = ","
-    quoting: bool = True  # '"' quotes fields (CSV); off for Criteo's TSV
-    header: bool = True  # the first line holds column names
+_SUB_BLOCK = MAX_LINE  # pyarrow's own parallel parse unit (also the longest line allowed)
 
 
 @dataclass
@@ -68,96 +59,6 @@ class Block:
     def where(self, line: int) -> str:
         """`FILE:LINE` for text, `FILE: row N` for Parquet (for error messages)."""
         return f"{self.path}:{line}" if self.unit == "line" else f"{self.path}: row {line}"
-
-
-def one_line(e: BaseException | str) -> str:
-    """A library's error message as one printable line (pyarrow's may span several, or hold
-    bytes of the file it could not read)."""
-    text = " ".join(str(e).split()) or type(e).__name__
-    return "".join(c if c.isprintable() else "?" for c in text)
-
-
-def is_parquet(path: Path) -> bool:
-    """Whether `path` is a Parquet file, by its magic bytes (`PAR1` at the start; any name:
-    `clicks.parquet.brotli` too). A file named like Parquet without them is an error."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(len(PARQUET_MAGIC))
-    except OSError:
-        return False  # reading it later gives the error
-    if magic == PARQUET_MAGIC:
-        return True
-    if path.suffix.lower() in PARQUET_SUFFIXES:
-        with open(path, "rb") as f:
-            looks = describe_bytes(f.read(1 << 12))
-        raise DataError(f"{path}: named like a Parquet file, but it does not start with "
-                        f"{PARQUET_MAGIC.decode()}: not a Parquet file"
-                        + (f" (it looks like {looks})" if looks else ""))
-    return False
-
-
-def read_header(path: Path, fmt: TextFormat) -> list[str]:
-    """Column names from a text file's first line, or a Parquet file's schema.
-
-    Names must be distinct: a file with two columns of one name is refused, naming it.
-    """
-    path = Path(path)
-    if is_parquet(path):
-        try:
-            names = list(pq.ParquetFile(path).schema_arrow.names)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
-        if not names:
-            raise DataError(f"{path}: the Parquet schema has no columns")
-        _check_distinct(path, names, f"{path}: the Parquet schema")
-        return names
-    s = InputStream(path)
-    try:
-        buf = b""
-        while b"\n" not in buf and len(buf) <= _SUB_BLOCK:
-            more = s.read(1 << 16)
-            if not more:
-                break
-            buf += more
-    finally:
-        s.close()
-    if not buf.strip():
-        raise DataError(f"{path}: empty file (no header line, no rows)")
-    if b"\n" not in buf and len(buf) > _SUB_BLOCK:
-        raise DataError(f"{path}:1: no line break in the first {_SUB_BLOCK:,} bytes; the first "
-                        "line must be a header naming the columns (lines may end in \\n or \\r\\n)")
-    line = buf.split(b"\n", 1)[0].rstrip(b"\r")
-    try:
-        text = line.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}:1: header is not UTF-8 text (byte {line[e.start]:#04x} at "
-                        f"column {e.start + 1}); save the file as UTF-8") from None
-    if not text.strip():
-        raise DataError(f"{path}:1: the first line is empty; it must be a header naming the columns")
-    if "\r" in text:
-        raise DataError(f"{path}:1: a carriage return (\\r) inside the line; lines must end in \\n "
-                        "or \\r\\n (convert old Mac line endings)")
-    if fmt.quoting:
-        try:
-            names = next(csv.reader([text], delimiter=fmt.delimiter, strict=True))
-        except (csv.Error, StopIteration) as e:  # an unclosed quote, a lone carriage return
-            raise DataError(f"{path}:1: the header is not a CSV line ({e})") from None
-    else:
-        names = text.split(fmt.delimiter)
-    names = [n.strip() for n in names]
-    _check_distinct(path, names, f"{path}:1: the header")
-    return names
-
-
-def _check_distinct(path: Path, names: list[str], where: str) -> None:
-    """Refuse a header or schema that names a column twice: which one would be read?"""
-    seen: dict[str, int] = {}
-    for i, n in enumerate(names):
-        if n in seen:
-            raise DataError(f"{where} names column {n!r} twice (columns {seen[n] + 1} and {i + 1}); "
-                            "rename one")
-        seen[n] = i
 
 
 def _raw_blocks(s: InputStream, block_size: int, skip_header: bool) -> Iterator[tuple[memoryview, int]]:
