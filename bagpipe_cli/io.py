@@ -16,6 +16,7 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -227,16 +228,41 @@ def _why_kept(p: Path, out: Path) -> str:
 
 def read_yaml(path: Path, what: str | None = None) -> Any:
     """A YAML input file (UTF-8, as `read_text` reads it), parsed; a file that is not YAML is
-    one error naming the file, the line and the problem."""
+    one error naming the file, the line and the problem. A key written twice in one mapping
+    (at any depth) is refused too, naming both lines: YAML would keep the later value."""
     import yaml  # only the commands that read a YAML file pay for it
 
     where = what or str(path)
     try:
-        return yaml.safe_load(read_text(path, what))
+        return yaml.load(read_text(path, what), Loader=_unique_key_loader(yaml, where))
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = f" line {mark.line + 1}:" if mark is not None else ""
         raise ConfigError(f"{where}:{line} not valid YAML ({getattr(e, 'problem', None) or e})") from None
+
+
+def _unique_key_loader(yaml: Any, where: str) -> type:
+    """A yaml.SafeLoader that refuses a key given twice in one mapping. The check runs before
+    merge keys (`<<: *base`) are flattened: a key may override a merged one, as YAML means."""
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value if isinstance(node, yaml.MappingNode) else ():
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key, line = self.construct_object(key_node, deep=True), key_node.start_mark.line + 1
+                try:
+                    if key in seen:
+                        raise ConfigError(f"{where}: line {line}: key {key!r} is given twice in one "
+                                          f"mapping (first at line {seen[key]}); remove one (YAML "
+                                          "would silently keep the later value)")
+                    seen[key] = line
+                except TypeError:  # an unhashable key: the base class names it
+                    continue
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def read_text(path: Path, what: str | None = None) -> str:
@@ -244,6 +270,11 @@ def read_text(path: Path, what: str | None = None) -> str:
     and its line. `what` names the file in errors (default: its path)."""
     where = what or str(path)
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) or stat.S_ISSOCK(mode):
+            # /dev/zero would be read forever; a pipe (`<(...)`) ends, and is read.
+            raise ConfigError(f"{where}: not a regular file (it is a device or a socket); "
+                              "give a text file")
         data = Path(path).read_bytes()
     except OSError as e:
         raise ConfigError(f"{where}: cannot read: {e.strerror or e}") from None

@@ -78,6 +78,13 @@ def world(tiny_dataset, tmp_path_factory) -> dict[str, str]:
     p["csv_latin1"].write_bytes("é,a\n1,u\n".encode("latin-1"))
     p["fake_parquet"] = d / "fake.parquet"
     p["fake_parquet"].write_text("y,a\n1,u\n")
+    p["csv_zstd"] = d / "zstd.csv"
+    p["csv_zstd"].write_bytes(pa.compress(b"y,a\n1,u\n", codec="zstd", asbytes=True))
+    p["csv_inf_dense"] = d / "inf-dense.csv"
+    p["csv_inf_dense"].write_text("y,a,x\n1,u,3\n0,v,inf\n")
+    p["parquet_dup"] = d / "dup.parquet"
+    pq.write_table(pa.Table.from_arrays([pa.array([0, 1]), pa.array(["a", "b"]), pa.array(["c", "d"])],
+                                        names=["y", "c1", "c1"]), p["parquet_dup"])
     p["parquet"] = d / "clicks.parquet.brotli"
     pq.write_table(pa.table({"label": [0, 1, 0], "a": ["x", "y", "z"]}), p["parquet"],
                    compression="brotli")
@@ -101,6 +108,10 @@ def world(tiny_dataset, tmp_path_factory) -> dict[str, str]:
     p["ds_inf_dense"] = _damaged_dataset(tiny_dataset, d / "ds-inf-dense", "dense.npy", 3, np.inf)
     p["ds_nan_dense"] = _damaged_dataset(tiny_dataset, d / "ds-nan-dense", "dense.npy", 10, np.nan)
     p["ds_huge"] = _huge_dataset(tiny_dataset, d / "ds-huge")
+    p["ds_zero_link"] = d / "ds-zero-link"
+    shutil.copytree(tiny_dataset, p["ds_zero_link"])
+    (p["ds_zero_link"] / "cat_001.npy").unlink()
+    (p["ds_zero_link"] / "cat_001.npy").symlink_to("/dev/zero")
     p["ds_corrupt_meta"] = d / "ds-corrupt-meta"
     shutil.copytree(tiny_dataset, p["ds_corrupt_meta"])
     (p["ds_corrupt_meta"] / "meta.json").write_text('{"schema_version": 1, "rows": ')
@@ -123,6 +134,8 @@ def world(tiny_dataset, tmp_path_factory) -> dict[str, str]:
     }.items():
         p[name] = d / f"{name}.yaml"
         p[name].write_text(json.dumps({**bench, **change}).replace("NaN", ".nan"))
+    p["bench_dup_key"] = d / "dup-key.yaml"
+    p["bench_dup_key"].write_text("name: b\nsystems: [sync]\nrepeat: 1\nsystems: [lru]\n")
     p["bench_not_yaml"] = d / "broken.yaml"
     p["bench_not_yaml"].write_text("name: x\ndatasets: [\n  - {a: 1\n")
     p["results_empty"] = d / "no-runs"
@@ -140,7 +153,7 @@ CASES: list[tuple[str, str, int]] = [
     ("preprocess criteo {csv}", "clicks.csv:1: expected 40 fields, found 1 (it is separated by ','", 2),
     ("preprocess criteo {csv} --on-bad-line skip", "every one of the 41 data lines was bad", 2),
     ("preprocess criteo {criteo_label2}", "label2.tsv:2: label = 2 is not 0 or 1", 2),
-    ("preprocess criteo {criteo_label_nan}", "label-nan.tsv:2: missing label", 2),
+    ("preprocess criteo {criteo_label_nan}", "label-nan.tsv:2: label = 'nan' is not 0 or 1", 2),
     ("preprocess criteo {criteo_dense_float}", "dense-float.tsv:3: I1 = '1e39' is not an integer", 2),
     ("preprocess criteo {criteo_dense_text}", "dense-text.tsv:1: I1 = 'x' is not an integer", 2),
     ("preprocess criteo {criteo_long_id}", "long-id.tsv:2: C1 = '99999999999999999999999'", 2),
@@ -162,7 +175,8 @@ CASES: list[tuple[str, str, int]] = [
     ("preprocess csv {csv} --label y --categorical a --sep ;", "--sep ';': the header of", 2),
     ("preprocess csv {csv} --label y --categorical a --sep ab", "--sep must be one character", 2),
     ("preprocess csv {csv} --label nope --categorical a", "--label: column 'nope' not in", 2),
-    ("preprocess csv {csv} --label y --categorical a --dense a", "column(s) a given more than once", 2),
+    ("preprocess csv {csv} --label y --categorical a --dense a",
+     "--dense: column 'a' is given to both --categorical and --dense", 2),
     ("preprocess csv {csv_bad_dense} --label y --categorical a --dense x",
      "bad-dense.csv:3: x = 'abc' is not a number", 2),
     ("preprocess csv {csv_bad_label} --label y --categorical a --dense x",
@@ -174,6 +188,12 @@ CASES: list[tuple[str, str, int]] = [
     ("preprocess csv {csv_latin1} --label y --categorical a", "latin1.csv:1: header is not UTF-8", 2),
     ("preprocess csv {fake_parquet} --label y --categorical a", "fake.parquet: named like a Parquet", 2),
     ("preprocess csv {csv} --label y --categorical a --vocab-from {missing}", "no-such-thing", 2),
+    ("preprocess csv {csv_zstd} --label y --categorical a",
+     "zstd.csv: not a text file: it looks like a zstd-compressed file", 2),
+    ("preprocess csv {csv_inf_dense} --label y --categorical a --dense x",
+     "inf-dense.csv:3: x = 'inf' is not a finite number", 2),
+    ("preprocess csv {parquet_dup} --label y --categorical c1",
+     "dup.parquet: the Parquet schema names column 'c1' twice (columns 2 and 3)", 2),
     ("preprocess avazu {avazu_hour}", "avazu.csv:3: hour = 9223372036854775807 is not YYMMDDHH", 2),
     ("preprocess avazu {avazu_no_click}", "avazu-no-click.csv:1: no 'click' column", 2),
     # ---- synth: the option, with what it would take
@@ -197,6 +217,7 @@ CASES: list[tuple[str, str, int]] = [
     ("profile {ds_inf_dense}", "dense.npy: row 3: dense feature 'I1' is inf", 2),
     ("profile {ds_huge}", "profiling the 1,000,000,009,080 embedding rows of", 2),
     ("profile {ds_corrupt_meta}", "meta.json: corrupt JSON", 2),
+    ("profile {ds_zero_link}", "cat_001.npy: not a regular file: it is a device", 2),
     ("profile {ds_bad_options}", "meta.json: field 'options' must be a JSON object", 2),
     ("profile {missing}", "no-such-thing: no such directory", 2),
     ("profile {tiny} --batch-size 0", "--batch-size must be >= 1", 2),
@@ -253,6 +274,7 @@ CASES: list[tuple[str, str, int]] = [
     ("bench {bench_synth}", "datasets[0].synth: --scale 1e+12", 2),
     ("bench {bench_unknown}", "unknown key 'base.lookahed'", 2),
     ("bench {bench_not_yaml}", "broken.yaml: line", 2),
+    ("bench {bench_dup_key}", "dup-key.yaml: line 4: key 'systems' is given twice", 2),
     ("bench {missing}", "bench config", 2),
     # ---- report
     ("report {missing}", "no-such-thing: no such results folder", 2),

@@ -99,8 +99,9 @@ def _summary(r: PreprocessResult, out: Path) -> None:
     if bad["count"]:
         first = bad["first"][0]
         where = first.get("line", first.get("row"))
-        table.add_row("bad lines skipped", f"{bad['count']:,} (first: {first['file']}:{where}: "
-                      f"{first['problem']})")
+        causes = ", ".join(f"{c} ({n:,})" for c, n in (bad.get("causes") or {}).items())
+        table.add_row("bad lines skipped", f"{bad['count']:,}" + (f": {causes}" if causes else "")
+                      + f" (first: {first['file']}:{where}: {first['problem']})")
     table.add_row("time", f"{r.seconds:.1f} s ({format_si(r.rows_per_second)} rows/s)")
     console.print(table)
 

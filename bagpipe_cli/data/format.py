@@ -25,6 +25,8 @@ from __future__ import annotations
 import hashlib
 import json
 import mmap
+import os
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -297,9 +299,12 @@ def read_meta(path: Path) -> DatasetMeta:
     if not path.is_dir():
         raise ConfigError(f"dataset {path}: not a directory")
     mpath = path / META_FILE
-    if not mpath.is_file():
+    why = _not_regular(mpath)
+    if why == "missing":
         raise DataError(f"{path} is not a bagpipe dataset (no {META_FILE}); create one with "
                         "`bagpipe synth` or `bagpipe preprocess`")
+    if why is not None:
+        raise DataError(f"{mpath}: {why}; expected the dataset's JSON description")
     try:
         raw = json.loads(mpath.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -307,14 +312,40 @@ def read_meta(path: Path) -> DatasetMeta:
     return DatasetMeta.from_json(raw, str(mpath))
 
 
-def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
-    if not path.is_file():
-        raise DataError(f"{path}: missing array file")
+def _not_regular(path: Path) -> str | None:
+    """Why `path` is not a regular file to read (None: it is one)."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"a broken symlink (to {os.readlink(path)})" if path.is_symlink() else "missing"
+    except OSError as e:
+        return f"cannot be read: {e.strerror or e}"
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((k for test, k in ((stat.S_ISDIR, "a directory"), (stat.S_ISCHR, "a device"),
+                                   (stat.S_ISBLK, "a device"), (stat.S_ISFIFO, "a pipe"))
+                 if test(mode)), "a socket or other special file")
+    target = f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
+    return f"not a regular file: it is {kind}{target}"
+
+
+def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],
+                table: TableSpec | None = None) -> np.ndarray:
+    """Map one array of a dataset, checked against meta.json (`table`: whose ids it holds)."""
+    why = _not_regular(path)
+    if why is not None:
+        raise DataError(f"{path}: missing array file" if why == "missing" else
+                        f"{path}: {why}; expected a .npy array")
     try:
         a = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, OSError, SyntaxError, EOFError) as e:
         raise DataError(f"{path}: not a readable .npy array ({e})") from e
     if a.dtype != dtype:
+        if table is not None and a.dtype in (np.int32, np.int64):  # the width follows the size
+            raise DataError(f"{path}: {a.dtype} ids, but meta.json gives table {table.name!r} "
+                            f"{table.cardinality:,} rows, whose ids are {dtype} (int64 only above "
+                            f"{_INT32_MAX:,} rows): meta.json and the arrays disagree (re-create "
+                            "the dataset)")
         raise DataError(f"{path}: dtype {a.dtype}, expected {dtype}")
     if a.shape != shape:
         raise DataError(f"{path}: shape {a.shape}, expected {shape} from meta.json")
@@ -328,7 +359,7 @@ def open_dataset(path: Path | str, verify: bool = False) -> Dataset:
     meta = read_meta(path)
     arrays: dict[str, np.ndarray] = {}
     for t, spec in enumerate(meta.tables):
-        arrays[sparse_file(t)] = _open_array(path / sparse_file(t), spec.dtype, (meta.rows,))
+        arrays[sparse_file(t)] = _open_array(path / sparse_file(t), spec.dtype, (meta.rows,), spec)
     arrays[DENSE_FILE] = _open_array(path / DENSE_FILE, np.dtype(np.float32), (meta.rows, meta.num_dense))
     if meta.label is not None:
         arrays[LABELS_FILE] = _open_array(path / LABELS_FILE, np.dtype(np.float32), (meta.rows,))

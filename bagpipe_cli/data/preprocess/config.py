@@ -6,12 +6,30 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe_cli.data.preprocess.reader import is_parquet
+from bagpipe_cli.data.preprocess.sniff import is_parquet
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_int, check_memory, check_table_rows
 
 FORMATS = ("criteo", "avazu", "csv")
 BLOCKS_IN_FLIGHT = 8  # input blocks' worth of memory a pass holds at once (raw, parsed, decoded)
+
+
+def _check_roles(label: str, categorical: tuple[str, ...], dense: tuple[str, ...]) -> None:
+    """Refuse a column named twice: in one option, in two, or as the label and a feature.
+
+    A column is read once and means one thing; a second mention would become a second table
+    (or feature) holding the same values, or feed the label to the model.
+    """
+    seen: dict[str, str] = {"": ""}
+    for opt, names in (("--label", (label,)), ("--categorical", categorical), ("--dense", dense)):
+        for n in names:
+            if n == "":
+                raise ConfigError(f"{opt}: an empty column name (two commas in a row?)")
+            if n in seen:
+                where = f"twice in {opt}" if seen[n] == opt else f"to both {seen[n]} and {opt}"
+                raise ConfigError(f"{opt}: column {n!r} is given {where}; a column is read once, "
+                                  "as the label, a categorical or a dense feature")
+            seen[n] = opt
 
 
 @dataclass(frozen=True)
@@ -48,13 +66,12 @@ class PreprocessConfig:
                 raise ConfigError("--label: give the label column")
             if not self.categorical:
                 raise ConfigError("--categorical: give at least one categorical column")
-            cols = [self.label, *self.categorical, *self.dense]
-            dup = sorted({c for c in cols if cols.count(c) > 1})
-            if dup:
-                raise ConfigError(f"--categorical/--dense/--label: column(s) {', '.join(dup)} "
-                                  "given more than once")
+            _check_roles(self.label, self.categorical, self.dense)
             if len(self.sep) != 1:
                 raise ConfigError(f"--sep must be one character (got {self.sep!r})")
+            if self.sep in '"\r\n':
+                raise ConfigError(f"--sep {self.sep!r}: a quote or a line break cannot separate "
+                                  "fields")
         elif any(is_parquet(p) for p in self.inputs):
             raise ConfigError(f"INPUT: Parquet input needs `bagpipe preprocess csv`, not {self.format}")
         if self.hour not in ("split", "keep"):

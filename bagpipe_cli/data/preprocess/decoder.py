@@ -30,6 +30,7 @@ from bagpipe_cli.data.preprocess.reader import (
     iter_text_blocks,
     prefetch,
 )
+from bagpipe_cli.data.preprocess.values import fmt_value, not_finite, numbers
 from bagpipe_cli.data.preprocess.vocab import hex_bad, value_keys
 from bagpipe_cli.errors import DataError
 
@@ -43,27 +44,40 @@ _HOURS = np.array([f"{h:02d}" for h in range(24)], dtype=object)
 
 @dataclass
 class BadLines:
-    """Bad input lines: the first one is an error, or (skip) all are counted."""
+    """Bad input lines: the first one is an error, or (skip) all are counted.
+
+    A line counts once however many problems it has; `causes` counts the lines per cause
+    ("COLUMN: what is wrong", e.g. "price: not finite"), so meta.json and the summary say
+    which columns were dropped for what.
+    """
 
     mode: str
     count: int = 0
     first: list[dict[str, Any]] = field(default_factory=list)
     per_file: dict[str, int] = field(default_factory=dict)
+    causes: dict[str, int] = field(default_factory=dict)
 
-    def take(self, block: Block, found: list[tuple[int, str]]) -> None:
-        """Handle (line, problem) pairs of one block: raise, or record them."""
+    def take(self, block: Block, found: list[tuple[int, str, str]]) -> None:
+        """Handle (line, problem, cause) triples of one block: raise, or record them."""
         if not found:
             return
-        found.sort(key=lambda x: x[0])
+        found.sort(key=lambda x: x[0])  # stable: a line's problems stay in the order listed
         if self.mode == "error":
-            line, problem = found[0]
+            line, problem, _ = found[0]
             raise DataError(f"{block.where(line)}: {problem} (pass --on-bad-line skip to skip "
                             "bad lines)")
-        self.count += len(found)
+        by_line: dict[int, list[tuple[str, str]]] = {}
+        for line, problem, cause in found:
+            by_line.setdefault(line, []).append((problem, cause))
+        self.count += len(by_line)
         key = str(block.path)
-        self.per_file[key] = self.per_file.get(key, 0) + len(found)
-        for line, problem in found[: max(0, _BAD_LINES_KEPT - len(self.first))]:
-            self.first.append({"file": key, block.unit: line, "problem": problem})
+        self.per_file[key] = self.per_file.get(key, 0) + len(by_line)
+        for problems in by_line.values():
+            for cause in dict.fromkeys(c for _, c in problems):
+                self.causes[cause] = self.causes.get(cause, 0) + 1
+        for line, problems in list(by_line.items())[: max(0, _BAD_LINES_KEPT - len(self.first))]:
+            self.first.append({"file": key, block.unit: line,
+                               "problem": "; ".join(dict.fromkeys(p for p, _ in problems))})
 
 
 # --------------------------------------------------------------------------- decoding
@@ -89,40 +103,9 @@ class DecodedBlock:
     cats: list[CatColumn]
 
 
-# An issue: bad row positions and how to describe one of them.
-_Issue = tuple[np.ndarray, Callable[[int], str]]
-
-
-def _fmt_value(v: Any) -> str:
-    if isinstance(v, bytes):
-        v = v.decode("utf-8", "replace")
-    if isinstance(v, float) and v.is_integer():
-        v = int(v)
-    return repr(v)
-
-
-_INT_RE = r"^\s*[+-]?[0-9]+\s*$"
-_FLOAT_RE = r"^\s*[+-]?(([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?|(?i:inf|infinity|nan))\s*$"
-
-
-def _numbers(col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, np.ndarray]:
-    """(float64 values with NaN for missing, bad mask) of a numeric column.
-
-    A typed column was validated by the parser; a text column (the slow path, after a
-    value that did not convert) is checked here, vectorised.
-    """
-    if pa.types.is_integer(col.type) or pa.types.is_floating(col.type) or pa.types.is_boolean(col.type):
-        vals = pc.cast(col, pa.float64(), safe=False).to_numpy()  # nulls -> NaN; |x| > 2^53 rounds
-        return vals, np.zeros(len(vals), bool)
-    arr = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    arr = pc.cast(arr, pa.binary())
-    ok = pc.fill_null(pc.match_substring_regex(arr, _INT_RE if integer else _FLOAT_RE), True)
-    bad = ~ok.to_numpy(zero_copy_only=False)
-    clean = pc.if_else(ok, arr, pa.scalar(b"0", pa.binary()))
-    text = pc.replace_substring_regex(pc.utf8_trim_whitespace(pc.cast(clean, pa.string())), r"^\+", "")
-    vals = pc.cast(text, pa.float64()).to_numpy(zero_copy_only=False)
-    vals = np.where(bad, np.nan, vals)
-    return vals, bad
+# An issue: bad row positions, how to describe one of them, and its cause for the counts
+# (`BadLines.causes`: "COLUMN: what is wrong").
+_Issue = tuple[np.ndarray, Callable[[int], str], str]
 
 
 def _dict_encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
@@ -183,15 +166,15 @@ def _cat(spec: CatSpec, col: pa.ChunkedArray) -> tuple[CatColumn | None, _Issue 
         valid[-1] = False
     if bad.any():
         rows = np.flatnonzero(bad[codes])
-        return None, (rows, lambda r: (f"{spec.name} = {_fmt_value(col[int(r)].as_py())} is not "
-                                       "a hexadecimal value of 1-8 digits"))
+        return None, (rows, lambda r: (f"{spec.name} = {fmt_value(col[int(r)].as_py())} is not "
+                                       "a hexadecimal value of 1-8 digits"),
+                      f"{spec.name}: not hexadecimal")
     return CatColumn(codes, keys, valid, values), None
 
 
 def _hour_parts(col: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Avazu `hour` (YYMMDDHH) -> (hour of day, day of week, missing, bad) per row."""
-    vals, bad = _numbers(col, integer=True)
-    missing = np.isnan(vals) & ~bad
+    vals, bad, missing = numbers(col, integer=True)
     with np.errstate(invalid="ignore"):
         huge = ~np.isnan(vals) & (np.abs(vals) >= 1e10)  # no YYMMDDHH; beyond int64, maybe
     bad |= huge
@@ -215,38 +198,49 @@ def _derived_cat(labels: np.ndarray, which: np.ndarray, missing: np.ndarray) -> 
     return pa.chunked_array([pa.array(vals, pa.string())])
 
 
-def _dense(name: str, col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, _Issue | None]:
-    """log(1 + max(x, 0)) of one dense column (missing -> 0), or its bad rows."""
+def _dense(name: str, col: pa.ChunkedArray, integer: bool) -> tuple[np.ndarray, list[_Issue]]:
+    """log(1 + max(x, 0)) of one dense column (missing -> 0), or its bad rows.
+
+    A value that is not a number, and one that is not finite (inf, nan, 1e400), is a bad
+    line: no value of the transform stands for it, and 0 would pass for a real one.
+    """
     if pa.types.is_integer(col.type):  # the fast path: no NaN, float32 throughout
         x = np.maximum(pc.fill_null(col, 0).to_numpy(), 0).astype(np.float32)
         x += 1  # exact for integers: log(1 + x) == log1p(x) here, and log is vectorised
-        return np.log(x, out=x), None
-    vals, bad = _numbers(col, integer)
-    issue = None
+        return np.log(x, out=x), []
+    vals, bad, missing = numbers(col, integer)
+    issues: list[_Issue] = []
     if bad.any():
         kind = "an integer" if integer else "a number"
-        issue = (np.flatnonzero(bad), lambda r: f"{name} = {_fmt_value(col[int(r)].as_py())} is not {kind}")
+        issues.append((np.flatnonzero(bad), lambda r: f"{name} = {fmt_value(col[int(r)].as_py())} "
+                                                       f"is not {kind}", f"{name}: not {kind}"))
+    inf_or_nan = ~bad & ~missing & ~np.isfinite(vals)
+    if inf_or_nan.any():
+        issues.append((np.flatnonzero(inf_or_nan), lambda r: not_finite(name, col, int(r)),
+                       f"{name}: not finite"))
     with np.errstate(invalid="ignore"):
-        vals = np.log1p(np.maximum(vals, 0.0))  # NaN (missing) stays NaN
-    vals[~np.isfinite(vals)] = 0.0
-    return vals.astype(np.float32), issue
+        vals = np.log1p(np.maximum(vals, 0.0))  # NaN (missing or bad) stays NaN
+    vals[~np.isfinite(vals)] = 0.0  # missing -> 0; a bad row's value is never written
+    return vals.astype(np.float32), issues
 
 
 def _label(layout: Layout, t: pa.Table, empty_rows: Callable[[], np.ndarray],
            issues: list[_Issue]) -> np.ndarray:
     name = layout.label
     raw = t.column(name)
-    lab, bad = _numbers(raw, integer=False)
-    missing = np.isnan(lab) & ~bad
-    wrong = bad | (~missing & (lab != 0) & (lab != 1))
+    lab, bad, missing = numbers(raw, integer=False)
+    wrong = ~missing & (lab != 0) & (lab != 1)  # nan, inf and a bad value too (NaN)
     if missing.any():
         empty = empty_rows()
-        issues.append((np.flatnonzero(missing), lambda r: "empty line" if empty[r] else
-                       f"missing label ({name})"))
+        for rows, what, cause in ((missing & empty, "empty line", "empty line"),
+                                  (missing & ~empty, f"missing label ({name})",
+                                   f"{name}: missing label")):
+            if rows.any():
+                issues.append((np.flatnonzero(rows), lambda r, what=what: what, cause))
     if wrong.any():
         issues.append((np.flatnonzero(wrong), lambda r: (
-            f"{name} = {_fmt_value(raw[int(r)].as_py())} is not 0 or 1")))
-    return np.where(np.isnan(lab), 0, lab).astype(np.float32)
+            f"{name} = {fmt_value(raw[int(r)].as_py())} is not 0 or 1"), f"{name}: not 0 or 1"))
+    return np.where(wrong | missing, 0, lab).astype(np.float32)
 
 
 def _decode(block: Block, layout: Layout,
@@ -270,7 +264,7 @@ def _decode(block: Block, layout: Layout,
     if layout.label is not None:
         labels = _label(layout, t, empty_rows, issues)
     elif n and empty_rows().any():
-        issues.append((np.flatnonzero(empty_rows()), lambda r: "empty line"))
+        issues.append((np.flatnonzero(empty_rows()), lambda r: "empty line", "empty line"))
     issues += _hour_issues(t, hours)
     dense = _gather_dense(n, dense_jobs, issues)
     cats = _gather_cats(cat_jobs, issues)
@@ -310,18 +304,17 @@ def _hour_issues(t: pa.Table, hours: dict[str, Future[_HourParts]]) -> list[_Iss
         if bad.any():
             col = t.column(c)
             issues.append((np.flatnonzero(bad), lambda r, col=col, c=c: (
-                f"{c} = {_fmt_value(col[int(r)].as_py())} is not YYMMDDHH")))
+                f"{c} = {fmt_value(col[int(r)].as_py())} is not YYMMDDHH"), f"{c}: not YYMMDDHH"))
     return issues
 
 
-def _gather_dense(n: int, jobs: list[Future[tuple[np.ndarray, _Issue | None]]],
+def _gather_dense(n: int, jobs: list[Future[tuple[np.ndarray, list[_Issue]]]],
                   issues: list[_Issue]) -> np.ndarray:
     """The dense features [n, D] from their per-column jobs; their issues go to `issues`."""
     dense = np.zeros((n, len(jobs)), np.float32)
     for j, job in enumerate(jobs):
-        dense[:, j], issue = job.result()
-        if issue:
-            issues.append(issue)
+        dense[:, j], found = job.result()
+        issues += found
     return dense
 
 
@@ -338,12 +331,12 @@ def _gather_cats(jobs: list[Future[tuple[CatColumn | None, _Issue | None]]],
     return cats  # type: ignore[return-value]
 
 
-def _located(block: Block, issues: list[_Issue]) -> list[tuple[int, str]]:
-    """(line, problem) of every bad row named by `issues`."""
-    found: list[tuple[int, str]] = []
-    for rows, msg in issues:
+def _located(block: Block, issues: list[_Issue]) -> list[tuple[int, str, str]]:
+    """(line, problem, cause) of every bad row named by `issues`."""
+    found: list[tuple[int, str, str]] = []
+    for rows, msg, cause in issues:
         lines = block.lines(rows)
-        found += [(int(ln), msg(int(r))) for r, ln in zip(rows, lines, strict=True)]
+        found += [(int(ln), msg(int(r)), cause) for r, ln in zip(rows, lines, strict=True)]
     return found
 
 
@@ -365,7 +358,7 @@ def decoded_blocks(path: Path, layout: Layout, block_size: int, bad: BadLines,
         if found:
             bad.take(block, found)  # raises unless --on-bad-line skip
             # Drop the bad rows (the parser already dropped the wrong-length lines).
-            bad_lines = np.array(sorted({ln for ln, _ in found}), dtype=np.int64)
+            bad_lines = np.array(sorted({ln for ln, _, _ in found}), dtype=np.int64)
             lines = block.lines(np.arange(block.table.num_rows))
             keep = ~np.isin(lines, bad_lines)
             block = Block(block.table.filter(pa.array(keep)), block.path, block.first_line,

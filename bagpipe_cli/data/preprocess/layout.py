@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from bagpipe_cli.data.preprocess.reader import TextFormat, is_parquet, read_header
+from bagpipe_cli.data.preprocess.sniff import TextFormat, is_parquet, read_header
 from bagpipe_cli.errors import ConfigError, DataError
 
 # Field separators a file may use instead of the expected one, as messages name them.

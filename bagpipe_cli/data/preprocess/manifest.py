@@ -14,7 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from bagpipe_cli.data.format import DatasetMeta, read_meta
+from bagpipe_cli.data.format import META_FILE, DatasetMeta, read_meta
 from bagpipe_cli.data.preprocess.config import PreprocessConfig
 from bagpipe_cli.data.preprocess.decoder import BadLines
 from bagpipe_cli.data.preprocess.layout import Layout
@@ -22,9 +22,11 @@ from bagpipe_cli.data.preprocess.stream import file_sha256
 from bagpipe_cli.data.preprocess.vocab import Vocab
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError, DataError
+from bagpipe_cli.limits import check_table_rows
 
 VOCAB_DIR = "vocab"
-DENSE_TRANSFORM = "log(1 + max(x, 0)); missing or non-finite -> 0"
+DENSE_TRANSFORM = ("log(1 + max(x, 0)); missing (empty) -> 0; a value that is not a finite number "
+                   "(inf, nan, beyond a float64) is a bad line")
 HASH_RULE = "id = 1 + splitmix64(key) mod (R - 1); key: hex value (Criteo) or SipHash of the value"
 
 
@@ -33,10 +35,25 @@ def load_saved_vocabs(cfg: PreprocessConfig, layout: Layout) -> tuple[list[Vocab
     src = cfg.vocab_from
     assert src is not None
     meta = read_meta(src)
+    where = f"--vocab-from {src}: {src / META_FILE}"
     enc = meta.extra.get("encoding") or {}
+    if not isinstance(enc, dict):
+        raise DataError(f"{where}: extra.encoding must be a JSON object")
     if enc.get("mode") == "hash":
-        return None, int(enc["max_rows_per_table"])
-    saved = {t["name"]: t for t in (meta.extra.get("vocab") or {}).get("tables", [])}
+        rows = enc.get("max_rows_per_table")
+        if not isinstance(rows, int) or isinstance(rows, bool) or rows < 2:
+            raise DataError(f"{where}: extra.encoding.max_rows_per_table must be an integer >= 2 "
+                            f"(got {rows!r})")
+        check_table_rows(f"--vocab-from {src} (its max_rows_per_table {rows})", len(layout.cats),
+                         rows)
+        return None, rows
+    vocab = meta.extra.get("vocab") or {}
+    tables = vocab.get("tables", []) if isinstance(vocab, dict) else None
+    if not isinstance(tables, list) or not all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("file"), str)
+            for t in tables):
+        raise DataError(f"{where}: extra.vocab.tables must be a list of {{name, file, kind}}")
+    saved = {t["name"]: t for t in tables}
     vocabs = []
     for spec in layout.cats:
         t = saved.get(spec.name)
@@ -132,7 +149,8 @@ def _extra(cfg: PreprocessConfig, layout: Layout, vocabs: list[Vocab] | None, ha
         "tables": tables,
         "dense_transform": DENSE_TRANSFORM,
         "files": files,
-        "bad_lines": {"mode": cfg.on_bad_line, "count": bad.count, "first": bad.first},
+        "bad_lines": {"mode": cfg.on_bad_line, "count": bad.count, "causes": bad.causes,
+                      "first": bad.first},
     }
     if vocabs is not None:
         extra["vocab"] = {"dir": VOCAB_DIR, "row_to_id": "row i of a table's file has id i + 1; "

@@ -40,6 +40,7 @@ from bagpipe_cli.data.preprocess.config import PreprocessConfig
 from bagpipe_cli.data.preprocess.decoder import BadLines, CatColumn, DecodedBlock, decoded_blocks
 from bagpipe_cli.data.preprocess.layout import Layout, avazu_layout, criteo_layout, csv_layout
 from bagpipe_cli.data.preprocess.manifest import load_saved_vocabs, write_meta
+from bagpipe_cli.data.preprocess.sniff import check_text, is_parquet
 from bagpipe_cli.data.preprocess.vocab import Vocab, VocabCounter, hash_bucket
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import DataError
@@ -95,6 +96,8 @@ class _Inputs:
 def _layouts(cfg: PreprocessConfig) -> list[Layout]:
     out = []
     for p in cfg.inputs:
+        if not is_parquet(p):
+            check_text(p)  # a zstd file or binary junk is named as such, not parsed
         if cfg.format == "criteo":
             out.append(criteo_layout(cfg.label is not None))
         elif cfg.format == "avazu":

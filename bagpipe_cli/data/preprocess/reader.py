@@ -6,8 +6,9 @@ block holds whole lines and pyarrow keeps empty lines (as all-null rows), row i 
 is line `first_line + i` of the file: no per-line Python work is needed to know where a
 row came from. Lines with the wrong number of fields are dropped by pyarrow's
 `invalid_row_handler`; only then is the block searched for them to learn their line
-numbers. A block whose numbers do not convert is parsed again with those columns as raw
-bytes, and the caller validates them itself (the slow path, taken only for bad input).
+numbers. A block whose numbers do not convert, or hold inf or nan, is parsed again with
+those columns as raw bytes, and the caller validates them itself (the slow path, taken
+only for bad input). What a file is, before it is read, is `sniff`'s to say.
 
 The raw bytes are hashed (sha256) as they are read (`stream`), so a checksum costs no
 extra read.
@@ -30,21 +31,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pcsv
 import pyarrow.parquet as pq
 
+from bagpipe_cli.data.preprocess.sniff import MAX_LINE, TextFormat, one_line
 from bagpipe_cli.data.preprocess.stream import InputStream
 from bagpipe_cli.errors import DataError
 
-PARQUET_SUFFIXES = (".parquet", ".pq")
-PARQUET_MAGIC = b"PAR1"
-_SUB_BLOCK = 1 << 20  # pyarrow's own parallel parse unit (also the longest line allowed)
-
-
-@dataclass(frozen=True)
-class TextFormat:
-    """How a delimited text file is laid out."""
-
-    delimiter: str = ","
-    quoting: bool = True  # '"' quotes fields (CSV); off for Criteo's TSV
-    header: bool = True  # the first line holds column names
+_SUB_BLOCK = MAX_LINE  # pyarrow's own parallel parse unit (also the longest line allowed)
 
 
 @dataclass
@@ -55,7 +46,7 @@ class Block:
     path: Path
     first_line: int  # 1-based line (or, for Parquet, row) number of the block's first line
     line_numbers: np.ndarray | None = None  # per row, when rows were dropped; else consecutive
-    bad: list[tuple[int, str]] = field(default_factory=list)  # (line, problem) dropped by the parser
+    bad: list[tuple[int, str, str]] = field(default_factory=list)  # (line, problem, cause) the parser dropped
     unit: str = "line"  # "line" for text, "row" for Parquet
 
     def lines(self, rows: np.ndarray) -> np.ndarray:
@@ -68,62 +59,6 @@ class Block:
     def where(self, line: int) -> str:
         """`FILE:LINE` for text, `FILE: row N` for Parquet (for error messages)."""
         return f"{self.path}:{line}" if self.unit == "line" else f"{self.path}: row {line}"
-
-
-def is_parquet(path: Path) -> bool:
-    """Whether `path` is a Parquet file, by its magic bytes (`PAR1` at the start; any name:
-    `clicks.parquet.brotli` too). A file named like Parquet without them is an error."""
-    path = Path(path)
-    try:
-        with open(path, "rb") as f:
-            magic = f.read(len(PARQUET_MAGIC))
-    except OSError:
-        return False  # reading it later gives the error
-    if magic == PARQUET_MAGIC:
-        return True
-    if path.suffix.lower() in PARQUET_SUFFIXES:
-        raise DataError(f"{path}: named like a Parquet file, but it does not start with "
-                        f"{PARQUET_MAGIC.decode()}: not a Parquet file")
-    return False
-
-
-def read_header(path: Path, fmt: TextFormat) -> list[str]:
-    """Column names from a text file's first line, or a Parquet file's schema."""
-    path = Path(path)
-    if is_parquet(path):
-        try:
-            return list(pq.ParquetFile(path).schema_arrow.names)
-        except (OSError, pa.ArrowException) as e:
-            raise DataError(f"{path}: not a readable Parquet file ({e})") from e
-    s = InputStream(path)
-    try:
-        buf = b""
-        while b"\n" not in buf:
-            more = s.read(1 << 16)
-            if not more:
-                break
-            buf += more
-    finally:
-        s.close()
-    if not buf.strip():
-        raise DataError(f"{path}: empty file")
-    line = buf.split(b"\n", 1)[0].rstrip(b"\r")
-    try:
-        text = line.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}:1: header is not UTF-8 text") from e
-    if fmt.quoting:
-        try:
-            names = next(csv.reader([text], delimiter=fmt.delimiter))
-        except (csv.Error, StopIteration) as e:  # e.g. a carriage return inside the line
-            raise DataError(f"{path}:1: the header is not a CSV line ({e})") from None
-    else:
-        names = text.split(fmt.delimiter)
-    names = [n.strip() for n in names]
-    if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})
-        raise DataError(f"{path}:1: duplicate column names in the header: {', '.join(dup)}")
-    return names
 
 
 def _raw_blocks(s: InputStream, block_size: int, skip_header: bool) -> Iterator[tuple[memoryview, int]]:
@@ -223,6 +158,37 @@ def _fields(text: str, fmt: TextFormat) -> int:
     return text.count(fmt.delimiter) + 1
 
 
+def _non_finite(table: pa.Table) -> bool:
+    """Whether a float column the parser typed holds inf or NaN (a missing value is null)."""
+    for col in table.columns:
+        if pa.types.is_floating(col.type):
+            finite = pc.sum(pc.is_finite(col)).as_py() or 0
+            if finite + col.null_count != len(col):
+                return True
+    return False
+
+
+def _unmatched_lines(block: bytes, first: int, path: Path, fmt: TextFormat, more_rows: bool) -> str:
+    """Why the parser found another number of rows than a block has lines, at which line.
+
+    More rows: a carriage return that is not part of a \\r\\n ends a row for the parser
+    but not a line for us. Fewer: a quoted field holds a line break (two lines, one row).
+    """
+    lines = block.split(b"\n")
+    if more_rows:
+        for i, ln in enumerate(lines):
+            if b"\r" in ln.rstrip(b"\r"):
+                return (f"{path}:{first + i}: a carriage return (\\r) inside the line; lines must "
+                        "end in \\n or \\r\\n (convert old Mac line endings)")
+    elif fmt.quoting:
+        for i, ln in enumerate(lines):
+            if ln.count(b'"') % 2:
+                return (f"{path}:{first + i}: a quoted field runs onto the next line; line "
+                        "breaks inside fields are not supported")
+    return (f"{path}:{first}-{first + len(lines) - 2}: could not match rows to lines "
+            "(line breaks inside fields are not supported)")
+
+
 def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[str, pa.DataType],
                      block_size: int, hasher: hashlib._Hash | None = None,
                      field_hint: Callable[[int, str], str] | None = None) -> Iterator[Block]:
@@ -243,27 +209,32 @@ def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[
             line += nlines
             try:
                 table, bad_texts = _parse(buf, names, types, fmt, len(names))
+                if _non_finite(table):
+                    raise pa.ArrowInvalid("a number that is not finite")
             except pa.ArrowInvalid:
-                # A value did not convert: parse again with every column as text.
+                # A value did not convert, or is inf/nan (or beyond a float64, which the
+                # parser makes inf): parse again with every column as text, so that the
+                # decoder checks them and names the value as it is written.
                 text_types = {c: pa.binary() for c in types}
                 try:
                     table, bad_texts = _parse(buf, names, text_types, fmt, len(names))
                 except pa.ArrowInvalid as e:
-                    raise DataError(f"{path}:{first}-{line - 1}: cannot parse ({e})") from e
+                    raise DataError(f"{path}:{first}-{line - 1}: cannot parse ({one_line(e)})") from e
             block = Block(table, path, first)
+            keep = np.ones(nlines, bool)
             if bad_texts:
                 located = _locate(bytes(buf), bad_texts)
                 block.bad = [
                     (first + i, f"expected {len(names)} fields, found {_fields(t, fmt)}"
-                                f"{field_hint(_fields(t, fmt), t) if field_hint else ''}")
+                                f"{field_hint(_fields(t, fmt), t) if field_hint else ''}",
+                     "wrong number of fields")
                     for i, t in located
                 ]
-                keep = np.ones(nlines, bool)
                 keep[[i for i, _ in located]] = False
                 block.line_numbers = first + np.flatnonzero(keep)
-                if len(block.line_numbers) != table.num_rows:  # e.g. a quoted newline
-                    raise DataError(f"{path}:{first}-{line - 1}: could not match rows to lines "
-                                    "(fields with line breaks are not supported)")
+            if int(keep.sum()) != table.num_rows:  # a line break inside a field, or a lone \r
+                raise DataError(_unmatched_lines(bytes(buf), first, path, fmt,
+                                                 more_rows=table.num_rows > keep.sum()))
             yield block
     finally:
         s.close()
@@ -281,12 +252,16 @@ def iter_parquet_blocks(path: Path, types: dict[str, pa.DataType], rows: int) ->
             cols = {}
             for name in types:
                 col = batch.column(name)
-                cols[name] = _cast_loosely(col, types[name])
+                try:
+                    cols[name] = _cast_loosely(col, types[name])
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+                    raise DataError(f"{path}: column {name!r} holds {col.type} values; preprocess "
+                                    "reads columns of numbers, strings or booleans") from None
             table = pa.table(cols)
             yield Block(table, path, start + 1, unit="row")
             start += batch.num_rows
     except (OSError, pa.ArrowException) as e:
-        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+        raise DataError(f"{path}: not a readable Parquet file ({one_line(e)})") from e
     if start == 0:
         raise DataError(f"{path}: no rows")
 

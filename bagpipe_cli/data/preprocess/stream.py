@@ -36,9 +36,10 @@ class _HashingReader(io.RawIOBase):
         return n or 0
 
 
+GZIP_MAGIC = b"\x1f\x8b"
 def _is_gzip(path: Path) -> bool:
     with open(path, "rb") as f:
-        return f.read(2) == b"\x1f\x8b"
+        return f.read(2) == GZIP_MAGIC
 
 
 class InputStream:

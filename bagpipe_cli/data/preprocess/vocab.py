@@ -24,9 +24,21 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from bagpipe_cli.errors import BagpipeError, DataError
+from bagpipe_cli.errors import DataError
 
 KINDS = ("hex", "str")
+MAX_VOCAB = 2**31 - 1  # ids are int32, and a vocabulary's ids count from 1
+
+
+class TooManyValues(DataError):
+    """More distinct values than a vocabulary's int32 ids can number."""
+
+    def __init__(self, n: int, table: str = ""):
+        self.n = n
+        where = f"table {table!r}" if table else "one table"
+        super().__init__(f"{where}: more than {MAX_VOCAB - 1:,} distinct values, more than a "
+                         "vocabulary's int32 ids can number; pass --max-rows-per-table R to hash "
+                         "them into R ids")
 _MAX_LOAD = 0.7  # linear probing stays short; ~17-34 bytes of table per key
 
 # --------------------------------------------------------------------------- keys
@@ -206,9 +218,8 @@ class KeyIndex:
         new = ids < 0
         n_new = int(new.sum())
         if n_new:
-            if self.size + n_new >= 2**31 - 1:
-                raise BagpipeError("more than 2^31 - 1 distinct values in one table; "
-                                   "use --max-rows-per-table")
+            if self.size + n_new >= MAX_VOCAB:
+                raise TooManyValues(self.size + n_new)
             fresh = np.arange(self.size, self.size + n_new, dtype=np.int64)
             self._place(keys[new], fresh.astype(np.int32), slots[new])  # from the probe's end
             ids[new] = fresh
@@ -255,7 +266,10 @@ class VocabCounter:
 
         Returns each key's insertion id (its position in first-appearance order).
         """
-        ids, new = self.index.add(keys)
+        try:
+            ids, new = self.index.add(keys)
+        except TooManyValues as e:
+            raise TooManyValues(e.n, self.name) from None
         if new.any():
             self.keys.extend(keys[new])
             self.counts.extend(np.zeros(int(new.sum()), np.int64))
