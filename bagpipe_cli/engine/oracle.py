@@ -138,7 +138,7 @@ class Oracle:
     """
 
     def __init__(self, total_rows: int, lookahead: int, round_len: int | None, trainers: int,
-                 capacity: int | None, grow: bool = False):
+                 capacity: int | None, grow: bool = False, lrpp: bool = True):
         if lookahead < 1:
             raise ConfigError(f"--lookahead must be >= 1 (got {lookahead})")
         c = round_len if round_len is not None else max(1, lookahead // 4)
@@ -152,6 +152,7 @@ class Oracle:
         if grow and capacity is None:
             capacity = 0
         self.capacity, self.grow = capacity, grow
+        self.lrpp = lrpp  # classify rows for LRPP (each row's users); False: U_b alone suffices
         self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
         self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
@@ -270,7 +271,8 @@ class Oracle:
             it = self._iter_plan(b, uniq, inverse, slots, int(fetch_mask.sum()),
                                  ev_keys, ev_slots, evict_mask, in_next)
             # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
-            owner = np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
+            owner = (np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
+                     if self.lrpp else np.full(int(fetch_mask.sum()), -1, np.int64))
             it.private_fetched = np.bincount(owner[owner >= 0], minlength=self.N)
             owners.append(owner)
             rp.iters.append(it)
@@ -278,6 +280,11 @@ class Oracle:
         return rp
 
     def _iter_plan(self, b, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, in_next):
+        if not self.lrpp:  # no row's users: every row synchronised (or pushed), none private
+            n_now = int(in_next.sum())
+            return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots, sync_now=n_now,
+                            sync_later=len(uniq) - n_now, no_sync=0,
+                            no_sync_owner_rows=np.zeros(self.N, np.int64))
         # Which trainers use each row: trainer i holds samples [i*B/N, (i+1)*B/N).
         owner_rows = np.zeros(self.N, dtype=np.int64)
         if self.N == 1:

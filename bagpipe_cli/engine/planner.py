@@ -142,8 +142,9 @@ PlanBuilder = Callable[["RunSetup", int], Planning]  # (run, first iteration) ->
 
 
 def no_plan(s: RunSetup, start: int = 0) -> Planning:
-    """U_b and its inverse per iteration, nothing cached: an oracle of lookahead 1, no cache."""
-    return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None))
+    """U_b and its inverse per iteration, nothing cached: an oracle of lookahead 1, no cache,
+    no LRPP classes (no system without a planned cache reads them)."""
+    return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None, lrpp=False))
 
 
 def _peak(s: RunSetup, start: int) -> tuple[int, int]:

@@ -297,7 +297,7 @@ def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
 
 def _no_plan(t: _Trace) -> Oracle:
     """The planner of a system without a planned cache (engine/planner.py's `no_plan`)."""
-    return Oracle(t.total, 1, 1, t.cfg.trainers, None)
+    return Oracle(t.total, 1, 1, t.cfg.trainers, None, lrpp=False)
 
 
 def _planless_round(t: _Trace, s: SystemSpec, v: Volumes, b: int, uniq: np.ndarray) -> None:
