@@ -237,8 +237,8 @@ def _apply(d, damage):
         with np.errstate(all="ignore"):
             try:
                 a[row] = v
-            except (OverflowError, ValueError):
-                a[row] = -1  # beyond the array's type: out of range anyway
+            except (OverflowError, ValueError):  # beyond the array's type: out of range anyway
+                a[row] = np.array(-1).astype(a.dtype)  # (wrapped: -1 itself overflows unsigned)
         np.save(d / where, a)
     else:
         (d / where).unlink()
