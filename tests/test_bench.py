@@ -186,6 +186,9 @@ def test_missing_config_and_missing_dataset(tmp_path):
     cfg = _config(tmp_path, tmp_path / "no-data")
     r = CliRunner().invoke(cli, ["bench", str(cfg), "--out", str(tmp_path / "o")])
     assert r.exit_code == 2 and "no-data does not exist" in r.output and "preprocess" in r.output
+    # Nothing is left behind (no bench.json, no environment.json) that would refuse the
+    # corrected rerun with the same --out.
+    assert not (tmp_path / "o").exists()
 
 
 def test_plan_dedups_settings_a_system_ignores(tmp_path):

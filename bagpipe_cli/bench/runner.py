@@ -12,6 +12,7 @@ skips them.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -91,12 +92,21 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     plan = plan_runs(cfg)
     _prepare(out, resume)
     total = len(plan) * cfg.repeat
+    result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
+    # The datasets first: a bench whose dataset is missing or wrong leaves no bench folder
+    # behind (a corrected rerun with the same --out would be refused as not empty).
+    fresh = not out.exists()
+    try:
+        for ds in cfg.datasets:
+            if prepare_dataset(ds, emit):
+                result.datasets_generated.append(ds.name)
+    except BaseException:
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
+    _make(out)
     write_bench(out, cfg.to_json(), [p.run_id(r) for r in range(1, cfg.repeat + 1) for p in plan])
     write_environment(out, keep=resume)
-    result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
-    for ds in cfg.datasets:
-        if prepare_dataset(ds, emit):
-            result.datasets_generated.append(ds.name)
     if cfg.profile is not None:
         for ds in cfg.datasets:
             _profile(cfg, plan, ds, out / "profiles" / ds.name, emit)
@@ -146,6 +156,9 @@ def _prepare(out: Path, resume: bool) -> None:
                               "that bench, or choose another --out")
         if not is_bench(out):
             raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
+
+
+def _make(out: Path) -> None:
     (out / "runs").mkdir(parents=True, exist_ok=True)
 
 
