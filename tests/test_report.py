@@ -132,6 +132,25 @@ def test_unknown_schema_version_is_skipped_in_a_bench_and_rejected_alone(tmp_pat
     r = CliRunner().invoke(cli, ["report", str(run)])
     assert r.exit_code == 2 and f"{run}/summary.json: schema_version 2" in r.output
     assert r.output.strip().count("\n") == 0
+
+
+@pytest.mark.parametrize("key, value, words", [
+    ("samples_per_s", "fast", "samples_per_s is 'fast', not a number"),
+    ("median_iter_ms", -3.5, "median_iter_ms is -3.5, below zero"),
+    ("iterations", True, "iterations is True, not a number"),
+])
+def test_a_damaged_summary_figure_is_named_and_its_run_skipped(tmp_path, key, value, words):
+    res = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, res)
+    run = sorted((res / "runs").iterdir())[0]
+    s = json.loads((run / "summary.json").read_text())
+    s[key] = value
+    (run / "summary.json").write_text(json.dumps(s))
+    loaded = load_results(res)
+    (skipped,) = loaded.attrs["skipped"]
+    assert skipped.path == run and words in skipped.reason
+    r = CliRunner().invoke(cli, ["report", str(run)])  # given itself: one line, exit 2
+    assert r.exit_code == 2 and words in r.output and r.output.strip().count("\n") == 0
     r = CliRunner().invoke(cli, ["report", str(res), "--format", "md"])
     assert r.exit_code == 0, r.output
     assert r.stderr.strip().splitlines() == [f"Warning: skipped {run}: {skipped.reason}"]

@@ -141,8 +141,26 @@ def read_config(folder: Path) -> dict[str, Any]:
     return read_json(Path(folder) / CONFIG, RUN_SCHEMA_VERSION)
 
 
+# Summary figures a report computes with: each a number (or null), none below zero.
+NUMBERS = ("iterations", "measured_iterations", "samples_per_s", "median_iter_ms", "p10_iter_ms",
+           "p90_iter_ms", "wall_s", "rows_fetched", "rows_written_back", "cache_hits",
+           "unique_rows", "final_loss")
+
+
 def read_summary(folder: Path) -> dict[str, Any]:
-    return read_json(Path(folder) / SUMMARY, RUN_SCHEMA_VERSION)
+    """summary.json, its figures checked: a damaged or wrong-typed one is named (DataError)."""
+    path = Path(folder) / SUMMARY
+    summary = read_json(path, RUN_SCHEMA_VERSION)
+    for key in NUMBERS:
+        v = summary.get(key)
+        if v is None:
+            continue
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise DataError(f"{path}: {key} is {v!r}, not a number; the file is damaged, rerun "
+                            "the run")
+        if v < 0:
+            raise DataError(f"{path}: {key} is {v}, below zero; the file is damaged, rerun the run")
+    return summary
 
 
 def _iterations(summary: dict[str, Any]) -> int | None:
