@@ -8,9 +8,11 @@ file with measured clock offsets.
 """
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -29,6 +31,16 @@ def _names(doc: dict) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
     threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in doc["traceEvents"]
                if e["ph"] == "M" and e["name"] == "thread_name"}
     return procs, threads
+
+
+def readme_threads(runtime: str) -> set[str]:
+    """The trainer threads the README names for `runtime` ("in-process" or "over
+    torch.distributed")."""
+    text = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    m = re.search(r"threads (`[^;:]*?) in-process, (`[^;:]*?) over torch\.distributed", text)
+    assert m, "the README's sentence on the trainers' threads"
+    part = m[1] if runtime == "in-process" else m[2]
+    return set(re.findall(r"`([^`]+)`", re.sub(r"\([^)]*\)", "", part)))
 
 
 def _check_document(doc: dict) -> tuple[dict[int, str], list[dict]]:
@@ -73,6 +85,7 @@ def test_in_process_trace_is_trace_event_json_with_roles_tracks_and_flows(tiny_d
     assert role_threads == {("loader/oracle", "loader"), ("server 0", "serving"),
                             ("server 1", "serving"), ("trainers 0-1", "main"),
                             ("trainers 0-1", "collectives")}
+    assert {t for r, t in role_threads if r.startswith("trainer")} == readme_threads("in-process")
     cats = Counter((procs[e["pid"]].split()[0], e["cat"]) for e in slices)
     for role, cat in [("loader/oracle", "plan"), ("loader/oracle", "planning"),
                       ("server", "serve"), ("trainers", "data"), ("trainers", "wait"),
@@ -190,6 +203,10 @@ def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     doc = json.loads((tmp_path / "dist.json").read_text())
     procs, slices = _check_document(doc)
     assert sorted(procs.values()) == ["loader/oracle", "server 0", "trainer 0", "trainer 1"]
+    _, threads = _names(doc)
+    for i in (0, 1):  # the threads the README names, on every trainer
+        mine = {t for (p, _), t in threads.items() if procs[p] == f"trainer {i}"}
+        assert mine == readme_threads("over torch.distributed") == {"main", "dense sums", "later sums"}
     offsets = doc["otherData"]["clock_offsets"]
     assert set(offsets) == {"loader/oracle", "server 0", "trainer 0", "trainer 1"}
     for who, o in offsets.items():
