@@ -23,6 +23,8 @@ REAL = Path(__file__).resolve().parent / "data" / "real"
 SKIPPED = {
     "make demo": "a make target: installs, then benchmarks every system for minutes",
     "make test": "a make target: the whole test suite",
+    "source .venv/bin/activate": "puts .venv/bin on the user's shell's PATH (here every command "
+                                 "runs in process)",
     "bagpipe preprocess csv clicks.parquet --label clicked --categorical user,item --dense price "
     "--out data/mine": "clicks.parquet is the user's own file (no sample with those columns)",
     "bagpipe train data/demo --system bagpipe --trainers 2 --servers 1 --procs 4 --out "

@@ -422,8 +422,7 @@ def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset,
     (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
     (["--compute-ms", "1", "--calibrate", "RUNS"], "either --compute-ms or --calibrate"),
     ([], "give the compute time"),
-    (["--compute-ms", "1", "--sweep-gbps", ""], "--sweep-gbps: give at least one value"),
-    (["--compute-ms", "1", "--sweep-trainers", ""], "--sweep-trainers: give at least one value"),
+    (["--compute-ms", "1", "--sweep-gbps", ""], "--sweep-gbps: give at least one bandwidth"),
 ])
 def test_bad_options_are_one_line_exit_2(tiny_dataset, runs, args, needle):
     args = [str(runs) if a == "RUNS" else a for a in args]

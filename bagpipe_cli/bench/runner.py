@@ -93,18 +93,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     _prepare(out, resume)
     total = len(plan) * cfg.repeat
     result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
-    # The datasets first: a bench whose dataset is missing or wrong leaves no bench folder
-    # behind (a corrected rerun with the same --out would be refused as not empty).
-    fresh = not out.exists()
-    try:
-        for ds in cfg.datasets:
-            if prepare_dataset(ds, emit):
-                result.datasets_generated.append(ds.name)
-    except BaseException:
-        if fresh:
-            shutil.rmtree(out, ignore_errors=True)
-        raise
-    _make(out)
+    result.datasets_generated = _datasets(cfg, out, emit)
     write_bench(out, cfg.to_json(), [p.run_id(r) for r in range(1, cfg.repeat + 1) for p in plan])
     write_environment(out, keep=resume)
     if cfg.profile is not None:
@@ -158,8 +147,19 @@ def _prepare(out: Path, resume: bool) -> None:
             raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
 
 
-def _make(out: Path) -> None:
+def _datasets(cfg: BenchConfig, out: Path, emit: ProgressFn) -> list[str]:
+    """Check (or generate) every dataset, then make the bench folder: a bench whose dataset
+    is missing or wrong leaves no folder behind (the corrected rerun with the same --out
+    would be refused as not empty). Returns the datasets generated."""
+    fresh = not out.exists()
+    try:
+        made = [ds.name for ds in cfg.datasets if prepare_dataset(ds, emit)]
+    except BaseException:
+        if fresh:
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     (out / "runs").mkdir(parents=True, exist_ok=True)
+    return made
 
 
 def read_bench_config(out: Path) -> dict[str, Any]:
