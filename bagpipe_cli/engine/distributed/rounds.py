@@ -3,7 +3,7 @@
 Rank 0 sends plans, not samples. A round's plan leaves rank 0 once, down a tree of the
 trainers (`relay.py`), and every trainer reads its own samples (keys, dense features and
 labels of its slice of each batch) from the dataset's memory-mapped columns, then finds the
-position of each of its accesses in U_b itself (`own_round`).
+position of each of its accesses in U_b itself (`RoundMaker`).
 
 The plan (`shared_round`) holds what every trainer needs and cannot compute from its own
 samples: per round the fetched rows, their slots and private owner (each trainer picks its
