@@ -14,6 +14,7 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.oracle import Oracle
+from bagpipe_cli.engine.registry import ALL_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 
 
@@ -94,8 +95,9 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
                                   "--save-model", str(tmp_path / "b.pt")])
     assert r2.exit_code == 0, r2.output
     assert "Warning" not in r1.output  # bagpipe reads --lookahead; sync does not, and says so
-    assert ("Warning: --lookahead 4 is ignored: --system sync does not read it (read by bagpipe, "
-            "lru, lfu, fae)") in r2.output
+    readers = ", ".join(s for s in ALL_SYSTEMS if "lookahead" in spec(s).reads)  # the registry's
+    assert (f"Warning: --lookahead 4 is ignored: --system sync does not read it (read by "
+            f"{readers})") in r2.output
     a = torch.load(tmp_path / "a.pt")
     assert list(a["tables"]) == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8"]
     assert a["tables"]["C1"].shape == (1000, 16)
@@ -118,7 +120,8 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
     (["--system", "lru", "--cache-rows", "2000", "--round", "2"],
      "--round 2 is ignored: --system lru with --cache-rows does not read it (read by bagpipe)", 1),
     (["--system", "bagpipe", "--staleness", "2", "--hot-sample", "0.5"],
-     "--hot-sample 0.5 is ignored: --system bagpipe does not read it (read by fae)", 2),
+     "--hot-sample 0.5 is ignored: --system bagpipe does not read it (read by "
+     + ", ".join(s for s in ALL_SYSTEMS if "hot_sample" in spec(s).reads) + ")", 2),
     (["--system", "het", "--staleness", "2", "--lookahead", "16"], "--lookahead 16 is ignored", 1),
 ])
 def test_train_warns_of_a_setting_its_system_does_not_read(tiny_dataset, tmp_path, args, warning,

@@ -115,6 +115,13 @@ class TrainConfig:
                              at_least=0, section="system")
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
                                      "--cache-rows hot rows.", section="system")
+    snapshot_every: int = setting(50, "slipstream: iterations between snapshots of the hot rows "
+                                      "(K): a row that changed little over the last K is stale.",
+                                  at_least=1, section="system")
+    drop_target: float = setting(0.0, "slipstream: the share of samples to skip (D, 0-1), which sets "
+                                      "the staleness threshold (0: none, fae's run).", section="system")
+    stale_share: float = setting(0.5, "slipstream: skip a sample when this share of its rows is "
+                                      "stale (alpha, in (0, 1]).", section="system")
     emb_dim: int = setting(16, "E: embedding dimension.", at_least=1, section="model")
     bottom_mlp: tuple[int, ...] = setting((64, 32), "DLRM's bottom MLP hidden sizes, e.g. 512,256,64 "
                                                     "(an output layer of E follows).", section="model")
@@ -205,7 +212,7 @@ class TrainConfig:
         if not DEVICE_FORM.fullmatch(self.device):
             raise ConfigError(f"--device {self.device!r}: choose auto, cpu, cuda or cuda:K")
         self._check_launch(s)
-        if not s.is_exact(self) and (self.checkpoint_every or self.resume):
+        if not (s.is_exact(self) or s.resumable) and (self.checkpoint_every or self.resume):
             # Its trainers read stale copies that a checkpoint of the true parameters does
             # not hold, so a resumed run would not be the run that was stopped.
             key, value = s.exact_only_if or (None, None)
@@ -296,8 +303,10 @@ def check_settings(cfg: Any) -> None:
     if {"batch_size", "trainers"} <= names and cfg.batch_size % cfg.trainers:
         raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --trainers "
                           f"{cfg.trainers}")
-    if "hot_sample" in names and not 0 < cfg.hot_sample <= 1:
-        raise ConfigError(f"--hot-sample must be in (0, 1] (got {cfg.hot_sample})")
+    for name, low in (("hot_sample", "("), ("drop_target", "["), ("stale_share", "(")):  # shares
+        v = getattr(cfg, name) if name in names else 0.5
+        if not (0 < v if low == "(" else 0 <= v) or v > 1:
+            raise ConfigError(f"{option_name(name)} must be in {low}0, 1] (got {v})")
     if {"net_gbps", "net_latency_us"} <= names:
         NetworkModel(cfg.net_gbps, cfg.net_latency_us)  # validates the network options
 

@@ -9,10 +9,12 @@ torch transport), the collective (local, or all-gathers) and what a checkpoint d
                     settle every pending sync_later sum; system.begin_round (victims written
                     back, the round's rows inserted, the next round's prefetch started)
     per iteration:  checkpoint if due; settle the sync_later sums of b-2; read the rows; the
-                    forward/backward of each trainer slice; one all-reduce on the critical path
+                    forward/backward of each trainer slice (or of the phases the system splits
+                    them into: `EmbeddingSystem.phases`); one all-reduce on the critical path
                     (dense gradients, sync_now rows, the loss) and the asynchronous one of the
                     sync_later rows; dense optimizer; row updates and evictions (replicated
-                    systems) or gradient pushes (sync, het); the metrics record
+                    systems) or gradient pushes (sync, het); the system's `after_iteration`;
+                    the metrics record
 
 Gradient convention: the loss is the mean over the *global* batch; each trainer's slice
 contributes sum(BCE)/B, and partial gradients (dense and embedding) are *summed* across
@@ -28,6 +30,7 @@ updated at once.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -36,7 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from bagpipe_cli.engine.checkpoint import checkpoint_due
 from bagpipe_cli.engine.collective import Collective, add_floats, ordered_sum
@@ -44,9 +46,11 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.feed import Round
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
+from bagpipe_cli.engine.passes import TrainerGrads, sample_partial, slice_partials
 from bagpipe_cli.engine.records import Step, check_loss, iteration_record
 from bagpipe_cli.engine.staging import IterInputs, PhaseClock, Stager
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
+from bagpipe_cli.engine.systems.base import Phase
 from bagpipe_cli.engine.trace import NO_TRACE, READ_FLOW, NoTracer
 from bagpipe_cli.engine.trainer_set import TrainerSet
 
@@ -59,45 +63,6 @@ def eval_due(cfg: TrainConfig, b: int, start: int) -> bool:
     N iterations, the end of training included (not at the run's start)."""
     every = cfg.eval_every
     return every > 0 and start < b <= cfg.iterations and b % every == 0
-
-
-ALIGN = 64  # bytes: what torch's allocators give a new tensor (CPU 64, CUDA 512)
-
-
-def _aligned(t: torch.Tensor) -> torch.Tensor:
-    """`t`, or a copy of it where it does not start on an ALIGN-byte boundary. A kernel's
-    vectorised loops may sum in another order from an unaligned start, and a trainer slice's
-    inputs must give its own process's bits: there each slice is a tensor of its own."""
-    return t if t.data_ptr() % ALIGN == 0 else t.clone()
-
-
-def slice_partials(forward, inp: IterInputs, values: torch.Tensor, slices: list[slice],
-                   batch_size: int, clock: PhaseClock, times: dict[str, float],
-                   first: int = 0) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """Forward/backward of trainer slices (sample ranges); their losses (0-d tensors, read
-    once the iteration's GPU work is done) and row-gradient partials.
-
-    `values` [accesses, dim] are the rows each access reads and `inp.index` their positions
-    among the rows `inp.keys`; a slice's partial is the sum, per row, of its accesses'
-    gradients (in sample order). Dense gradients accumulate in `.grad` (in slice order);
-    `forward` is the model, or the module that sums them while the backward runs. Slice k is
-    trainer `first + k`'s (the trace names it).
-    """
-    n_tables = len(inp.index) // sum(sl.stop - sl.start for sl in slices)
-    losses, partials = [], []
-    for k, sl in enumerate(slices):
-        pos = slice(sl.start * n_tables, sl.stop * n_tables)
-        with clock.gpu("forward", times, first + k):
-            emb = _aligned(values[pos]).view(sl.stop - sl.start, n_tables, -1).detach().requires_grad_()
-            logits = forward(_aligned(inp.dense[sl]), emb)
-            loss = F.binary_cross_entropy_with_logits(logits, _aligned(inp.labels[sl]),
-                                                      reduction="sum") / batch_size
-        with clock.gpu("backward", times, first + k):
-            loss.backward()
-            partials.append(torch.zeros(len(inp.keys), values.shape[1], device=values.device).index_add_(
-                0, inp.index[pos], emb.grad.view(-1, values.shape[1])))
-        losses.append(loss.detach())
-    return losses, partials
 
 
 @dataclass
@@ -225,11 +190,14 @@ class TrainingLoop:
         t = time.perf_counter()
         self.settle(plan.b - 2)  # the sync_later sums of b-2 land before b reads its rows
         step.times["sync"] += time.perf_counter() - t
-        with tr.span("read rows", "read"):
-            tr.flow_in(READ_FLOW, self.trainers.first, plan.b)
-            values = self.system.read(step, inp.keys, inp.index)
-        losses, partials = slice_partials(self.forward, inp, values, self.slices, self.cfg.batch_size,
-                                          self.clock, step.times, self.trainers.first)
+        phases = self.system.phases(step, inp.index, self.slices)  # a system's own split
+        if phases is None:
+            values = self._read(step, inp)
+            losses, partials = slice_partials(self.forward, inp, values, self.slices,
+                                              self.cfg.batch_size, self.clock, step.times,
+                                              self.trainers.first)
+        else:
+            losses, partials = self._phased(step, inp, phases)
         waited = self.collective.take_dense_wait()  # the backward's end, waiting for dense sums
         step.times["backward"] -= waited
         step.times["sync"] += waited
@@ -248,6 +216,7 @@ class TrainingLoop:
                 self.system.push(step, inp.keys, grad, self.rowopt)
             else:
                 self._update(step, sync, first_of_round=head is not None)
+        self.system.after_iteration(step)
         self.clock.settle(step.times)  # the GPU's queued work belongs to this iteration's time
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
         rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
@@ -256,6 +225,44 @@ class TrainingLoop:
         self.records.append(rec)
         if self.progress is not None:
             self.progress(plan.b, rec)
+
+    def _read(self, step: Step, inp: IterInputs) -> torch.Tensor:
+        with self.tracer.span("read rows", "read"):
+            self.tracer.flow_in(READ_FLOW, self.trainers.first, step.plan.b)
+            return self.system.read(step, inp.keys, inp.index)
+
+    def _phased(self, step: Step, inp: IterInputs, phases: list[Phase]
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Each phase's samples, trainer slice by slice, after its `before`: losses and
+        row-gradient partials per trainer slice, summed over the phases. A wrapped model
+        (DDP: one trainer in this process) sums dense gradients once, in the last phase,
+        which runs even without samples; the earlier ones accumulate locally."""
+        once = hasattr(self.forward, "no_sync")
+        losses = [torch.zeros((), device=self.device) for _ in self.slices]
+        partials: list[torch.Tensor | None] = [None] * len(self.slices)
+        grads = TrainerGrads(self.params, len(self.slices))
+        values = None
+        for i, phase in enumerate(phases):
+            last = i == len(phases) - 1
+            if phase.before is not None:
+                phase.before(step)
+            if not (once and last) and not any(len(x) for x in phase.samples):
+                continue
+            values = self._read(step, inp)
+            for k, samples in enumerate(phase.samples):
+                if len(samples) == 0 and not (once and last):
+                    continue
+                with (self.forward.no_sync() if once and not last else contextlib.nullcontext(),
+                      grads.of(k)):
+                    loss, partials[k] = sample_partial(self.forward, inp, values, samples,
+                                                       self.cfg.batch_size, self.clock, step.times,
+                                                       self.trainers.first + k, partials[k])
+                losses[k] = losses[k] + loss
+        grads.sum()
+        if values is None:  # every sample left out: the rows' gradients are zero
+            values = self._read(step, inp)
+        return losses, [p if p is not None else values.new_zeros(len(inp.keys), values.shape[1])
+                        for p in partials]
 
     def _idx(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)

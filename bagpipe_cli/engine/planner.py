@@ -4,7 +4,8 @@
   inverse per iteration: an oracle with lookahead 1 and no cache plans them;
 - `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`), planned as
   training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
-  round needs more), so no pass over the whole run comes first;
+  round needs more), so no pass over the whole run comes first; prefetch's is the same
+  oracle at a lookahead of one batch, without LRPP;
 - `policy_plan(name)`: a fixed-capacity baseline (lru, lfu, fae) that follows its policy's
   decisions (`policies/decisions.py`, the same as `bagpipe profile`'s simulators), so
   fetched-row counts of a training run equal the profile's on the same batches.
@@ -157,13 +158,16 @@ def _peak(s: RunSetup, start: int) -> tuple[int, int]:
     return peak, cfg.cache_rows or max(peak, 1)
 
 
-def lookahead_plan(s: RunSetup, start: int = 0) -> Planning:
+def lookahead_plan(s: RunSetup, start: int = 0, lookahead: int | None = None,
+                   lrpp: bool = True) -> Planning:
     """Bagpipe's oracle at --lookahead, planned as training goes: a cache of --cache-rows
     (a round that needs more is refused), or by default one that grows with the rounds'
-    need (it ends at most an eighth above the run's peak)."""
+    need (it ends at most an eighth above the run's peak). A fixed `lookahead` (prefetch's
+    one batch) plans rounds of one iteration; `lrpp=False` synchronises every row."""
     cfg = s.cfg
-    return Planning(Oracle(s.total_rows, cfg.lookahead, cfg.round, cfg.trainers, cfg.cache_rows,
-                           grow=cfg.cache_rows is None))
+    L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
+    return Planning(Oracle(s.total_rows, L, C, cfg.trainers, cfg.cache_rows,
+                           grow=cfg.cache_rows is None, lrpp=lrpp))
 
 
 def policy_plan(name: str) -> PlanBuilder:

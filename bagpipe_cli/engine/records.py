@@ -57,6 +57,15 @@ COLUMNS = (
     Column("no_sync", "first", "rows of U_b never all-reduced: private to one trainer (LRPP) or "
                                "pushed to the servers (sync, het)"),
     Column("stale_reads", "sum", "het: accesses that read a copy older than the servers'"),
+    Column("popular_samples", "sum", "hotline: samples whose rows were all on the trainer, "
+                                     "computed while the other samples' rows were fetched"),
+    Column("fetch_overlap", "max", "hotline: seconds the iteration computed while its rows "
+                                   "were being fetched (prefetch_wait is what was left to wait)"),
+    Column("samples_skipped", "sum", "slipstream: samples of the global batch skipped because "
+                                     "most of their rows were stale"),
+    Column("stale_threshold", "first", "slipstream: the threshold T in force (a row whose change "
+                                       "since the last snapshot is below it is stale; empty for "
+                                       "other systems)"),
 )
 COLUMN_NAMES = tuple(c.name for c in COLUMNS)
 
@@ -73,6 +82,10 @@ class Step:
     rows_written_back: int = 0
     cache_hits: int = 0
     stale_reads: int = 0
+    popular_samples: int = 0
+    fetch_overlap: float = 0.0
+    samples_skipped: int = 0
+    stale_threshold: float = math.nan
     sync_counts: tuple[int, int, int] = (0, 0, 0)  # (sync_now, sync_later, no_sync) rows
 
 
@@ -82,7 +95,9 @@ def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
     rec = {"iteration": step.plan.b, "loss": loss, "time": seconds, **step.times,
            "unique_rows": step.plan.unique_rows, "rows_fetched": step.rows_fetched,
            "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
-           "sync_now": now, "sync_later": later, "no_sync": none, "stale_reads": step.stale_reads}
+           "sync_now": now, "sync_later": later, "no_sync": none, "stale_reads": step.stale_reads,
+           "popular_samples": step.popular_samples, "fetch_overlap": step.fetch_overlap,
+           "samples_skipped": step.samples_skipped, "stale_threshold": step.stale_threshold}
     return {c: rec[c] for c in COLUMN_NAMES}
 
 
@@ -122,6 +137,13 @@ SUMMARY_KEYS = {
     "time_to_target_s": "seconds of training to the first evaluation reaching --target-auc "
                         "(None: not reached)",
     "iterations_to_target": "iterations trained at that evaluation",
+    "popular_share": "hotline: the share of samples computed while the others' rows were "
+                     "fetched (None: no iteration split its batch)",
+    "fetch_overlap_s": "hotline: seconds of compute that ran while rows were fetched (total)",
+    "samples_skipped": "slipstream: samples skipped (total)",
+    "skipped_share": "slipstream: the share of the samples skipped",
+    "stale_thresholds": "slipstream: each threshold T it used, with the iteration it was set "
+                        "(None for other systems)",
     "oracle_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
     "peak_resident_rows": "the run's own peak of resident cache rows (None without a planned cache)",
     "bagpipe_peak_rows": "bagpipe's peak resident rows at --lookahead: the default --cache-rows "
@@ -170,9 +192,31 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
         **{k: int(metrics[k].sum()) for k in ("rows_fetched", "rows_written_back", "cache_hits",
                                                "unique_rows")},
+        **split_figures(metrics, batch_size),
         "final_loss": float(metrics["loss"].iloc[-1]),
         "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),
         "wall_s": wall,
+    }
+
+
+def split_figures(metrics: pd.DataFrame, batch_size: int) -> dict[str, Any]:
+    """Hotline's and slipstream's figures: how batches were split or thinned (columns a run
+    written before them lacks count as zero)."""
+    def col(name: str, fill: float = 0.0) -> pd.Series:
+        return metrics[name] if name in metrics else pd.Series(fill, index=metrics.index)
+
+    samples = batch_size * len(metrics)
+    popular, overlap, skipped = col("popular_samples"), col("fetch_overlap"), col("samples_skipped")
+    split = bool((popular > 0).any() or (overlap > 0).any())
+    t = col("stale_threshold", math.nan)
+    changes = t.notna() & (t != t.shift())
+    return {
+        "popular_share": float(popular.sum() / samples) if split and samples else None,
+        "fetch_overlap_s": float(overlap.sum()),
+        "samples_skipped": int(skipped.sum()),
+        "skipped_share": float(skipped.sum() / samples) if samples else 0.0,
+        "stale_thresholds": ([{"iteration": int(metrics["iteration"][i]), "threshold": float(t[i])}
+                              for i in metrics.index[changes]] if changes.any() else None),
     }
 
 

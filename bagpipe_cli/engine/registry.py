@@ -29,7 +29,8 @@ if TYPE_CHECKING:
     from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
 
 # Settings that belong to one system rather than to the setting it runs in.
-SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample")
+SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample",
+                   "snapshot_every", "drop_target", "stale_share")
 ENGINE = "engine"  # SystemSpec.runner of the systems this package's engine trains
 VOLUMES = "bagpipe_cli.simulate.volumes"  # where the engine's systems' simulated volumes are
 
@@ -94,6 +95,8 @@ class SystemSpec:
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
+    resumable: bool = True  # when not exact, a checkpoint still holds all its state (hotline;
+    #                         het's stale copies it does not)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
     install: str | None = None  # how to install an external runner's library
     role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"
@@ -127,8 +130,7 @@ class SystemSpec:
         """Its per-iteration volumes on a simulated trace (`simulate/volumes.py`)."""
         module, fn = (self.volumes or "").partition(":")[::2]
         if not fn:
-            raise ConfigError(f"--systems {self.name}: not simulated (it is not one of the "
-                              f"engine's systems)")
+            raise ConfigError(f"--systems {self.name}: simulate has no performance model of it")
         return getattr(importlib.import_module(module), fn)(trace, self)
 
     @property
@@ -161,16 +163,38 @@ _SPECS = (
                                  lrpp=True),
                volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
                rounds=True, role="ours", color=policy("bagpipe").color),
+    SystemSpec("prefetch", "one-batch prefetch pipeline (TorchRec/FBGEMM style): batch b+1's "
+               "rows are fetched into the cache while batch b trains; no lookahead beyond it",
+               plan=Lazy(f"{PLANNER}:lookahead_plan", lookahead=1, lrpp=False),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build", prefetch_ahead=True,
+                                 lrpp=False),
+               volumes=f"{VOLUMES}:prefetch_volumes", replicated=True,
+               reads=frozenset({"cache_rows"}), color=policy("prefetch").color),
     _baseline("lru", "fixed cache, fetch on miss, evict the least recently used"),
     _baseline("lfu", "fixed cache, fetch on miss, evict the least frequently used"),
     _baseline("fae", "static cache of the hottest rows (FAE); the others fetched every iteration",
               reads=_CACHE_SETTINGS | {"hot_sample"}),
+    SystemSpec("hotline", "fae's hot set; each batch split: samples whose rows are all hot "
+               "compute while the others' rows are fetched, then the rest, one optimizer step",
+               plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}.hotline:HotlineSystem.build"),
+               volumes=None, replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
+               capacity_from_peak=True, exact=False, color="#bcbd22"),
+    SystemSpec("slipstream", "fae's hot set, snapshotted every --snapshot-every iterations; "
+               "samples whose rows mostly stopped changing are skipped (--drop-target of them)",
+               plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}.slipstream:SlipstreamSystem.build"),
+               volumes=None, replicated=True,
+               reads=_CACHE_SETTINGS | {"hot_sample", "snapshot_every", "drop_target", "stale_share"},
+               capacity_from_peak=True, exact_only_if=("drop_target", 0.0),
+               inexact_when="--drop-target > 0", resumable=False, color="#393b79"),
     SystemSpec("het", "bounded-staleness cache (HET): copies may lag --staleness versions",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:HetSystem.build"),
                volumes=f"{VOLUMES}:stale_volumes",
-               per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}), exact_only_if=("staleness", 0),
-               inexact_when="--staleness > 0", color="#ff7f0e"),
+               per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}),
+               exact_only_if=("staleness", 0), inexact_when="--staleness > 0", resumable=False,
+               color="#ff7f0e"),
     SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:LocalSystem.build"),
@@ -184,6 +208,7 @@ _SPECS = (
 )
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in _SPECS}
 ENGINE_SYSTEMS = tuple(s.name for s in _SPECS if not s.external)
+SIMULATED_SYSTEMS = tuple(s.name for s in _SPECS if s.volumes)  # those `simulate` models
 ALL_SYSTEMS = tuple(SYSTEMS)
 REFERENCE = next(s.name for s in _SPECS if s.role == "reference")  # "sync": speed-ups are over it
 

@@ -9,6 +9,8 @@ counts every such transfer. Definitions (batch granular; `U_b` = unique rows of 
 - bagpipe(L): a row of `U_b` is fetched iff it is in none of `U_{b-L} .. U_{b-1}`. A row
   stays resident from its fetch through the last use of its chain of uses that are at
   most L batches apart; `peak_resident_rows` is the most rows resident at one batch.
+- prefetch: bagpipe(1), the one-batch prefetch pipeline (TorchRec, FBGEMM): a row of
+  `U_b` is fetched unless `U_{b-1}` used it, while batch b-1 trains.
 - lru(R): before batch b the missing rows of `U_b` are fetched, all of `U_b` becomes most
   recently used, then rows outside `U_b` are evicted, least recently used first, until at
   most R remain. Ties (rows last used in the same batch): the row whose first access

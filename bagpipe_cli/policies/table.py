@@ -43,6 +43,7 @@ class Policy:
     simulate: Simulate | None = None  # a fixed-capacity policy's exact simulator
     decisions: Decide | None = None  # what a trainer's planner follows (engine baselines)
     needs_row_counts: bool = False  # simulated from every row's access count (the skew pass's)
+    lookahead: int | None = None  # the lookahead rule at this fixed lookahead (prefetch's 1)
     line: str = "-"  # line style in plots
 
 
@@ -57,6 +58,7 @@ def _lfu(tr: Trace, r: int, hot_sample: float) -> EvictingDecisions:
 TABLE = (
     Policy("none", "no cache", "#7f7f7f", None, role="reference", line=":"),
     Policy("bagpipe", "bagpipe", "#d62728", "lookahead", role="ours"),
+    Policy("prefetch", "prefetch (next batch)", "#e377c2", None, lookahead=1),
     Policy("lru", "lru", "#1f77b4", "cache_rows",
            simulate=lambda tr, r, progress, counts: simulate_lru(tr, r, progress), decisions=_lru),
     Policy("lfu", "lfu", "#2ca02c", "cache_rows",

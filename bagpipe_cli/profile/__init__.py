@@ -195,6 +195,7 @@ class _TracePass:
     info: TraceInfo
     sizes: list[int]  # |U_b| of every batch
     bagpipe: list[PolicyResult]  # one per distinct lookahead
+    fixed: dict[int, PolicyResult]  # the lookahead rule at the fixed lookaheads of policies (prefetch)
     trace: Trace | None
     num_rows: int  # embedding rows of all tables
 
@@ -237,7 +238,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
     # Pass 2: the trace, streamed through none and bagpipe.
     want_capacity = any(p.setting == "cache_rows" for p in pols)
-    tp = _trace_pass(ds, config, skew, want_capacity, progress, timing)
+    fixed = sorted({p.lookahead for p in pols if p.lookahead is not None})
+    tp = _trace_pass(ds, config, skew, want_capacity, fixed, progress, timing)
     cache_rows, source = _capacities(config, tp)
     if want_capacity:
         big = int(np.argmax(tp.sizes))
@@ -267,12 +269,13 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
 
 
 def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool,
-                progress: ProgressFn, timing: dict[str, dict[str, float]]) -> _TracePass:
-    """Stream the per-batch unique rows through the Bagpipe simulator (and keep the trace
-    in memory if `keep`)."""
+                fixed: list[int], progress: ProgressFn, timing: dict[str, dict[str, float]]
+                ) -> _TracePass:
+    """Stream the per-batch unique rows through the Bagpipe simulator at --lookahead and at
+    the `fixed` lookaheads of policies (prefetch's), and keep the trace in memory if `keep`."""
     meta = ds.meta
     accesses = meta.rows * meta.num_tables
-    lookaheads = list(dict.fromkeys(config.lookaheads))
+    lookaheads = list(dict.fromkeys([*config.lookaheads, *fixed]))
     num_rows = int(sum(meta.cardinalities))
     bag = BagpipeSimulator(lookaheads, num_rows)
     writer = TraceWriter(num_rows) if keep else None
@@ -294,7 +297,9 @@ def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool
         max_batch_unique_rows=max(sizes), distinct_rows=skew.accessed_rows,
     )
     trace = writer.finish() if writer is not None else None
-    return _TracePass(info, sizes, bag_results, trace, num_rows)
+    by_lookahead = dict(zip(lookaheads, bag_results, strict=True))
+    return _TracePass(info, sizes, [by_lookahead[lk] for lk in dict.fromkeys(config.lookaheads)],
+                      {lk: by_lookahead[lk] for lk in fixed}, trace, num_rows)
 
 
 def _capacities(config: ProfileConfig, tp: _TracePass) -> tuple[list[int], str]:
@@ -320,6 +325,8 @@ def _streamed_results(pols: list[Policy], tp: _TracePass) -> list[PolicyResult]:
             ))
         elif p.setting == "lookahead":
             results.extend(tp.bagpipe)
+        elif p.lookahead is not None:  # the lookahead rule at its own, fixed lookahead
+            results.append(replace(tp.fixed[p.lookahead], policy=p.name))
     return results
 
 

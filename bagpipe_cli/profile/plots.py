@@ -105,7 +105,7 @@ def _log_if_wide(ax, values: list[float], axis: str = "x") -> None:
 def plot_fetched_vs_lookahead(result: ProfileResult, path: Path) -> None:
     """Bagpipe's fetched rows and peak cache size against the lookahead L."""
     ours, best, ref = with_role("ours"), with_role("optimum"), with_role("reference")
-    bag = sorted((p for p in result.policies if p.lookahead is not None), key=lambda p: p.lookahead)
+    bag = sorted((p for p in result.policies if p.policy == ours.name), key=lambda p: p.lookahead)
     none = next((p for p in result.policies if p.policy == ref.name), None)
     comp = sorted(result.bagpipe_vs_belady, key=lambda c: c.lookahead)
     ls = [p.lookahead for p in bag]
@@ -150,16 +150,17 @@ def plot_fetched_vs_cache(result: ProfileResult, path: Path) -> None:
         if pts:
             ax.plot(*zip(*pts, strict=True), marker="o", color=pol.color, label=pol.label, ls=pol.line)
             xs += [x for x, _ in pts]
-    first = True
+    named: set[str] = set()
     for p in result.policies:
         pol = policy(p.policy)
-        if p.lookahead is not None:
+        if p.lookahead is not None:  # a lookahead policy: a point at its peak cache size
             ax.plot([p.peak_resident_rows], [p.fetched_rows], "*", ms=14, color=pol.color,
-                    label=f"{pol.label} (at its peak cache size)" if first else None)
-            ax.annotate(f"L={p.lookahead}", (p.peak_resident_rows, p.fetched_rows),
-                        textcoords="offset points", xytext=(8, 4), fontsize=9, color=pol.color)
+                    label=f"{pol.label} (at its peak cache size)" if pol.name not in named else None)
+            if pol.setting == "lookahead":  # L is the policy's setting (else fixed: in its label)
+                ax.annotate(f"L={p.lookahead}", (p.peak_resident_rows, p.fetched_rows),
+                            textcoords="offset points", xytext=(8, 4), fontsize=9, color=pol.color)
             xs.append(p.peak_resident_rows)
-            first = False
+            named.add(pol.name)
         elif pol.role == "reference":
             ax.axhline(p.fetched_rows, color=pol.color, ls=pol.line, label=pol.label)
     _log_if_wide(ax, xs)

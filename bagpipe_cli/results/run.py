@@ -38,7 +38,8 @@ CONFIG, METRICS, TRAINER_METRICS, SUMMARY = (
     "config.json", "metrics.csv", "metrics_trainers.csv", "summary.json")
 EVAL_METRICS, TRACE = "metrics_eval.csv", "trace.json"
 # Columns that came after schema 1's first runs: a run without them is still whole.
-LATER_COLUMNS = ("stale_reads",)
+LATER_COLUMNS = ("stale_reads", "popular_samples", "fetch_overlap", "samples_skipped",
+                 "stale_threshold")
 REQUIRED_COLUMNS = tuple(c for c in COLUMN_NAMES if c not in LATER_COLUMNS)
 
 

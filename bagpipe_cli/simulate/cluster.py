@@ -45,6 +45,7 @@ from typing import Any
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
+from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import read_yaml
 from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
@@ -130,7 +131,8 @@ class SimulateConfig:
             raise ConfigError("--systems: give at least one system")
         for i, s in enumerate(self.systems):
             if s not in SYSTEMS:
-                raise ConfigError(f"--systems: unknown system {s!r}; choose from {', '.join(SYSTEMS)}")
+                known = "has no performance model yet" if s in ALL_SYSTEMS else "unknown system"
+                raise ConfigError(f"--systems: {known} {s!r}; choose from {', '.join(SYSTEMS)}")
             if s in self.systems[:i]:
                 raise ConfigError(f"--systems lists {s} twice")
         check_settings(self)

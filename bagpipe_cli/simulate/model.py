@@ -32,11 +32,11 @@ import numpy as np
 
 from bagpipe_cli.engine.config import COLLECTIVE_KINDS as KINDS
 from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE
+from bagpipe_cli.engine.registry import REFERENCE, SIMULATED_SYSTEMS
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.simulate.plans import bytes_per_iteration, plan_stages
 
-SYSTEMS = ENGINE_SYSTEMS  # the model replays the engine's systems
+SYSTEMS = SIMULATED_SYSTEMS  # the model replays the engine's systems that have volumes
 COLLECTIVES = KINDS  # how trainers sum: exact (the default), allgather, allreduce
 BACKWARD_SHARE = 2 / 3  # of forward + backward, when a run did not measure the backward apart
 

@@ -242,10 +242,13 @@ class _Batches:
             yield u
 
 
-def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
-    """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists."""
+def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
+                      lrpp: bool = True) -> Volumes:
+    """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists;
+    at a fixed `lookahead` (rounds of one iteration) as `engine/planner.py` plans it."""
     cfg, k = t.cfg, t.cfg.servers
-    oracle = Oracle(t.total, cfg.lookahead, cfg.round, cfg.trainers, None)
+    L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
+    oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp)
     v = t.empty(s.name)
     v.round_start[:] = False
     v.prefetch_ahead = True
@@ -263,12 +266,18 @@ def lookahead_volumes(t: _Trace, s: SystemSpec) -> Volumes:
             v.unique_rows[p.b] = len(p.uniq)
         t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
                                             [len(p.evict_keys) for p in rp.iters]))
-    t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
+    if lookahead is None:  # bagpipe's own: the baselines' default capacity
+        t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
         raise ConfigError(f"cache capacity {cfg.cache_rows} rows is below the lookahead's peak "
                           f"of {oracle.peak_resident} rows ({s.name}); raise --cache-rows or "
                           "lower --lookahead")
     return v
+
+
+def prefetch_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """The one-batch prefetch pipeline: the lookahead oracle at L = 1, every row synchronised."""
+    return lookahead_volumes(t, s, lookahead=1, lrpp=False)
 
 
 def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:

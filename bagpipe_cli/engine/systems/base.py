@@ -16,6 +16,11 @@ run in-process, one trainer on a torch.distributed trainer rank. The training lo
   the rows the plan evicts;
 - pushing systems (sync, het) send their rows' gradients to the servers, which sum every
   trainer's and apply the optimizer: `push(step, keys, grad)`;
+- hooks around an iteration, for systems that change what it computes: `phases(step,
+  index, slices)` before it may split each trainer's samples into phases, each with what
+  must happen first (hotline: popular samples, then the rest once their rows land), or
+  leave some out (slipstream: samples whose rows are stale); `after_iteration(step)` runs
+  once its updates are applied (slipstream: a snapshot every K iterations);
 - `flush()`: when training ends, everything is back on the servers; `resident()`: the rows
   whose newest value is on the trainer (a checkpoint lays them over the servers' tables).
 
@@ -27,6 +32,7 @@ sends the servers the same sequence of requests, empty ones included (`transport
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -46,6 +52,15 @@ if TYPE_CHECKING:
     from bagpipe_cli.engine.setup import RunSetup
 
 Rows = tuple[np.ndarray, np.ndarray]  # (keys, cache slots)
+
+
+@dataclass
+class Phase:
+    """Samples an iteration computes together, after `before` (say, rows landing): per
+    trainer slice of the process, the positions of the samples (in the process's batch)."""
+
+    samples: list[np.ndarray]
+    before: Callable[[Step], None] | None = None
 
 
 @dataclass
@@ -86,6 +101,14 @@ class EmbeddingSystem(ABC):
     @abstractmethod
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         """The values [accesses, dim] this set's accesses read (`index`: positions in `keys`)."""
+
+    def phases(self, step: Step, index: torch.Tensor, slices: list[slice]) -> list[Phase] | None:
+        """What the iteration computes, phase by phase (`index`: each access's position in
+        the rows read; `slices`: each trainer's samples); None: every sample, at once."""
+        return None
+
+    def after_iteration(self, step: Step) -> None:  # noqa: B027 (a hook: most do nothing)
+        """Called once the iteration's updates are applied, before its record is made."""
 
     def classes(self, plan: IterPlan) -> np.ndarray | None:
         """Per row of U_b: SYNC_NOW / SYNC_LATER / NO_SYNC (LRPP), or None: all SYNC_NOW."""

@@ -54,24 +54,10 @@ class CacheSystem(EmbeddingSystem):
 
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:
         t0 = time.perf_counter()
-        self.pre_evicted = 0
-        if rp.capacity is not None and rp.capacity > self.cache.capacity:  # a growing plan's
-            self._grow(rp.capacity)
-        if len(rp.pre_evict_keys):
-            mine = self.trainers.shares(rp.pre_evict_keys)
-            with self.tracer.span("evict", "evict", rows=int(mine.sum())):
-                self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
-            self.forget(rp.pre_evict_slots)
-            self.pre_evicted = int(mine.sum())
-        if not rp.iters:  # the planner's final round: everything resident goes back
-            self.written_back_at_end += self.pre_evicted
+        self.make_room(rp)
         fut = self._inflight.pop(rp.r, None)
         if len(rp.fetch_keys):
-            keys, slots = self._fetch_of(rp)
-            rows, state = (fut or self.transport.fetch(keys)).result()  # landed
-            with self.tracer.span("insert rows", "insert", rows=len(keys)):
-                self.cache.insert(slots, rows, state)
-            self.slot_key[slots] = keys
+            self.insert(rp, fut or self.transport.fetch(self._fetch_of(rp)[0]))
         waited = time.perf_counter() - t0
         # Every write-back of earlier iterations is already queued, so the servers serve this
         # fetch after them (see the oracle on why that is early enough).
@@ -81,6 +67,29 @@ class CacheSystem(EmbeddingSystem):
                 self._inflight[next_rp.r] = self.transport.fetch(keys)
                 self._trace_reads(next_rp)
         return waited
+
+    def make_room(self, rp: RoundPlan) -> None:
+        """A round's start before its rows arrive: grow the cache if the plan's capacity grew
+        (a growing oracle's) and write back the round's victims (lru/lfu)."""
+        self.pre_evicted = 0
+        if rp.capacity is not None and rp.capacity > self.cache.capacity:
+            self._grow(rp.capacity)
+        if len(rp.pre_evict_keys):
+            mine = self.trainers.shares(rp.pre_evict_keys)
+            with self.tracer.span("evict", "evict", rows=int(mine.sum())):
+                self.write_back_slots(rp.pre_evict_keys[mine], rp.pre_evict_slots[mine])
+            self.forget(rp.pre_evict_slots)
+            self.pre_evicted = int(mine.sum())
+        if not rp.iters:  # the planner's final round: everything resident goes back
+            self.written_back_at_end += self.pre_evicted
+
+    def insert(self, rp: RoundPlan, fetched: RowsFuture) -> None:
+        """Wait for round `rp`'s rows (`fetched`) and put them in their slots."""
+        keys, slots = self._fetch_of(rp)
+        rows, state = fetched.result()  # landed
+        with self.tracer.span("insert rows", "insert", rows=len(keys)):
+            self.cache.insert(slots, rows, state)
+        self.slot_key[slots] = keys
 
     def _grow(self, capacity: int) -> None:
         with self.tracer.span("grow cache", "insert", rows=capacity):
