@@ -13,7 +13,8 @@ from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.simulate.calibrate import compute_of, read_measured
-from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Volumes, Workload, predict
+from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Volumes, Workload
+from bagpipe_cli.simulate.model import predict
 from bagpipe_cli.simulate.plans import bytes_per_iteration
 
 # Hand-computed cases use: row_dim 24 + state_dim 1 -> 100 bytes per row; 0.8 Gbit/s =

@@ -47,7 +47,8 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import read_yaml
-from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
+from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes
+from bagpipe_cli.simulate.model import SYSTEMS
 
 # simulate/volumes.py's runtimes (a test holds them equal): that module traces with the
 # engine (torch), and `bagpipe simulate --help` reads only this one.

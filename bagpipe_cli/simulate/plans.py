@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bagpipe_cli.simulate.model import Cluster, Volumes
+    from bagpipe_cli.simulate.inputs import Cluster, Volumes
 
 INT32_KEYS = 2**31 - 1  # rounds.key_dtype: int32 keys where every row's key fits
 

@@ -37,7 +37,8 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
-from bagpipe_cli.simulate.model import SYSTEMS, Volumes
+from bagpipe_cli.simulate.inputs import Volumes
+from bagpipe_cli.simulate.model import SYSTEMS
 
 RUNTIMES = ("inproc", "distributed")
 

@@ -29,7 +29,8 @@ from bagpipe_cli.engine.distributed.transport import TorchTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
 from bagpipe_cli.engine.feed import SliceReader
 from bagpipe_cli.engine.loop import Hook, TrainingLoop
-from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
+from bagpipe_cli.engine.setup import RunSetup, build_dense, restore_dense
+from bagpipe_cli.engine.systems import SystemParts
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.trainer_set import TrainerSet
@@ -52,7 +53,8 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
         restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
     transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i, traffic)
     trainers = TrainerSet.one(i, layout.trainers)
-    system = build_system(s, info["slots"], transport, trainers, device)
+    system = s.spec.build_system(SystemParts(s, info["slots"], transport, trainers,
+                                                    torch.device(device)))
     hook = _checkpoint(layout, transport, faults, traffic) if cfg.checkpoint_every else None
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
                         trainers, info["start"], device, checkpoint=hook,

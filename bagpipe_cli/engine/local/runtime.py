@@ -40,12 +40,12 @@ from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import (
     RunSetup,
     build_dense,
-    build_system,
     open_resume,
     prepare,
     restore_dense,
 )
 from bagpipe_cli.engine.shards import Shard, init_shards, shards_from_tables
+from bagpipe_cli.engine.systems import SystemParts
 from bagpipe_cli.engine.trace import (
     NO_TRACE,
     ORACLE,
@@ -126,7 +126,8 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     with tracer.span("planning pass", "planning", track=(ORACLE, "loader")):
         planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
-    system = build_system(s, planning.slots, transport, trainers, device, servers=servers)
+    system = s.spec.build_system(SystemParts(s, planning.slots, transport, trainers,
+                                                    torch.device(device), servers))
     collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper,
                                  tracer=tracer, track=(role, "collectives"))
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
