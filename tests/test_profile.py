@@ -36,6 +36,7 @@ from bagpipe_cli.policies.simulators import (
     simulate_none,
     trace_row_counts,
 )
+from bagpipe_cli.policies.table import TABLE
 from bagpipe_cli.policies.trace import (
     DiskArray,
     SpillDir,
@@ -429,7 +430,8 @@ def test_cli_profile_writes_outputs(tiny, tmp_path):
     assert j["schema_version"] == 1
     assert j["trace"]["batches"] == 12 and j["trace"]["last_batch_rows"] == 3000 - 11 * 256
     pol = {(p["policy"], p["lookahead"], p["cache_rows"]): p for p in j["policies"]}
-    assert len(pol) == 1 + 2 + 4 * 2
+    per_setting = {None: 1, "lookahead": 2, "cache_rows": 2}  # --lookahead 2,50; --cache-rows 2000,4000
+    assert len(pol) == sum(per_setting[p.setting] for p in TABLE)
     assert pol[("none", None, None)]["fetched_rows"] == j["trace"]["unique_accesses"]
     b = pol[("bagpipe", 50, None)]
     assert b["fetched_bytes"] == b["fetched_rows"] * 64 * 4
