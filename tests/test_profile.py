@@ -270,9 +270,9 @@ def test_policies_match_references(tc, extra, lookahead):
     # The same trace spilled to disk gives the same results.
     sp = spilled(batches, counts, tr.num_rows)
     assert sp.spilled and sp.accesses == tr.accesses
-    for name, fn in [("lru", simulate_lru), ("lfu", simulate_lfu), ("belady", simulate_belady),
-                     ("fae", simulate_fae)]:
-        a, b = fn(tr, cap), fn(sp, cap)
+    for p in (p for p in TABLE if p.simulate):
+        name = p.name
+        a, b = p.simulate(tr, cap, None, None), p.simulate(sp, cap, None, None)
         assert (a.fetched_rows, a.peak_resident_rows) == (b.fetched_rows, b.peak_resident_rows), name
         assert a.fetched_per_batch.tolist() == b.fetched_per_batch.tolist(), name
     # LFU's priority bound holds every row's count, and is no looser than the accesses.

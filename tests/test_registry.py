@@ -226,7 +226,8 @@ def _code_lists() -> list[tuple[str, frozenset[str], int]]:
             continue
         for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.List | ast.Tuple | ast.Set):
-                found = frozenset(e.value for e in node.elts
+                firsts = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
+                found = frozenset(e.value for e in firsts  # names, or (name, ...) pairs
                                   if isinstance(e, ast.Constant) and e.value in names)
                 if len(found) >= 3:
                     out.append((rel, found, node.lineno))
