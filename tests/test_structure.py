@@ -169,3 +169,21 @@ def test_the_cycle_check_reads_type_only_imports(tmp_path):
     src.write_text("from typing import TYPE_CHECKING\n"
                    "if TYPE_CHECKING:\n    from bagpipe_cli.engine.setup import RunSetup\n")
     assert _imports("bagpipe_cli.engine.m", src, _modules()) == {"bagpipe_cli.engine.setup"}
+
+
+def _classes(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+
+
+def test_the_runtimes_name_a_role_alike():
+    """A file of `engine/local/` and its namesake in `engine/distributed/` play one role: a
+    class `Local<X>` of one has its `Distributed<X>` in the other, and every such pair of files
+    but the runtimes' entries (functions) has one."""
+    local, dist = PACKAGE / "engine" / "local", PACKAGE / "engine" / "distributed"
+    shared = sorted({p.name for p in local.glob("*.py")} & {p.name for p in dist.glob("*.py")})
+    assert {"collective.py", "loader.py", "server.py", "transport.py"} <= set(shared)
+    for name in shared:
+        a = {c.removeprefix("Local") for c in _classes(local / name) if c.startswith("Local")}
+        b = {c.removeprefix("Distributed") for c in _classes(dist / name) if c.startswith("Distributed")}
+        assert a == b, f"{name}: local/ has {sorted(a)}, distributed/ has {sorted(b)}"
+        assert a or name in ("__init__.py", "runtime.py"), f"{name}: no role class"

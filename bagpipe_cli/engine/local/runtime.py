@@ -32,8 +32,8 @@ from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, 
 from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
-from bagpipe_cli.engine.local.loader import LoaderFeed
-from bagpipe_cli.engine.local.transport import InProcessTransport
+from bagpipe_cli.engine.local.loader import LocalLoader
+from bagpipe_cli.engine.local.transport import LocalTransport
 from bagpipe_cli.engine.loop import Hook, ProgressFn, TrainingLoop
 from bagpipe_cli.engine.records import role_figures
 from bagpipe_cli.engine.result import TrainResult, finish_run
@@ -122,7 +122,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     tracer = Tracer() if cfg.trace else NO_TRACE
     role = trainer_role(0, cfg.trainers)
     tracer.name_thread(role, "main")
-    transport = InProcessTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
+    transport = LocalTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
     with tracer.span("planning pass", "planning", track=(ORACLE, "loader")):
         planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
@@ -137,7 +137,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
-    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
+    feed = LocalLoader(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
                                      loader_workers(cfg, placement)), on_start=pinned.helper,
                       tracer=tracer)
     t_start = time.perf_counter()
