@@ -5,6 +5,7 @@ enough to read."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,17 @@ def test_the_runtimes_name_a_role_alike():
         b = {c.removeprefix("Distributed") for c in _classes(dist / name) if c.startswith("Distributed")}
         assert a == b, f"{name}: local/ has {sorted(a)}, distributed/ has {sorted(b)}"
         assert a or name in ("__init__.py", "runtime.py"), f"{name}: no role class"
+
+
+def test_the_package_names_only_files_that_exist():
+    """A path a module's text names (`engine/local/runtime.py`, `relay.py`) is a file: of the
+    repository, the package, its engine, or the module's own folder."""
+    root = PACKAGE.parent
+    stale = []
+    for path in _modules().values():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in re.findall(r"([\w/.-]+\.py)\b", line):
+                places = (root, PACKAGE, PACKAGE / "engine", path.parent)
+                if not any((p / ref).is_file() for p in places):
+                    stale.append(f"{path.relative_to(root)}:{i}: {ref}")
+    assert not stale, stale

@@ -6,8 +6,9 @@ config is stored with every result. Another command's config (`bagpipe simulate`
 a field that means the same thing from here with `shared`, so it has one default and help.
 
 This module imports without torch (the command line builds its options from it before it
-knows what will run): the choices come from light constants, held equal to the engine's own
-registries by tests/test_startup.py.
+knows what will run): the systems come from the registry (`engine/registry.py`, which
+imports a system's builders only when they are called), the other choices from light
+constants, held equal to the heavy modules' own by tests/test_startup.py.
 """
 
 from __future__ import annotations

@@ -9,9 +9,10 @@ batch, so workers do it for several batches at once (numpy releases the GIL); th
 pass, which carries state from batch to batch, consumes their results in order.
 
 The in-process runtime runs `planned_rounds` on its loader thread (`engine/local/loader.py`);
-rank 0 of a distributed run runs it directly and sends each trainer its slice
-(`engine/distributed/loader.py`). The training loop reads `Round`s: a round's plan and, per
-iteration, the dense features and labels of the samples this process trains on.
+rank 0 of a distributed run runs it directly, on keys alone, and sends each round's plan
+(`engine/distributed/loader.py`), while every trainer reads its own samples (`SliceReader`).
+The training loop reads `Round`s: a round's plan and, per iteration, the dense features and
+labels of the samples this process trains on.
 """
 
 from __future__ import annotations
