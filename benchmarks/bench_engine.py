@@ -4,7 +4,7 @@ Runs, interleaved and repeated (medians reported):
   - hand:  a minimal hand-written PyTorch loop: one nn.EmbeddingBag per table with sparse
            gradients, all tables local, the same DLRM dense model, SGD (the no-overhead
            reference);
-  - every system of the engine (sync, bagpipe, lru, lfu, fae, het, local), without and
+  - every system of the engine (the registry's `ENGINE_SYSTEMS`), without and
     with an emulated network ("+net"; bandwidth chosen so that fetching is most of sync's
     iteration time, as the paper measured ~75%).
 

@@ -49,3 +49,16 @@ def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def one_per_volumes(systems: dict[str, Any] | None = None) -> tuple[str, ...]:
+    """The first engine system of each simulated traffic model (`SystemSpec.volumes`): sync,
+    bagpipe, prefetch, lru (for lru, lfu, fae), het, local. A new system with volumes of its
+    own is one of them; a system simulate has no model of (no volumes) is not."""
+    from bagpipe_cli.engine import registry
+
+    seen: dict[str, str] = {}
+    for s in (systems or registry.SYSTEMS).values():
+        if not s.external and s.volumes:
+            seen.setdefault(s.volumes, s.name)
+    return tuple(seen.values())

@@ -13,6 +13,7 @@ from helpers import assert_same_parameters
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS
 from bagpipe_cli.errors import ConfigError
 
 KW = dict(batch_size=256, iterations=24, lookahead=5, optimizer="adagrad", trainers=2, servers=2,
@@ -25,7 +26,7 @@ def _keep_up_to(root, iteration):
             shutil.rmtree(p)
 
 
-@pytest.mark.parametrize("system", ["bagpipe", "sync", "lru", "fae", "local", "het"])
+@pytest.mark.parametrize("system", ENGINE_SYSTEMS)
 def test_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     kw = dict(data=str(tiny_dataset), system=system, **KW)
     ck = tmp_path / "ck"

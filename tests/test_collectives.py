@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow
 PROBE = """
 import os, sys, torch, torch.distributed as dist
 from bagpipe_cli.engine.collective import ordered_sum, traffic
-from bagpipe_cli.engine.distributed.collective import TorchCollective
+from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.layout import Layout
 rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 dist.init_process_group("gloo", rank=rank, world_size=n)
@@ -30,7 +30,7 @@ def part(i, length):  # trainer i's vector, known to every rank
     return torch.randn(length, generator=torch.Generator().manual_seed(100 * i + length)) * 1e3
 for kind in ("exact", "allgather", "allreduce"):
     groups = [dist.new_group(list(range(n))) for _ in range(3)]
-    c = TorchCollective(groups[0], tuple(groups[1:]), lay, rank, cpu, cpu, kind)
+    c = DistributedCollective(groups[0], tuple(groups[1:]), lay, rank, cpu, cpu, kind)
     sent = 0
     for length in (0, 1, n + 1, 7 * n - 1, 1001):  # empty (no sync_now rows), not divisible by n
         expect = ordered_sum([part(i, length) for i in range(n)])

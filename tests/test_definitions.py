@@ -8,10 +8,9 @@ import numpy as np
 
 from bagpipe_cli.policies import simulators
 from bagpipe_cli.policies.simulators import hot_rows, simulate_belady, simulate_lfu, simulate_lru
-from bagpipe_cli.policies.table import TABLE
+from bagpipe_cli.policies.table import POLICIES
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-POLICIES = tuple(p.name for p in TABLE)  # every policy of the table
 
 
 def _bullets(text: str) -> dict[str, str]:

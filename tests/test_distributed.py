@@ -414,8 +414,8 @@ import os, sys, time
 import numpy as np, torch, torch.distributed as dist
 from bagpipe_cli.engine.distributed import Layout
 from bagpipe_cli.engine.distributed.faults import Faults
-from bagpipe_cli.engine.distributed.server import Server
-from bagpipe_cli.engine.distributed.transport import TorchTransport
+from bagpipe_cli.engine.distributed.server import DistributedServer
+from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import ScheduleError
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
@@ -426,12 +426,12 @@ lay = Layout(servers=1, trainers=2)
 if rank == 1:
     server = init_shards([50], 4, 1, 0, RowOptimizer().init_state)[0]
     try:
-        Server(server, lay, NetworkModel(), RowOptimizer(), Faults()).serve()
+        DistributedServer(server, lay, NetworkModel(), RowOptimizer(), Faults()).serve()
     except ScheduleError as e:
         print(e)
         sys.exit(3)
 elif rank >= 2:
-    t = TorchTransport(lay, 4, 0, NetworkModel())
+    t = DistributedTransport(lay, 4, 0, NetworkModel())
     if rank == 2:
         t.fetch(np.array([1, 2]))           # trainer 0: a fetch ...
     else:

@@ -14,7 +14,7 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.oracle import Oracle
-from bagpipe_cli.engine.registry import ALL_SYSTEMS, spec
+from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import ConfigError
 
 
@@ -95,9 +95,10 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
                                   "--save-model", str(tmp_path / "b.pt")])
     assert r2.exit_code == 0, r2.output
     assert "Warning" not in r1.output  # bagpipe reads --lookahead; sync does not, and says so
-    readers = ", ".join(s for s in ALL_SYSTEMS if "lookahead" in spec(s).reads)  # the registry's
-    assert (f"Warning: --lookahead 4 is ignored: --system sync does not read it (read by "
-            f"{readers})") in r2.output
+    readers = ", ".join(s.name for s in SYSTEMS.values() if "lookahead" in s.reads)
+    assert "bagpipe" in readers and "sync" not in readers
+    assert ("Warning: --lookahead 4 is ignored: --system sync does not read it "
+            f"(read by {readers})") in r2.output
     a = torch.load(tmp_path / "a.pt")
     assert list(a["tables"]) == ["C1", "C2", "C3", "C4", "C5", "C6", "C7", "C8"]
     assert a["tables"]["C1"].shape == (1000, 16)
@@ -121,7 +122,7 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
      "--round 2 is ignored: --system lru with --cache-rows does not read it (read by bagpipe)", 1),
     (["--system", "bagpipe", "--staleness", "2", "--hot-sample", "0.5"],
      "--hot-sample 0.5 is ignored: --system bagpipe does not read it (read by "
-     + ", ".join(s for s in ALL_SYSTEMS if "hot_sample" in spec(s).reads) + ")", 2),
+     + ", ".join(s.name for s in SYSTEMS.values() if "hot_sample" in s.reads) + ")", 2),
     (["--system", "het", "--staleness", "2", "--lookahead", "16"], "--lookahead 16 is ignored", 1),
 ])
 def test_train_warns_of_a_setting_its_system_does_not_read(tiny_dataset, tmp_path, args, warning,

@@ -270,9 +270,9 @@ def test_policies_match_references(tc, extra, lookahead):
     # The same trace spilled to disk gives the same results.
     sp = spilled(batches, counts, tr.num_rows)
     assert sp.spilled and sp.accesses == tr.accesses
-    for name, fn in [("lru", simulate_lru), ("lfu", simulate_lfu), ("belady", simulate_belady),
-                     ("fae", simulate_fae)]:
-        a, b = fn(tr, cap), fn(sp, cap)
+    for p in (p for p in TABLE if p.simulate):
+        name = p.name
+        a, b = p.simulate(tr, cap, None, None), p.simulate(sp, cap, None, None)
         assert (a.fetched_rows, a.peak_resident_rows) == (b.fetched_rows, b.peak_resident_rows), name
         assert a.fetched_per_batch.tolist() == b.fetched_per_batch.tolist(), name
     # LFU's priority bound holds every row's count, and is no looser than the accesses.
@@ -430,9 +430,8 @@ def test_cli_profile_writes_outputs(tiny, tmp_path):
     assert j["schema_version"] == 1
     assert j["trace"]["batches"] == 12 and j["trace"]["last_batch_rows"] == 3000 - 11 * 256
     pol = {(p["policy"], p["lookahead"], p["cache_rows"]): p for p in j["policies"]}
-    # per policy of the table: one result, one per lookahead, or one per capacity
-    per = {"lookahead": 2, "cache_rows": 2, None: 1}
-    assert len(pol) == sum(per[p.setting] for p in TABLE)
+    per_setting = {None: 1, "lookahead": 2, "cache_rows": 2}  # --lookahead 2,50; --cache-rows 2000,4000
+    assert len(pol) == sum(per_setting[p.setting] for p in TABLE)
     assert pol[("prefetch", 1, None)]["fetched_rows"] == simulate_bagpipe(
         batch_trace(open_dataset(tiny), 256), 1).fetched_rows
     assert pol[("none", None, None)]["fetched_rows"] == j["trace"]["unique_accesses"]

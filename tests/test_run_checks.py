@@ -9,8 +9,9 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import open_dataset, table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.planner import trace_of
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.policies.simulators import simulate_fae, simulate_lfu, simulate_lru
+from bagpipe_cli.policies.table import policy
 
 SMALL = dict(batch_size=256, iterations=12, eval_rows=1000, lookahead=4)
 
@@ -22,9 +23,11 @@ def _trace(data, iterations, batch_size):
     return trace_of(keys, int(sum(ds.meta.cardinalities)))
 
 
-@pytest.mark.parametrize("system, simulate", [("lru", simulate_lru), ("lfu", simulate_lfu),
-                                              ("fae", simulate_fae)])
-def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system, simulate):
+@pytest.mark.parametrize("system", [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak])
+def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system):
+    def simulate(trace, capacity):  # the profile's simulator of its policy
+        return policy(system).simulate(trace, capacity, None, None)
+
     trace = _trace(tiny_dataset, SMALL["iterations"], SMALL["batch_size"])
     bagpipe = train(TrainConfig(data=str(tiny_dataset), system="bagpipe", **SMALL)).summary
     assert bagpipe["bagpipe_peak_rows"] == bagpipe["peak_resident_rows"]

@@ -10,10 +10,13 @@ import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
+from helpers import one_per_volumes
 
 from bagpipe_cli.cli import cli
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.simulate.calibrate import compute_of, read_measured
-from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Volumes, Workload, predict
+from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Volumes, Workload
+from bagpipe_cli.simulate.model import predict
 from bagpipe_cli.simulate.plans import bytes_per_iteration
 
 # Hand-computed cases use: row_dim 24 + state_dim 1 -> 100 bytes per row; 0.8 Gbit/s =
@@ -231,6 +234,9 @@ def test_plan_formulas_equal_the_encoded_rounds(tiny_dataset):
             for rp in Oracle(total, 2 * c, c, n, 100_000).plan(batches()):
                 close(plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
                                             [len(p.evict_keys) for p in rp.iters]), rp, keys)
+            for rp in Oracle(total, 1, 1, n, 100_000, lrpp=False).plan(batches()):  # prefetch
+                close(plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
+                                            [len(p.evict_keys) for p in rp.iters], lrpp=False), rp, keys)
             for rp in Oracle(total, 1, 1, n, None).plan(batches()):
                 u = len(rp.iters[0].uniq)
                 close(plans.view_round(kb, n, u), rp, keys, cached=False)
@@ -267,7 +273,7 @@ def test_iteration_time_is_never_below_rank_0s_on_a_trace(tiny_dataset):
 
     tc = TraceConfig(str(tiny_dataset), batch_size=1024, iterations=24, lookahead=8, trainers=2,
                      runtime="distributed")
-    vols = trace_volumes(tc, ["sync", "bagpipe", "lru", "local"])[0]
+    vols = trace_volumes(tc, list(ENGINE_SYSTEMS))[0]
     for gbps in (0.01, 1.0, None):  # rank 0 the bottleneck, a share, nothing but its planning
         for s, v in vols.items():
             p = predict(v, Cluster(2, 1, gbps, 10.0 if gbps else 0.0), Workload(16, 0, 1000, warmup=4),
@@ -465,11 +471,15 @@ def test_simulate_help_has_example():
     assert r.exit_code == 0 and "Examples:" in r.output and "--validate" in r.output
 
 
+PROCS_SYSTEMS = one_per_volumes()  # sync, bagpipe, lru (for lfu and fae too), het, local
+
+
 @pytest.fixture(scope="module")
 def procs_runs(tmp_path_factory, tiny_dataset):
-    """Real --procs runs (2 trainers, 2 servers, an emulated network) of four systems."""
+    """Real --procs runs (2 trainers, 2 servers, an emulated network) of one system per
+    traffic model."""
     root = tmp_path_factory.mktemp("procsruns")
-    for system in ("sync", "bagpipe", "lru", "het"):
+    for system in PROCS_SYSTEMS:
         r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--system", system, "--trainers", "2",
                                      "--servers", "2", "--procs", "5", "--batch-size", "512",
                                      "--iterations", "16", "--warmup", "3", "--lookahead", "8",
@@ -486,7 +496,7 @@ def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
     volumes of the distributed runtime are the rows the run's trainers moved."""
     from bagpipe_cli.simulate.volumes import trace_volumes
 
-    for system in ("sync", "bagpipe", "lru", "het"):
+    for system in PROCS_SYSTEMS:
         r = read_measured(procs_runs / system)
         assert r.trace.runtime == "distributed" and not r.cluster.collectives_on_network
         v = trace_volumes(r.trace, [system])[0][system]
@@ -495,7 +505,7 @@ def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
         assert fetched.sum() == m["rows_fetched"].sum(), system
         assert (v.write_back.sum() + v.pre_evict.sum()) == m["rows_written_back"].sum(), system
         assert v.messages == 2
-        if system in ("sync", "het"):
+        if not spec(system).replicated:  # it fetches when an iteration reads
             assert fetched.tolist() == m["rows_fetched"].tolist(), system
 
 
@@ -505,7 +515,7 @@ def test_predicted_rank_0_bytes_equal_the_counted(procs_runs):
     rank 0 counted (summary roles.oracle.traffic)."""
     from bagpipe_cli.simulate.volumes import trace_volumes
 
-    for system in ("sync", "bagpipe", "lru", "het"):
+    for system in PROCS_SYSTEMS:
         r = read_measured(procs_runs / system)
         v = trace_volumes(r.trace, [system])[0][system]
         assert r.counted_plan_bytes == pytest.approx(bytes_per_iteration(v), rel=0.10), system
@@ -517,11 +527,12 @@ def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(procs_runs), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
-    assert len(df) == 4 and (df["predicted_ms"] > 0).all()
+    n = len(PROCS_SYSTEMS)
+    assert len(df) == n and (df["predicted_ms"] > 0).all()
     assert df["setting"].str.contains("procs").all()
     # rank 0's plan bytes, checked beside the time
     assert (df["plan_check"] == "checked").all() and df["plan_ok"].all()
-    assert (df["plan_error"].abs() <= 0.10).all() and "rank 0's plan bytes: 4 of 4" in r.output
+    assert (df["plan_error"].abs() <= 0.10).all() and f"rank 0's plan bytes: {n} of {n}" in r.output
 
 
 @pytest.mark.slow

@@ -5,6 +5,7 @@ enough to read."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -25,10 +26,22 @@ def _modules() -> dict[str, Path]:
     return out
 
 
+def _module_level(body: list[ast.stmt]) -> list[ast.stmt]:
+    """A module's own statements, with those of its `if TYPE_CHECKING:` blocks: an import that
+    only a type checker makes still ties the two modules together."""
+    out = []
+    for node in body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out += _module_level(node.body)
+        else:
+            out.append(node)
+    return out
+
+
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The package's modules `name` imports when it is imported (module-level statements)."""
+    """The package's modules `name` imports at module level, type-only imports included."""
     found = set()
-    for node in ast.parse(path.read_text()).body:
+    for node in _module_level(ast.parse(path.read_text()).body):
         targets = []
         if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             targets = [f"{node.module}.{a.name}" for a in node.names] + [node.module]
@@ -43,6 +56,8 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 
 
 def test_no_import_cycles():
+    """Not even through `if TYPE_CHECKING:` imports: a module names the types of modules below
+    it only (a shared type lives in its owner, below its users; or a `Protocol` says what is used)."""
     modules = _modules()
     graph = {m: _imports(m, p, modules) for m, p in modules.items()}
     state: dict[str, int] = {}
@@ -148,3 +163,42 @@ def test_no_test_reads_data_from_outside_the_repository():
             continue
         text = p.read_text()
         assert '"shared"' not in text and "../shared" not in text, p.name
+
+
+def test_the_cycle_check_reads_type_only_imports(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("from typing import TYPE_CHECKING\n"
+                   "if TYPE_CHECKING:\n    from bagpipe_cli.engine.setup import RunSetup\n")
+    assert _imports("bagpipe_cli.engine.m", src, _modules()) == {"bagpipe_cli.engine.setup"}
+
+
+def _classes(path: Path) -> set[str]:
+    return {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+
+
+def test_the_runtimes_name_a_role_alike():
+    """A file of `engine/local/` and its namesake in `engine/distributed/` play one role: a
+    class `Local<X>` of one has its `Distributed<X>` in the other, and every such pair of files
+    but the runtimes' entries (functions) has one."""
+    local, dist = PACKAGE / "engine" / "local", PACKAGE / "engine" / "distributed"
+    shared = sorted({p.name for p in local.glob("*.py")} & {p.name for p in dist.glob("*.py")})
+    assert {"collective.py", "loader.py", "server.py", "transport.py"} <= set(shared)
+    for name in shared:
+        a = {c.removeprefix("Local") for c in _classes(local / name) if c.startswith("Local")}
+        b = {c.removeprefix("Distributed") for c in _classes(dist / name) if c.startswith("Distributed")}
+        assert a == b, f"{name}: local/ has {sorted(a)}, distributed/ has {sorted(b)}"
+        assert a or name in ("__init__.py", "runtime.py"), f"{name}: no role class"
+
+
+def test_the_package_names_only_files_that_exist():
+    """A path a module's text names (`engine/local/runtime.py`, `relay.py`) is a file: of the
+    repository, the package, its engine, or the module's own folder."""
+    root = PACKAGE.parent
+    stale = []
+    for path in _modules().values():
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for ref in re.findall(r"([\w/.-]+\.py)\b", line):
+                places = (root, PACKAGE, PACKAGE / "engine", path.parent)
+                if not any((p / ref).is_file() for p in places):
+                    stale.append(f"{path.relative_to(root)}:{i}: {ref}")
+    assert not stale, stale

@@ -164,3 +164,18 @@ def test_slipstream_skipping_over_procs_equals_in_process(tiny_dataset, tmp_path
             assert m[col].fillna(-1).tolist() == inproc.metrics[col].fillna(-1).tolist(), col
         s = json.loads((tmp_path / system / "summary.json").read_text())
         assert s["samples_skipped"] == inproc.summary["samples_skipped"] > 0
+
+
+@pytest.mark.parametrize("system,extra", [("hotline", {}),
+                                          ("slipstream", {"drop_target": 0.3, "snapshot_every": 3})])
+def test_tracing_and_evaluating_change_no_parameter_of_the_phased_systems(tiny_dataset, system, extra):
+    """Evaluations every 4 iterations, a trace and an emulated network: the same bits."""
+    kw = dict(data=str(tiny_dataset), system=system, trainers=2, net_gbps=2.0, **extra,
+              **{**KW, "iterations": 16})
+    plain = train(TrainConfig(**kw))
+    both = train(TrainConfig(trace="t.json", eval_every=4, **kw))
+    assert_same_parameters(plain, both)
+    assert both.evals["iteration"].tolist() == [4, 8, 12, 16]
+    names = {e.get("name") for e in both.trace["traceEvents"]}
+    if system == "hotline":
+        assert "fetch issued" in names

@@ -15,7 +15,8 @@ The core, the same for every runtime:
     evaluation  held-out AUC and log loss            save        --save-model
 
 The runtimes, each with the same file names for the same roles (runtime, loader, server,
-transport, collective): `local/` (every role in one process) and `distributed/`
+transport, collective) and the same class names but for the prefix (`LocalServer`,
+`DistributedServer`, ...): `local/` (every role in one process) and `distributed/`
 (torch.distributed ranks, launched by torchrun or `--procs`).
 
 The package imports its parts when first asked for them, so `engine.config` (whose fields

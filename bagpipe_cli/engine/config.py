@@ -6,8 +6,9 @@ config is stored with every result. Another command's config (`bagpipe simulate`
 a field that means the same thing from here with `shared`, so it has one default and help.
 
 This module imports without torch (the command line builds its options from it before it
-knows what will run): the choices come from light constants, held equal to the engine's own
-registries by tests/test_startup.py.
+knows what will run): the systems come from the registry (`engine/registry.py`, which
+imports a system's builders only when they are called), the other choices from light
+constants, held equal to the heavy modules' own by tests/test_startup.py.
 """
 
 from __future__ import annotations
@@ -115,9 +116,8 @@ class TrainConfig:
                              at_least=0, section="system")
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
                                      "--cache-rows hot rows.", section="system")
-    snapshot_every: int = setting(50, "slipstream: iterations between snapshots of the hot rows "
-                                      "(K): a row that changed little over the last K is stale.",
-                                  at_least=1, section="system")
+    snapshot_every: int = setting(50, "slipstream: iterations K between snapshots of the hot rows "
+                                      "(little change over K: stale).", at_least=1, section="system")
     drop_target: float = setting(0.0, "slipstream: the share of samples to skip (D, 0-1), which sets "
                                       "the staleness threshold (0: none, fae's run).", section="system")
     stale_share: float = setting(0.5, "slipstream: skip a sample when this share of its rows is "

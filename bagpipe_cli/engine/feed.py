@@ -9,32 +9,39 @@ batch, so workers do it for several batches at once (numpy releases the GIL); th
 pass, which carries state from batch to batch, consumes their results in order.
 
 The in-process runtime runs `planned_rounds` on its loader thread (`engine/local/loader.py`);
-rank 0 of a distributed run runs it directly and sends each trainer its slice
-(`engine/distributed/loader.py`). The training loop reads `Round`s: a round's plan and, per
-iteration, the dense features and labels of the samples this process trains on.
+rank 0 of a distributed run runs it directly, on keys alone, and sends each round's plan
+(`engine/distributed/loader.py`), while every trainer reads its own samples (`SliceReader`).
+The training loop reads `Round`s: a round's plan and, per iteration, the dense features and
+labels of the samples this process trains on.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, read_rows
 from bagpipe_cli.engine.keys import KeySets, UniqueKeys
-from bagpipe_cli.engine.oracle import Oracle, RoundPlan
+from bagpipe_cli.engine.oracle import RoundPlan
 
 if TYPE_CHECKING:
     from bagpipe_cli.engine.config import TrainConfig
-    from bagpipe_cli.engine.planner import PolicyPlanner
 
 
 MAX_LOADER_WORKERS = 8  # more reader threads than this only contend with the oracle's pass
+
+
+class Planner(Protocol):
+    """What plans a cache round by round: `oracle.Oracle`, `planner.PolicyPlanner` (which imports
+    this module, so it is not named here)."""
+
+    def plan(self, batches: Iterable[np.ndarray | UniqueKeys]) -> Iterator[RoundPlan]: ...
 
 
 @dataclass
@@ -138,7 +145,7 @@ def batch_stream(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.nda
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def planned_rounds(ds: Dataset, cfg: TrainConfig, train_rows: int, planner: Oracle | PolicyPlanner,
+def planned_rounds(ds: Dataset, cfg: TrainConfig, train_rows: int, planner: Planner,
                    offsets: np.ndarray, start: int = 0, workers: int = 1,
                    samples: bool = True) -> Iterator[tuple[RoundPlan, list[Samples]]]:
     """(plan, batches) of every round of iterations start.. (a resumed run plans only those:

@@ -1,12 +1,12 @@
 """Planning a run's cache: the plan builders every system's registry entry names.
 
-- `no_plan`: systems without a planned cache (sync, het, local) need only U_b and its
+- `no_plan`: systems without a planned cache need only U_b and its
   inverse per iteration: an oracle with lookahead 1 and no cache plans them;
 - `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`), planned as
   training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
   round needs more), so no pass over the whole run comes first; prefetch's is the same
   oracle at a lookahead of one batch, without LRPP;
-- `policy_plan(name)`: a fixed-capacity baseline (lru, lfu, fae) that follows its policy's
+- `policy_plan(name)`: a fixed-capacity cache that follows policy `name`'s
   decisions (`policies/decisions.py`, the same as `bagpipe profile`'s simulators), so
   fetched-row counts of a training run equal the profile's on the same batches.
 

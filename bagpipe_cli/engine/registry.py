@@ -19,14 +19,10 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy
-
-if TYPE_CHECKING:
-    from bagpipe_cli.engine.planner import PlanBuilder
-    from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
 
 # Settings that belong to one system rather than to the setting it runs in.
 SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample",
@@ -68,6 +64,10 @@ class Lazy:
         return f"Lazy({self.target}{made}{bound})"
 
 
+# A builder: a function, or a `Lazy` naming one. The registry imports nothing of the engine, not
+# even its types (the engine imports the registry), so each field says its builder's signature.
+Builder = Callable[..., Any]
+
 PLANNER = "bagpipe_cli.engine.planner"
 SYSTEMS_PACKAGE = "bagpipe_cli.engine.systems"
 
@@ -78,8 +78,8 @@ class SystemSpec:
 
     name: str
     summary: str  # one line, for --help and the README
-    plan: PlanBuilder | Lazy  # (RunSetup, first iteration) -> Planning: what plans its cache
-    build_system: Callable[[SystemParts], EmbeddingSystem] | Lazy | None  # one process's system
+    plan: Builder  # (RunSetup, first iteration) -> Planning (planner.PlanBuilder): its cache's plan
+    build_system: Builder | None  # (systems.SystemParts) -> EmbeddingSystem: one process's system
     volumes: str | None  # "module:function" of its simulated volumes (simulate imports this
     #                      registry, so it is resolved when asked: `simulated_volumes`)
     replicated: bool  # trainers hold every row of U_b and all-reduce its gradients (else:

@@ -1,7 +1,7 @@
 """`run(cfg)`: the one entry point of a training run, whatever runs it.
 
 - an external system (the registry names its runner: TorchRec) -> that runner;
-- `--transport inproc` -> the in-process engine (`engine/inprocess.py`);
+- `--transport inproc` -> the in-process engine (`engine/local/runtime.py`: `train_in_process`);
 - `--transport torch` with `--procs` -> every rank as a local process (`spawn_train`);
 - `--transport torch` without -> this process is one rank of a torchrun job (`run_rank`):
   rank 0 returns the result, the other ranks None.

@@ -1,9 +1,10 @@
 """Setting a run up: what every process derives from the config and the dataset, alike.
 
 `prepare(cfg)` opens and checks the dataset and splits off the held-out tail; the builders
-make the dense model and its optimizer (from the seed, identically on every trainer) and
-the system for the trainers of one process (`build_system`, by the system's registry
-entry, which also plans its cache: `s.spec.plan(s, start)`).
+make the dense model and its optimizer (from the seed, identically on every trainer). The
+system for the trainers of one process is its registry entry's to build
+(`s.spec.build_system(SystemParts(...))`), and to plan (`s.spec.plan(s, start)`); this module
+imports no system and no planner, so they can name `RunSetup` without an import cycle.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ from bagpipe_cli.engine.config import TrainConfig, check_run_memory
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.registry import SystemSpec, spec
-from bagpipe_cli.engine.shards import Shard
-from bagpipe_cli.engine.systems import EmbeddingSystem, SystemParts
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import Transport
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
 from bagpipe_cli.models import ModelConfig, build_model, row_dim
@@ -112,15 +109,6 @@ def open_resume(s: RunSetup) -> Checkpoint | None:
     ck = find_checkpoint(Path(s.cfg.resume))
     check_compatible(s.cfg, ck, dataset_identity(s.ds))
     return ck
-
-
-def build_system(s: RunSetup, slots: int | None, transport: Transport, trainers: TrainerSet,
-                 device: str | torch.device = "cpu",
-                 servers: list[Shard] | None = None) -> EmbeddingSystem:
-    """The run's embedding system for `trainers`, with a cache of `slots` rows
-    (`Planning.slots`); `servers`: the in-process shards (local trains them in place)."""
-    return s.spec.build_system(SystemParts(s, slots, transport, trainers, torch.device(device),
-                                           servers))
 
 
 def run_config(s: RunSetup, layout: dict[str, Any], runner: dict[str, Any]) -> dict[str, Any]:

@@ -23,14 +23,8 @@ from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.io import atomic_dir, recorded_path, write_json
 from bagpipe_cli.simulate.cluster import ClusterFile, SimulateConfig, ensure_dataset
-from bagpipe_cli.simulate.model import (
-    ComputeTimes,
-    Prediction,
-    Volumes,
-    Workload,
-    add_speedups,
-    predict,
-)
+from bagpipe_cli.simulate.inputs import ComputeTimes, Volumes, Workload
+from bagpipe_cli.simulate.model import Prediction, add_speedups, predict
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -35,7 +35,7 @@ from bagpipe_cli.results import (
     read_runs,
     read_trainer_metrics,
 )
-from bagpipe_cli.simulate.model import Cluster, ComputeTimes, Workload
+from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Workload
 from bagpipe_cli.simulate.volumes import TraceConfig
 
 

@@ -24,7 +24,7 @@ the file. Besides the fields, a file may have a `description` and a `synth:` map
     optimizer: adagrad
     bottom_mlp: [512, 256, 64]
     top_mlp: [1024, 1024, 1024, 256, 128]
-    systems: [sync, bagpipe, lru, lfu, fae, het, local]
+    systems: [sync, bagpipe, lru]    # [default: every system of the engine]
     sweep_trainers: [1, 2, 4, 8, 16]  # or: sweep: {trainers: [...], net_gbps: [...]}
     sweep_gbps: [1, 10, 25, 100]
     sweep_scaling: strong             # the trainers sweep keeps the global batch; weak: the
@@ -48,7 +48,8 @@ from bagpipe_cli.engine.config import check_settings, setting, settings_from, sh
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import read_yaml
-from bagpipe_cli.simulate.model import SYSTEMS, Cluster, ComputeTimes
+from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes
+from bagpipe_cli.simulate.model import SYSTEMS
 
 # simulate/volumes.py's runtimes (a test holds them equal): that module traces with the
 # engine (torch), and `bagpipe simulate --help` reads only this one.

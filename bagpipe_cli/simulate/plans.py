@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from bagpipe_cli.simulate.model import Cluster, Volumes
+    from bagpipe_cli.simulate.inputs import Cluster, Volumes
 
 INT32_KEYS = 2**31 - 1  # rounds.key_dtype: int32 keys where every row's key fits
 
@@ -44,6 +44,7 @@ PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per ite
 # The fixed part of an encoded round (bytes), measured on wire.encode(shared_round(...)).
 LOOKAHEAD_ROUND = 734
 LOOKAHEAD_ITER = 264
+UNCLASSED_ITER = 194  # an iteration without LRPP classes and users (prefetch)
 POLICY_ROUND = 825  # a policy round: always one iteration
 POLICY_LAST = 410  # the write-back round after the last iteration (no iterations)
 VIEW_ROUND = 733  # U_b and nothing else
@@ -58,11 +59,13 @@ def key_bytes(total_rows: int) -> int:
     return 4 if total_rows <= INT32_KEYS else 8
 
 
-def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evicted: list[int]) -> int:
+def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evicted: list[int],
+                    lrpp: bool = True) -> int:
     """A bagpipe round: its fetched rows (with slot and owner), and per iteration U_b (with
-    slot, class and owner) and the evicted rows (with slot)."""
-    return (LOOKAHEAD_ROUND + LOOKAHEAD_ITER * len(uniq) + fetched * (kb + SLOT + OWNER)
-            + sum(uniq) * (kb + SLOT + ROW_CLASS + OWNER) + sum(evicted) * (kb + SLOT)
+    slot, and with LRPP class and owner) and the evicted rows (with slot)."""
+    per_row, per_iter = (ROW_CLASS + OWNER, LOOKAHEAD_ITER) if lrpp else (0, UNCLASSED_ITER)
+    return (LOOKAHEAD_ROUND + per_iter * len(uniq) + fetched * (kb + SLOT + OWNER)
+            + sum(uniq) * (kb + SLOT + per_row) + sum(evicted) * (kb + SLOT)
             + PER_TRAINER * trainers * len(uniq))
 
 

@@ -26,7 +26,8 @@ import pandas as pd
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import SkippedRun
 from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
-from bagpipe_cli.simulate.model import Prediction, Volumes, predict
+from bagpipe_cli.simulate.inputs import Volumes
+from bagpipe_cli.simulate.model import Prediction, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
 
 TOLERANCE = 0.20  # |predicted / measured - 1| within which a run passes

@@ -37,7 +37,8 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
-from bagpipe_cli.simulate.model import SYSTEMS, Volumes
+from bagpipe_cli.simulate.inputs import Volumes
+from bagpipe_cli.simulate.model import SYSTEMS
 
 RUNTIMES = ("inproc", "distributed")
 
@@ -265,7 +266,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
         t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
-                                            [len(p.evict_keys) for p in rp.iters]))
+                                            [len(p.evict_keys) for p in rp.iters], lrpp))
     if lookahead is None:  # bagpipe's own: the baselines' default capacity
         t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it

@@ -50,7 +50,7 @@ _NO_BUFFER_SYNC = ({"forward_sync_buffers": False}
                    else {"broadcast_buffers": False})
 
 
-class TorchCollective(Collective):
+class DistributedCollective(Collective):
     """The collective of trainer `index` among the trainer ranks: `group` for the sums on the
     critical path, `lanes` the groups of the two background threads (dense buckets, then
     sync_later sums)."""
@@ -212,7 +212,7 @@ class _Lane:
 class _Waited:
     """A background sum whose wait counts as exposed collective time."""
 
-    def __init__(self, fut: Future, owner: TorchCollective):
+    def __init__(self, fut: Future, owner: DistributedCollective):
         self.fut, self.owner = fut, owner
 
     def result(self) -> torch.Tensor:

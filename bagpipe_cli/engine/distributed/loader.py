@@ -46,7 +46,7 @@ from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import build_model
 
 
-class LoaderRank:
+class DistributedLoader:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
     def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],

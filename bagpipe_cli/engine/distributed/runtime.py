@@ -25,7 +25,7 @@ from bagpipe_cli import signals
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.device import computing_on, cuda_count
 from bagpipe_cli.engine.distributed.clock import clock_offset
-from bagpipe_cli.engine.distributed.collective import TorchCollective
+from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import (
     ALL_RANKS,
@@ -35,7 +35,7 @@ from bagpipe_cli.engine.distributed.layout import (
     rank_facts,
     trainer_devices,
 )
-from bagpipe_cli.engine.distributed.loader import LoaderRank
+from bagpipe_cli.engine.distributed.loader import DistributedLoader
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
@@ -138,13 +138,13 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     s = prepare(cfg)
     if role == "oracle":
         placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
-        return LoaderRank(s, layout, devices, placements, faults, plans, progress, tracer).run()
+        return DistributedLoader(s, layout, devices, placements, faults, plans, progress, tracer).run()
     if role == "server":
         server_main(s, layout, idx, faults, tracer)
     else:
         comm_device = device if cfg.backend == "nccl" else torch.device("cpu")
         with computing_on(device, not cfg.nondeterministic):
-            collective = TorchCollective(group, tuple(lanes), layout, idx, device, comm_device,
+            collective = DistributedCollective(group, tuple(lanes), layout, idx, device, comm_device,
                                          cfg.collective, tracer)
             trainer_main(s, layout, idx, collective, plans, device, faults, tracer)
     return None

@@ -65,7 +65,7 @@ class _Pass:
     grads: list = field(default_factory=list)  # (local indices, gradients) per trainer
 
 
-class Server:
+class DistributedServer:
     """Serves one shard to the trainers of `layout` (see the module docstring)."""
 
     def __init__(self, shard: Shard, layout: Layout, network: NetworkModel,
@@ -202,7 +202,7 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults,
                              s.rowopt.init_state, only=k)[0]
     else:
         shard = Shard.holding(k, layout.servers, init["weight"], init["state"])
-    server = Server(shard, layout, s.network, s.rowopt, faults, tracer)
+    server = DistributedServer(shard, layout, s.network, s.rowopt, faults, tracer)
     server.traffic.receive("control", enc.nbytes)
     stats = server.serve()
     send_obj({"weight": shard.weight, "state": shard.state, "stats": stats,

@@ -2,7 +2,7 @@
 
 Its rounds' plans come from rank 0 down the relay tree (`relay.py`), ahead of use; it reads
 its own slice of every batch from the dataset (`rounds.RoundMaker`); its rows come from the
-server ranks (`TorchTransport`), its sums from the other trainers (`TorchCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
+server ranks (`DistributedTransport`), its sums from the other trainers (`DistributedCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
 also its resident rows, the dense model, its optimizer and the RNG state), then every
 server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) trainer 0
 sends its resident rows and dense model, and every trainer sends the servers an EVAL request.
@@ -20,16 +20,17 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.collective import collective_figures
 from bagpipe_cli.engine.device import describe, to_cpu
-from bagpipe_cli.engine.distributed.collective import TorchCollective
+from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.relay import PlanFeed
 from bagpipe_cli.engine.distributed.rounds import RoundMaker
-from bagpipe_cli.engine.distributed.transport import TorchTransport
+from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
 from bagpipe_cli.engine.feed import SliceReader
 from bagpipe_cli.engine.loop import Hook, TrainingLoop
-from bagpipe_cli.engine.setup import RunSetup, build_dense, build_system, restore_dense
+from bagpipe_cli.engine.setup import RunSetup, build_dense, restore_dense
+from bagpipe_cli.engine.systems import SystemParts
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.trainer_set import TrainerSet
@@ -37,7 +38,7 @@ from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import RankFailure
 
 
-def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollective, plans: Any,
+def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCollective, plans: Any,
                  device: torch.device, faults: Faults, tracer: NoTracer = NO_TRACE) -> None:
     """Trainer i: its slice of every global batch, synchronised with the other trainers;
     `plans`: the relay's process group."""
@@ -50,9 +51,10 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     info = decode(enc)
     if info.get("dense") is not None:  # resumed: the checkpoint's dense model and optimizer
         restore_dense(model, dense_opt, info["dense"], info["optimizer"], info["rng"])
-    transport = TorchTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i, traffic)
+    transport = DistributedTransport(layout, s.row_dim, s.rowopt.state_dim, s.network, tracer, i, traffic)
     trainers = TrainerSet.one(i, layout.trainers)
-    system = build_system(s, info["slots"], transport, trainers, device)
+    system = s.spec.build_system(SystemParts(s, info["slots"], transport, trainers,
+                                                    torch.device(device)))
     hook = _checkpoint(layout, transport, faults, traffic) if cfg.checkpoint_every else None
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
                         trainers, info["start"], device, checkpoint=hook,
@@ -87,7 +89,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: TorchCollectiv
     send_obj(out, 0, layout)  # (the result itself is not counted: it is sent after the count)
 
 
-def _evaluator(layout: Layout, transport: TorchTransport, traffic: Traffic) -> Hook:
+def _evaluator(layout: Layout, transport: DistributedTransport, traffic: Traffic) -> Hook:
     """--eval-every: trainer 0 sends rank 0 its resident rows and dense model (rank 0 lays
     the rows over the servers' shards and evaluates); every trainer asks the servers for
     their shards."""
@@ -102,7 +104,7 @@ def _evaluator(layout: Layout, transport: TorchTransport, traffic: Traffic) -> H
     return take
 
 
-def _checkpoint(layout: Layout, transport: TorchTransport, faults: Faults,
+def _checkpoint(layout: Layout, transport: DistributedTransport, faults: Faults,
                 traffic: Traffic) -> Callable[[int, TrainingLoop], None]:
     sent = 0  # records already sent to rank 0 with a checkpoint
 

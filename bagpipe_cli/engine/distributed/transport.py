@@ -33,7 +33,7 @@ from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.transport import Transport
 
 
-class _DistRows:
+class DistributedRows:
     """A fetch in flight: the replies of every server, assembled on result()."""
 
     def __init__(self, n: int, parts: list, dim: int, sdim: int, layout: Layout,
@@ -60,7 +60,7 @@ class _DistRows:
         return rows, state
 
 
-class TorchTransport(Transport):
+class DistributedTransport(Transport):
     """The servers of a torch.distributed run, as one trainer rank sees them."""
 
     lockstep = True
@@ -94,7 +94,7 @@ class TorchTransport(Transport):
         if len(self._pending) > 256:
             self._pending = [p for p in self._pending if not p[0].is_completed()]
 
-    def fetch(self, keys: np.ndarray) -> _DistRows:
+    def fetch(self, keys: np.ndarray) -> DistributedRows:
         parts = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             src = self.layout.server_rank(k)
@@ -109,7 +109,7 @@ class TorchTransport(Transport):
                 self.bytes_received += (r.numel() + s.numel()) * 4
                 self.traffic.receive("rows", (r.numel() + s.numel()) * 4)
             parts.append((pos, r, s, works, src))
-        return _DistRows(len(keys), parts, self.dim, self.sdim, self.layout, self.tracer)
+        return DistributedRows(len(keys), parts, self.dim, self.sdim, self.layout, self.tracer)
 
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
         rows, state = rows.cpu(), state.cpu()

@@ -14,7 +14,7 @@ from concurrent.futures import Future
 import torch
 
 from bagpipe_cli.engine.collective import Collective, traffic
-from bagpipe_cli.engine.local.server import Label, ServingThread
+from bagpipe_cli.engine.local.server import Label, LocalServer
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
 
@@ -26,7 +26,7 @@ class LocalCollective(Collective):
                  on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE,
                  track: tuple[str, str] | None = None):
         self.size, self.network, self.kind, self.tracer = size, network, kind, tracer
-        self._worker = ServingThread("collectives", on_start, tracer, track)
+        self._worker = LocalServer("collectives", on_start, tracer, track)
         self.bytes_sent = self.bytes_received = 0
         self.exposed_s = 0.0
 

@@ -17,7 +17,7 @@ from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer
 QUEUE_WAIT_S = 1e-4  # a wait on a full queue shorter than this is not traced
 
 
-class LoaderFeed:
+class LocalLoader:
     """The data loader + oracle thread: plans rounds ahead into a bounded queue; iterating
     yields its Rounds (an error on the thread is raised here)."""
 

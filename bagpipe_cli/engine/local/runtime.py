@@ -32,20 +32,20 @@ from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, 
 from bagpipe_cli.engine.evaluation import eval_point
 from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
-from bagpipe_cli.engine.local.loader import LoaderFeed
-from bagpipe_cli.engine.local.transport import InProcessTransport
+from bagpipe_cli.engine.local.loader import LocalLoader
+from bagpipe_cli.engine.local.transport import LocalTransport
 from bagpipe_cli.engine.loop import Hook, ProgressFn, TrainingLoop
 from bagpipe_cli.engine.records import role_figures
 from bagpipe_cli.engine.result import TrainResult, finish_run
 from bagpipe_cli.engine.setup import (
     RunSetup,
     build_dense,
-    build_system,
     open_resume,
     prepare,
     restore_dense,
 )
 from bagpipe_cli.engine.shards import Shard, init_shards, shards_from_tables
+from bagpipe_cli.engine.systems import SystemParts
 from bagpipe_cli.engine.trace import (
     NO_TRACE,
     ORACLE,
@@ -122,11 +122,12 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     tracer = Tracer() if cfg.trace else NO_TRACE
     role = trainer_role(0, cfg.trainers)
     tracer.name_thread(role, "main")
-    transport = InProcessTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
+    transport = LocalTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
     with tracer.span("planning pass", "planning", track=(ORACLE, "loader")):
         planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
-    system = build_system(s, planning.slots, transport, trainers, device, servers=servers)
+    system = s.spec.build_system(SystemParts(s, planning.slots, transport, trainers,
+                                                    torch.device(device), servers))
     collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper,
                                  tracer=tracer, track=(role, "collectives"))
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
@@ -136,7 +137,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
-    feed = LoaderFeed(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
+    feed = LocalLoader(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
                                      loader_workers(cfg, placement)), on_start=pinned.helper,
                       tracer=tracer)
     t_start = time.perf_counter()

@@ -27,7 +27,7 @@ class Label(NamedTuple):
     flow: tuple[str, int, int, int] | None = None
 
 
-class ServingThread:
+class LocalServer:
     """A thread serving requests in FIFO order, then holding the link for the transfer time."""
 
     def __init__(self, name: str, on_start: Callable[[], None] | None = None,

@@ -13,14 +13,14 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.local.server import Label, ServingThread
+from bagpipe_cli.engine.local.server import Label, LocalServer
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.shards import Shard, split_by_shard
 from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.transport import Transport
 
 
-class ShardRows:
+class LocalRows:
     """A fetch in flight: rows and optimizer state, assembled from the shards' replies on `result()`."""
 
     def __init__(self, n: int, parts: list[tuple[np.ndarray, Future]], dim: int, state_dim: int,
@@ -48,7 +48,7 @@ class ShardRows:
         return rows, state
 
 
-class InProcessTransport(Transport):
+class LocalTransport(Transport):
     """Servers as worker threads in this process; optional network emulation per link."""
 
     def __init__(self, servers: list[Shard], network: NetworkModel | None = None,
@@ -57,7 +57,7 @@ class InProcessTransport(Transport):
         self.num_servers = len(servers)
         self.network = network or NetworkModel()
         self.tracer = tracer
-        self._workers = [ServingThread(f"server-{s.shard}", on_start, tracer,
+        self._workers = [LocalServer(f"server-{s.shard}", on_start, tracer,
                                        (server_role(s.shard), "serving")) for s in servers]
         self._sent = [0] * len(servers)  # requests sent to each server (the trace's arrows)
         self.dim = servers[0].weight.shape[1]
@@ -75,7 +75,7 @@ class InProcessTransport(Transport):
             self.tracer.flow_out(*flow)
         return Label(name, "serve", rows, nbytes, 0, self.tracer.position, flow)
 
-    def fetch(self, keys: np.ndarray) -> ShardRows:
+    def fetch(self, keys: np.ndarray) -> LocalRows:
         parts = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             if len(pos) == 0 and self.num_servers > 1:
@@ -89,7 +89,7 @@ class InProcessTransport(Transport):
 
             label = self._label(k, "fetch", len(local), nbytes, arrow=True)
             parts.append((pos, self._workers[k].submit(run, label)))
-        return ShardRows(len(keys), parts, self.dim, self.state_dim, self.tracer)
+        return LocalRows(len(keys), parts, self.dim, self.state_dim, self.tracer)
 
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
         futures = []

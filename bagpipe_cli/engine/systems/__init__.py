@@ -2,7 +2,9 @@
 
     base     the interface every system implements (`EmbeddingSystem`) and what one is
              built from (`SystemParts`)
-    cached   a trainer cache run by a plan: bagpipe, lru, lfu, fae (`CacheSystem`)
+    cached   a trainer cache run by a plan, the oracle's or a policy's (`CacheSystem`)
+    hotline  popular samples first, the rest once their rows land (`HotlineSystem`)
+    slipstream  samples whose rows stopped changing skipped (`SlipstreamSystem`)
     tables   every table on the trainer: local (`LocalSystem`)
     pushing  parameter-server systems: sync (`SyncSystem`) and het (`HetSystem`)
 """

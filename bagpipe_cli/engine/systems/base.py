@@ -10,11 +10,11 @@ run in-process, one trainer on a torch.distributed trainer rank. The training lo
 - `view(plan)`: the rows the process's gradients are taken over, and each access's position
   in them: U_b for the replicated systems, the process's own rows for the pushing ones;
 - `read(step, keys, index)`: the values every access of the process's samples reads;
-- replicated systems (bagpipe, lru, lfu, fae, local) hold every row of U_b on every trainer
+- replicated systems (`SystemSpec.replicated`: bagpipe and the caches) hold every row of U_b on every trainer
   and all-reduce gradients: `update_rows(plan, idx, grad)` applies the summed gradients to
   rows by position in U_b, and `evict(plan, classes)` writes back this process's share of
   the rows the plan evicts;
-- pushing systems (sync, het) send their rows' gradients to the servers, which sum every
+- pushing systems (the others: parameter-server ones) send their rows' gradients to the servers, which sum every
   trainer's and apply the optimizer: `push(step, keys, grad)`;
 - hooks around an iteration, for systems that change what it computes: `phases(step,
   index, slices)` before it may split each trainer's samples into phases, each with what
