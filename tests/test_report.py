@@ -197,6 +197,7 @@ def test_unknown_schema_version_is_skipped_in_a_bench_and_rejected_alone(tmp_pat
     ("samples_per_s", "fast", "samples_per_s is 'fast', not a number"),
     ("median_iter_ms", -3.5, "median_iter_ms is -3.5, below zero"),
     ("iterations", True, "iterations is True, not a number"),
+    ("time_to_target_s", -0.5, "time_to_target_s is -0.5, below zero"),
 ])
 def test_a_damaged_summary_figure_is_named_and_its_run_skipped(tmp_path, key, value, words):
     res = tmp_path / "bench"
