@@ -111,6 +111,36 @@ def test_resume_skips_complete_runs(tmp_path, tiny_dataset, monkeypatch):
     assert idx["completed"] == 3 and {x["status"] for x in idx["runs"]} == {"kept"}
 
 
+def test_resume_with_another_config_is_refused(tmp_path, tiny_dataset, monkeypatch):
+    """A bench folder resumed with another config is refused in one line naming each
+    differing key with both values (its runs would mix two configs); another --repeat and
+    the same config from another file are accepted."""
+    from bagpipe_cli.results import write_bench
+
+    first = load_bench_config(_config(tmp_path, tiny_dataset, "profile: false"))
+    out = tmp_path / "bench"
+    (out / "runs").mkdir(parents=True)
+    write_bench(out, first.to_json(), [])
+    ran = []
+    monkeypatch.setattr(bench_runner, "run", lambda *a, **k: ran.append(1) or 1 / 0)
+    other = _config(tmp_path, tiny_dataset, "profile: false", systems="[sync, lru]",
+                    base=", lr: 0.5", matrix="  lookahead: [4, 16]")
+    r = CliRunner().invoke(cli, ["bench", str(other), "--out", str(out), "--resume"])
+    assert r.exit_code == 2
+    line = r.output.strip()
+    assert "\n" not in line and "--overwrite" not in line
+    bench_json = out / "bench.json"
+    assert f"systems: [sync, bagpipe] in {bench_json}, [sync, lru] in {other}" in line
+    assert f"base.lr: unset in {bench_json}, 0.5 in {other}" in line
+    assert f"matrix.lookahead: [4, 8] in {bench_json}, [4, 16] in {other}" in line
+    assert "bagpipe bench --resume --out" in line
+    assert {p.name for p in out.iterdir()} == {"bench.json", "runs"} and not ran  # nothing done
+    # The same config with another --repeat passes the check (and goes on to run).
+    same = _config(tmp_path, tiny_dataset, "profile: false")
+    r = CliRunner().invoke(cli, ["bench", str(same), "--out", str(out), "--resume", "--repeat", "2"])
+    assert "another config" not in r.output and ran
+
+
 @pytest.mark.parametrize("damage,needle", [
     ("schema", "summary.json: schema_version 2 is not supported by this bagpipe (expects 1)"),
     ("truncated", "metrics.csv: 5 rows, but summary.json counts 8 iterations"),

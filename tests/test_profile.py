@@ -46,7 +46,8 @@ from bagpipe_cli.policies.trace import (
     table_offsets,
 )
 from bagpipe_cli.profile import ProfileConfig, run_profile
-from bagpipe_cli.profile.skew import SortedCounts
+from bagpipe_cli.profile.plots import _one_in
+from bagpipe_cli.profile.skew import SortedCounts, share_label, skew_from_counts
 
 # --------------------------------------------------------------------------- references
 
@@ -369,6 +370,27 @@ def test_profile_of_a_spilled_trace_is_the_same(tiny, monkeypatch):
     assert mem["trace"]["unique_accesses"] > 1000  # the second run did spill
 
 
+def test_top_share_of_a_tiny_table_is_not_defined(tmp_path):
+    """A table of fewer than 1/p rows has no top p: its one most-accessed row would be more
+    than p of it (one row of two read 99% here). Such shares are None (null in profile.json,
+    n/a where shown); a table of exactly 1/p rows has its top row's share."""
+    rng = np.random.default_rng(0)
+    cards = [2, 10, 100, 1000]
+    counts = np.concatenate([rng.integers(1, 50, c) for c in cards])
+    counts[0], counts[1] = 99, 1  # the two-row table: one row takes 99% of its accesses
+    s = skew_from_counts(counts, ["two", "ten", "hundred", "thousand"], cards)
+    assert [t.top_share["0.1%"] for t in s.tables][:3] == [None, None, None]
+    assert [t.top_share["10%"] is None for t in s.tables] == [True, False, False, False]
+    ten = counts[2:12]
+    assert s.tables[1].top_share["10%"] == pytest.approx(ten.max() / ten.sum())
+    thousand = counts[-1000:]
+    assert s.tables[3].top_share["0.1%"] == pytest.approx(thousand.max() / thousand.sum())
+    assert s.top_share["0.1%"] is not None  # 1,112 rows overall
+    assert json.loads(json.dumps(s.to_json()))["tables"][0]["top_share"]["1%"] is None
+    assert [share_label(v) for v in s.tables[0].top_share.values()] == ["n/a"] * 3
+    assert _one_in("0.1%") == "1,000" and _one_in("10%") == "10"
+
+
 def test_skew_exact(tiny):
     ds = open_dataset(tiny)
     res = run_profile(ProfileConfig(tiny, batch_size=500, policies=("none",)))
@@ -385,6 +407,9 @@ def test_skew_exact(tiny):
         for t, tab in enumerate(s.tables):
             c = counts[offs[t] : offs[t] + cards[t]]
             kt = math.ceil(f * cards[t])
+            if f * cards[t] < 1:  # fewer rows than 1 / f: no top f
+                assert tab.top_share[key] is None
+                continue
             assert tab.top_share[key] == pytest.approx(np.sort(c)[::-1][:kt].sum() / c.sum(), abs=1e-15)
     for t, tab in enumerate(s.tables):
         c = np.sort(counts[offs[t] : offs[t] + cards[t]])[::-1]

@@ -17,6 +17,9 @@ from click.testing import CliRunner
 from bagpipe_cli.cli import cli
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.report import ReportConfig, build_report
+from bagpipe_cli.report.accuracy import display_accuracy
+from bagpipe_cli.report.noise import NOISE_LEGEND
+from bagpipe_cli.report.page import display_summary
 from bagpipe_cli.results import load_metrics, load_results
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -65,6 +68,62 @@ def test_summary_definitions_from_raw_files():
     sync = [json.loads((r / "summary.json").read_text())["samples_per_s"]
             for r in sorted((EXAMPLE / "runs").glob("sync-dlrm-slow-*"))]
     assert row["speedup"] == pytest.approx(np.median(sps) / np.median(sync))
+    # Its range over every pair of repeats (the noise test's).
+    assert row["speedup_low"] == pytest.approx(min(sps) / max(sync))
+    assert row["speedup_high"] == pytest.approx(max(sps) / min(sync))
+
+
+def _set_summaries(bench: Path, values: dict[str, list[dict]]) -> None:
+    """Overwrite summary.json fields of a copied example bench: `values` maps a run-id
+    prefix to one dict of fields per repeat (r1, r2)."""
+    for prefix, per_repeat in values.items():
+        runs = sorted((bench / "runs").glob(f"{prefix}-*"))
+        assert len(runs) == len(per_repeat)
+        for run, fields in zip(runs, per_repeat, strict=True):
+            s = json.loads((run / "summary.json").read_text())
+            s.update(fields)
+            (run / "summary.json").write_text(json.dumps(s))
+
+
+def test_a_ratio_inside_the_repeats_noise_is_marked(tmp_path):
+    """Time to target is shown with its range over repeats; a ratio to sync whose range over
+    the pairs of repeats holds 1 is marked within the noise, one outside it is not, one from
+    a single repeat is marked as having no spread; a legend line says what the marks mean."""
+    bench = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, bench)
+
+    def reps(*pairs):  # (time to target or None, samples/s) per repeat
+        return [{"evaluations": 1, "target_auc": 0.55, "time_to_target_s": t,
+                 "iterations_to_target": None if t is None else 6, "samples_per_s": sps}
+                for t, sps in pairs]
+
+    _set_summaries(bench, {
+        "sync-dlrm-no-net": reps((2.0, 1000.0), (2.2, 1100.0)),
+        "bagpipe-dlrm-L4-no-net": reps((1.0, 2000.0), (1.1, 2100.0)),  # clearly faster
+        "bagpipe-dlrm-L8-no-net": reps((1.9, 1050.0), (2.1, 1150.0)),  # inside the noise
+        "lru-dlrm-no-net": reps((1.5, 1500.0), (None, 1600.0)),  # one repeat reached
+    })
+    rep = build_report(ReportConfig(results=(bench,), out=tmp_path / "r", formats=("md",)))
+    acc = rep.accuracy[rep.accuracy["setting"] == "no network emulation"].set_index("variant")
+    assert acc.loc["bagpipe L=8", "tta_speedup_low"] == pytest.approx(2.0 / 2.1)
+    assert acc.loc["bagpipe L=8", "tta_speedup_high"] == pytest.approx(2.2 / 1.9)
+    assert acc.loc["bagpipe L=4", "tta_speedup_low"] == pytest.approx(2.0 / 1.1)
+    shown = display_accuracy(acc.reset_index()).set_index("system")
+    tta = shown["time-to-accuracy speed-up (range)"]
+    assert tta["bagpipe L=8"] == "1.05× (0.95–1.16) †"
+    assert tta["bagpipe L=4"] == "2.00× (1.82–2.20)"  # outside the noise: no mark
+    assert tta["lru"] == "1.40× ‡" and tta["sync"] == "1.00×"
+    ttt = shown["time to target (s): median (min–max)"]
+    assert ttt["sync"] == "2.10 (2.00–2.20)" and ttt["lru"] == "1.50 (one repeat: no spread)"
+    assert shown.loc["lru", "reached"] == "1/2"
+    # The throughput speed-up likewise, in both tables.
+    thr = shown["throughput speed-up (range)"]
+    assert thr["bagpipe L=8"].endswith("†") and "†" not in thr["bagpipe L=4"]
+    speed = display_summary(rep.summary)["speed-up vs sync: median (p10–p90)"]
+    assert speed[2].endswith("†") and "†" not in speed[1]  # L=8, L=4 without a network
+    md = (rep.out / "report.md").read_text()
+    assert md.count(f"† {NOISE_LEGEND['†']}.") == 2  # under the summary and the accuracy table
+    assert f"‡ {NOISE_LEGEND['‡']}." in md
 
 
 def test_every_figure_is_written(report):
@@ -138,6 +197,7 @@ def test_unknown_schema_version_is_skipped_in_a_bench_and_rejected_alone(tmp_pat
     ("samples_per_s", "fast", "samples_per_s is 'fast', not a number"),
     ("median_iter_ms", -3.5, "median_iter_ms is -3.5, below zero"),
     ("iterations", True, "iterations is True, not a number"),
+    ("time_to_target_s", -0.5, "time_to_target_s is -0.5, below zero"),
 ])
 def test_a_damaged_summary_figure_is_named_and_its_run_skipped(tmp_path, key, value, words):
     res = tmp_path / "bench"

@@ -424,6 +424,64 @@ def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset,
     assert r.exit_code == 2 and "'both' is not one of 'strong', 'weak'" in r.output
 
 
+@pytest.mark.parametrize("runtime", ["inproc", "distributed"])
+def test_progress_counts_every_trace_it_makes(tiny_dataset, runtime):
+    """simulate's bar: `traces_total` announced up front is the number of system traces made
+    (the main one of each system, and those a swept trainer count retraces: het's alone
+    in-process, every system's distributed), each batch read counts."""
+    from bagpipe_cli.simulate import build_config, run_simulate
+
+    cfg = build_config(str(tiny_dataset), compute_ms=1.0, batch_size=256, iterations=6, warmup=1,
+                       systems=("sync", "bagpipe", "het"), trainers=2, runtime=runtime,
+                       sweep_trainers=(1, 2, 4), sweep_gbps=(1.0,))
+    events = []
+    run_simulate(cfg, lambda p: events.append(replace(p)))
+    traces = [e.stage for e in events if "tracing" in e.stage]
+    traces = [t for i, t in enumerate(traces) if i == 0 or t != traces[i - 1]]  # one per trace
+    assert len(traces) == events[0].traces_total == (3 + 2 * 3 if runtime == "distributed" else 3 + 2)
+    assert traces[:3] == ["tracing sync", "tracing bagpipe", "tracing het"]
+    assert ("1 trainer: tracing het" in traces) and ("4 trainers: tracing sync" in traces) == (
+        runtime == "distributed")
+    done = [e.traces_done for e in events]
+    assert done == sorted(done) and events[-1].stage == "done" and done[-1] == len(traces)
+    assert events[-1].batches >= len(traces) * 6  # every trace reads the 6 batches at least
+
+
+def test_an_interrupted_simulate_names_no_checkpoints(tiny_dataset, tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM during simulate: one line, the signal's exit code, nothing written,
+    and no word of checkpoints (it has none; train, which has, names them)."""
+    import bagpipe_cli.simulate as sim
+    from bagpipe_cli.signals import Terminated
+
+    def stop(*a, **k):
+        raise Terminated(15)
+
+    monkeypatch.setattr(sim, "run_simulate", stop)
+    r = CliRunner().invoke(cli, ["simulate", str(tiny_dataset), "--compute-ms", "1",
+                                 "--out", str(tmp_path / "sim")])
+    assert r.exit_code == 143, r.output
+    assert r.output.strip() == "Error: terminated by SIGTERM; no output was written"
+    assert not (tmp_path / "sim").exists()
+    import bagpipe_cli.engine as engine
+
+    monkeypatch.setattr(engine, "run", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--iterations", "2", "--warmup", "0",
+                                 "--out", str(tmp_path / "run")])
+    assert r.exit_code == 130 and r.output.strip() == (
+        "Error: interrupted; no output was written (checkpoints already written are kept)")
+
+
+def test_no_compute_is_a_prediction_not_a_traceback(tiny_dataset, tmp_path):
+    """--compute-ms 0: the iteration is the exposed waits alone (rank 0's planning at least)."""
+    r = CliRunner().invoke(cli, ["simulate", str(tiny_dataset), "--compute-ms", "0", "--batch-size",
+                                 "256", "--iterations", "8", "--warmup", "1", "--systems",
+                                 "sync,bagpipe", "--sweep-trainers", "1,2", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 0, r.output
+    pred = pd.read_csv(tmp_path / "s" / "predictions.csv").set_index("system")
+    assert (pred["compute_ms"] == 0).all() and (pred["mean_ms"] > 0).all()
+    assert np.isfinite(pred["speedup"]).all()
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
     (["--compute-ms", "1", "--calibrate", "RUNS"], "either --compute-ms or --calibrate"),

@@ -12,6 +12,7 @@ skips them.
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from collections.abc import Callable
@@ -90,7 +91,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     emit = progress or (lambda e: None)
     out = Path(out)
     plan = plan_runs(cfg)
-    _prepare(out, resume)
+    _prepare(out, resume, cfg)
     total = len(plan) * cfg.repeat
     result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
     result.datasets_generated = _datasets(cfg, out, emit)
@@ -136,7 +137,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     return result
 
 
-def _prepare(out: Path, resume: bool) -> None:
+def _prepare(out: Path, resume: bool, cfg: BenchConfig) -> None:
     if out.exists() and not out.is_dir():
         raise ConfigError(f"--out {out} exists and is not a directory")
     if out.is_dir() and any(out.iterdir()):
@@ -145,6 +146,52 @@ def _prepare(out: Path, resume: bool) -> None:
                               "that bench, or choose another --out")
         if not is_bench(out):
             raise ConfigError(f"--resume: {out} is not a bench folder (no bench.json)")
+        _check_same_config(out, cfg)
+
+
+# Keys of a stored bench config that do not change its runs: a resume may differ in them.
+RESUME_FREE_KEYS = ("schema_version", "source", "description", "repeat")
+SHOWN_DIFFERENCES = 3
+_UNSET = object()
+
+
+def _check_same_config(out: Path, cfg: BenchConfig) -> None:
+    """A resumed bench adds runs of the config it was started with only: another config
+    (another system, setting, dataset...) is refused, naming the differing keys."""
+    stored = read_bench_file(out).get("config")
+    if not isinstance(stored, dict):
+        return  # read_bench_config names this when the config is needed
+    given = json.loads(json.dumps(cfg.to_json(), default=str))
+    diffs = [d for k in stored if k in given and k not in RESUME_FREE_KEYS
+             for d in config_differences(stored[k], given[k], k)]
+    if diffs:
+        shown = "; ".join(f"{key}: {a} in {out / 'bench.json'}, {b} in {cfg.source}"
+                          for key, a, b in diffs[:SHOWN_DIFFERENCES])
+        more = len(diffs) - SHOWN_DIFFERENCES
+        raise ConfigError(f"--resume: {out} holds a bench of another config ({shown}"
+                          f"{f'; and {more} more' if more > 0 else ''}); resume it with its own "
+                          f"config (bagpipe bench --resume --out {out}) or choose another --out")
+
+
+def config_differences(a: Any, b: Any, key: str) -> list[tuple[str, str, str]]:
+    """(key, a, b) for each leaf where two JSON values differ; mappings and lists of
+    mappings are compared entry by entry, a list of names as a whole."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in dict.fromkeys([*a, *b])
+                for d in config_differences(a.get(k, _UNSET), b.get(k, _UNSET), f"{key}.{k}")]
+    if (isinstance(a, list) and isinstance(b, list) and len(a) == len(b)
+            and any(isinstance(x, dict) for x in a + b)):
+        return [d for i, (x, y) in enumerate(zip(a, b, strict=True)) for d in config_differences(x, y, f"{key}[{i}]")]
+    return [] if a == b else [(key, _show(a), _show(b))]
+
+
+def _show(v: Any) -> str:
+    """`[sync, bagpipe]` for a list of names, JSON otherwise; `unset` for a missing key."""
+    if v is _UNSET:
+        return "unset"
+    if isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v):
+        return f"[{', '.join(map(str, v))}]"
+    return v if isinstance(v, str) else json.dumps(v)
 
 
 def _datasets(cfg: BenchConfig, out: Path, emit: ProgressFn) -> list[str]:

@@ -61,10 +61,18 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         except MemoryError:
             raise OneLineError("out of memory; use a smaller --batch-size or dataset", 1) from None
         except KeyboardInterrupt as e:
-            raise OneLineError(f"{signals.describe(e)}; no output was written (checkpoints already "
-                               "written are kept)", signals.exit_code(e)) from None
+            raise OneLineError(f"{signals.describe(e)}; {interrupted_words()}",
+                               signals.exit_code(e)) from None
 
     return wrapper
+
+
+def interrupted_words() -> str:
+    """What an interrupted command leaves: no output; checkpoints are named only by a command
+    that writes them (`--checkpoint-every`), not by one that has none (simulate, profile...)."""
+    ctx = click.get_current_context(silent=True)
+    ckpt = ctx is not None and any(p.name == "checkpoint_every" for p in ctx.command.params)
+    return "no output was written" + (" (checkpoints already written are kept)" if ckpt else "")
 
 
 def _os_error(e: OSError) -> str:

@@ -110,13 +110,15 @@ class _Stages:
 
 
 def _summary(result: ProfileResult, out: Path) -> None:
+    from bagpipe_cli.profile.skew import share_label
+
     t, s = result.trace, result.skew
     head = Table(title=f"profile of {result.dataset.get('given', result.dataset['path'])} -> {out}",
                  show_header=False)
     head.add_row("samples x tables", f"{result.dataset['rows']:,} x {len(result.dataset['tables'])} "
                  f"= {t.accesses:,} accesses")
     head.add_row("embedding rows", f"{s.embedding_rows:,} ({s.accessed_rows:,} accessed)")
-    head.add_row("top rows' share", ", ".join(f"{k}: {v:.1%}" for k, v in s.top_share.items()))
+    head.add_row("top rows' share", ", ".join(f"{k}: {share_label(v)}" for k, v in s.top_share.items()))
     head.add_row("batches", f"{t.batches:,} of {t.batch_size:,} (last: {t.last_batch_rows:,} samples); "
                  f"unique rows per batch: max {t.max_batch_unique_rows:,}, "
                  f"mean {t.unique_accesses / max(t.batches, 1):,.0f}")

@@ -50,6 +50,8 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
     """
     from bagpipe_cli.report import ReportConfig, build_report
+    from bagpipe_cli.report.noise import legend
+    from bagpipe_cli.report.page import display_summary
     from bagpipe_cli.results import find_runs
 
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
@@ -61,10 +63,14 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     t = Table(title=f"{len(res.runs)} runs: median over repeats", title_justify="left")
     for col in ("setting", "system", "runs", "iteration ms", "samples/s", "speed-up vs sync"):
         t.add_column(col, justify="left" if col in ("setting", "system") else "right")
-    for r in s.itertuples():
+    speedups = display_summary(s)["speed-up vs sync: median (p10–p90)"] if len(s) else []
+    for r, sp in zip(s.itertuples(), speedups, strict=True):
         t.add_row(r.setting, r.variant, str(r.runs), f"{r.iter_ms_median:.1f}",
-                  f"{r.samples_per_s_median:,.0f}", "-" if r.speedup != r.speedup else f"{r.speedup:.2f}x")
+                  f"{r.samples_per_s_median:,.0f}", sp)
     console.print(t)
+    key = legend(speedups)
+    if key:
+        console.print(key, soft_wrap=True, highlight=False)
     for n in res.notes:
         console.print(f"[yellow]note:[/yellow] {n}", soft_wrap=True)
     pages = [p for p in res.files if p.suffix in (".html", ".md")]

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import click
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
@@ -13,6 +22,7 @@ from bagpipe_cli.cli.common import (
     check_outputs,
     console,
     err_console,
+    format_si,
     out_option,
     overwrite_option,
     translate_errors,
@@ -70,13 +80,37 @@ def simulate(source: Path | None, cluster_file: Path | None, validate_paths: tup
     from bagpipe_cli.simulate import build_config, run_simulate, write_simulation
 
     cfg = build_config(str(source) if source else None, cf, lambda m: err_console.print(m), **options)
-    with err_console.status("simulating") as status:
-        result = run_simulate(cfg, lambda m: status.update(m))
+    with _Bar() as bar:
+        result = run_simulate(cfg, bar)
     _print_result(result)
     if out is not None:
         write_simulation(result, out, overwrite)
         console.print(f"wrote {out}/simulate.json, predictions.csv, sweep.csv, "
                       "speedup_vs_trainers.png, speedup_vs_bandwidth.png")
+
+
+class _Bar:
+    """A rich bar over the system traces that take a simulation's time (M/N), with the
+    batches read and their rate; silent when stderr is not a terminal."""
+
+    def __enter__(self):
+        self.progress = Progress(
+            TextColumn("[bold]{task.description:<28}"), BarColumn(), MofNCompleteColumn(),
+            TextColumn("traces"), TextColumn("[cyan]{task.fields[rate]}"), TimeElapsedColumn(),
+            TimeRemainingColumn(), console=err_console, disable=not err_console.is_terminal)
+        self.progress.__enter__()
+        self.task = self.progress.add_task("simulating", total=None, rate="")
+        self.t0 = time.perf_counter()
+        return self
+
+    def __call__(self, p) -> None:
+        spent = time.perf_counter() - self.t0
+        rate = f"{p.batches:,} batches, {format_si(p.batches / spent)} batches/s" if spent > 0 else ""
+        self.progress.update(self.task, description=p.stage, completed=p.traces_done,
+                             total=p.traces_total, rate=rate)
+
+    def __exit__(self, *exc) -> None:
+        self.progress.__exit__(*exc)
 
 
 def _inputs(source: Path | None, cluster_file: Path | None, cf, options: dict) -> list[Input]:
@@ -138,7 +172,7 @@ def _print_result(result) -> None:
         for p in result.predictions:
             if role(p.system) in ("ours", "bound"):
                 continue
-            row = [p.system, f"{p.mean_ms / bag.mean_ms:.2f}x"]
+            row = [p.system, f"{p.mean_ms / bag.mean_ms:.2f}x" if bag.mean_ms > 0 else "-"]
             if rep:
                 per = rep.get("speedup") or {}
                 row.append(str(per.get(p.system, f"up to {rep.get('speedup_max', '?')}x")

@@ -54,10 +54,13 @@ def plot_access_cdf(result: ProfileResult, path: Path) -> None:
     if s.cdf_rows is not None and len(s.cdf_rows):
         ax.plot(s.cdf_rows, s.cdf_accesses, color="#08519c", lw=2.5, label="all tables")
     lines = []
-    for i, (key, share) in enumerate(s.top_share.items()):
+    for key, share in s.top_share.items():
+        if share is None:
+            lines.append(f"top {key} of rows: n/a (fewer than {_one_in(key)} rows)")
+            continue
         x = s.top_rows[key] / max(s.embedding_rows, 1)
         ax.plot([x], [share], "o", color="#d62728", ms=6, zorder=5,
-                label="top 0.1% / 1% / 10% of rows" if i == 0 else None)
+                label=None if lines else "top 0.1% / 1% / 10% of rows")
         lines.append(f"top {key} of rows ({s.top_rows[key]:,}): {share:.1%} of accesses")
     ax.text(0.98, 0.04, "\n".join(lines), transform=ax.transAxes, ha="right", va="bottom",
             fontsize=9, color="#d62728", bbox={"facecolor": "white", "edgecolor": "#dddddd"})
@@ -79,9 +82,21 @@ def plot_table_top_share(result: ProfileResult, path: Path) -> None:
     x = np.arange(n)
     w = 0.8 / max(len(keys), 1)
     shades = ["#c6dbef", "#4292c6", "#08306b"]
+    na = []
     for j, k in enumerate(keys):
-        ax.bar(x + (j - (len(keys) - 1) / 2) * w, [t.top_share[k] for t in tables], w,
+        at = x + (j - (len(keys) - 1) / 2) * w
+        shares = [t.top_share[k] for t in tables]
+        ax.bar(at, [np.nan if v is None else v for v in shares], w,
                color=shades[j % len(shades)], label=f"top {k} of the table's rows")
+        for xi, v in zip(at, shares, strict=True):
+            if v is None:  # too few rows for this fraction: no bar, a mark
+                ax.text(xi, 0.01, "n/a", rotation=90, ha="center", va="bottom", fontsize=6,
+                        color="#666666")
+        na += [k for v in shares if v is None][:1]
+    if na:
+        ax.text(0.99, 0.87, "n/a: a table of fewer than 1/p rows has no top p "
+                f"({', '.join(f'{k}: fewer than {_one_in(k)} rows' for k in na)})",
+                transform=ax.transAxes, ha="right", va="top", fontsize=8, color="#666666")
     ax.set_xticks(x, [f"{t.name}\n{_si(t.cardinality)}" for t in tables], fontsize=8,
                   rotation=90 if n > 30 else 0)
     ax.set_ylim(0, 1.15)  # room for the legend above the bars
@@ -94,6 +109,11 @@ def plot_table_top_share(result: ProfileResult, path: Path) -> None:
     ax.legend(fontsize=9, loc="upper center", ncol=len(keys), frameon=False)
     fig.tight_layout()
     fig.savefig(path)
+
+
+def _one_in(key: str) -> str:
+    """'0.1%' -> '1,000': the rows a table needs for its top share to be defined."""
+    return f"{round(100 / float(key.rstrip('%'))):,}"
 
 
 def _log_if_wide(ax, values: list[float], axis: str = "x") -> None:

@@ -5,7 +5,10 @@ Definitions (exact):
   table, `R_total` = sum of the cardinalities (rows never accessed count too).
 - `top_share(p)` = share of all accesses taken by the `ceil(p * R)` most-accessed rows
   (R = R_total overall, the table's cardinality per table; the ceiling is computed in
-  exact rational arithmetic). Ties do not matter: only the counts enter.
+  exact rational arithmetic). Ties do not matter: only the counts enter. It is defined
+  (None otherwise, "n/a" when shown) only when `p * R >= 1`: in a smaller table even its one
+  most-accessed row is more than the fraction p of its rows (one of a table's two rows is
+  half of it, and its share says nothing about skew).
 - access CDF: fraction of rows (most-accessed first) vs fraction of accesses.
 - Zipf exponent of a table: minus the least-squares slope of `log(count)` against
   `log(rank)` over every row with count > 0 (rank 1 = most accessed, one point per row).
@@ -35,6 +38,11 @@ CDF_POINTS = 300  # log-spaced points of each stored CDF
 def top_rows(fraction: Fraction, rows: int) -> int:
     """ceil(fraction * rows), exactly."""
     return math.ceil(Fraction(fraction) * rows)
+
+
+def share_label(share: float | None) -> str:
+    """A top share as shown: '12.3%', or 'n/a' where it is not defined."""
+    return "n/a" if share is None else f"{share:.1%}"
 
 
 def fraction_label(f: Fraction) -> str:
@@ -87,7 +95,11 @@ class SortedCounts:
         part = acc_before + (k - rows_before) * self.values[idx_c]
         return np.where(full, cum_acc[-1], part)
 
-    def top_share(self, fraction: Fraction) -> float:
+    def top_share(self, fraction: Fraction) -> float | None:
+        """Share of the accesses taken by the top `fraction` of the rows; None when there
+        are fewer than 1 / fraction rows (see the module doc)."""
+        if Fraction(fraction) * self.total_rows < 1:
+            return None
         a = self.accesses
         return float(self.top_accesses(top_rows(fraction, self.total_rows))) / a if a else 0.0
 
@@ -130,7 +142,7 @@ class TableSkew:
     accesses: int
     accessed_rows: int  # rows with at least one access
     top_rows: dict[str, int]  # '1%' -> ceil(0.01 * cardinality)
-    top_share: dict[str, float]  # '1%' -> share of the table's accesses
+    top_share: dict[str, float | None]  # '1%' -> share of the table's accesses (None: n/a)
     zipf_exponent: float | None
     cdf_rows: np.ndarray = field(repr=False, compare=False, default=None)
     cdf_accesses: np.ndarray = field(repr=False, compare=False, default=None)
@@ -151,7 +163,7 @@ class SkewResult:
     accesses: int
     accessed_rows: int
     top_rows: dict[str, int]
-    top_share: dict[str, float]
+    top_share: dict[str, float | None]  # None: fewer rows than 1 / fraction
     tables: list[TableSkew]
     row_counts: np.ndarray = field(repr=False, compare=False, default=None)  # int64 [R_total]
     cdf_rows: np.ndarray = field(repr=False, compare=False, default=None)

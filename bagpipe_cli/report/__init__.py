@@ -44,6 +44,7 @@ from bagpipe_cli.report.analysis import (
     time_breakdown,
     traffic_table,
 )
+from bagpipe_cli.report.noise import NOISE_MARK, UNKNOWN_MARK, noise_mark
 from bagpipe_cli.report.over_time import draw_accuracy, draw_timeline
 from bagpipe_cli.report.page import (
     Block,
@@ -51,6 +52,7 @@ from bagpipe_cli.report.page import (
     display_traffic,
     render_html,
     render_markdown,
+    table_with_legend,
 )
 from bagpipe_cli.results import SkippedRun, is_run, load_runs
 
@@ -61,10 +63,12 @@ _Figure = tuple[str, Any, str, str]  # name, matplotlib figure, heading, caption
 ACCURACY_TEXT = (
     "Held-out AUC from the evaluations during training (`metrics_eval.csv`), medians over "
     "repeats. Time to target: seconds of training (evaluations left out) to the first "
-    "evaluation whose AUC reaches the target AUC, with how many repeats reached it. "
-    "Time-to-accuracy speed-up = sync's median time to target / the system's, in the same "
-    "setting; throughput speed-up as in the summary. A system that trains faster but stalls "
-    "below the target has no time to target: its extra throughput is lost to accuracy.")
+    "evaluation whose AUC reaches the target AUC: the median and range (min–max) over the "
+    "repeats that reached it, and how many did. Time-to-accuracy speed-up = sync's median "
+    "time to target / the system's, in the same setting, with its range over every pair of "
+    "repeats; throughput speed-up as in the summary, with its range likewise. A system that "
+    "trains faster but stalls below the target has no time to target: its extra throughput "
+    "is lost to accuracy.")
 
 
 @dataclass(frozen=True)
@@ -359,15 +363,20 @@ def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
               Block("p", "One row per system and setting. Iteration time: every measured iteration "
                          "of every repeat; samples/s and speed-up: over repeats (speed-up = median "
                          "samples/s / median samples/s of sync in the same setting)."),
-              Block("table", table=display_summary(summary))]
+              *table_with_legend(display_summary(summary), "speed-up vs sync: median (p10–p90)")]
     best = summary[(summary["system"].map(role) == "ours") & summary["speedup"].notna()]
     if len(best):
         b = best.loc[best["speedup"].idxmax()]
+        mark = noise_mark(b["speedup"], b["speedup_low"], b["speedup_high"])
         blocks.append(Block("p", f"Largest Bagpipe speed-up: {b['speedup']:.2f}× over sync "
-                                 f"({b['variant']}, {b['setting']})."))
+                                 f"({b['variant']}, {b['setting']})"
+                                 + {NOISE_MARK: ", within the noise of the repeats.",
+                                    UNKNOWN_MARK: ", from one repeat (its noise unknown)."}
+                                 .get(mark, ".")))
     if len(accuracy):
         blocks += [Block("h2", "Accuracy and time to target"), Block("p", ACCURACY_TEXT),
-                   Block("table", table=display_accuracy(accuracy))]
+                   *table_with_legend(display_accuracy(accuracy), "time-to-accuracy speed-up (range)",
+                                 "throughput speed-up (range)")]
     if len(traffic):
         blocks += [Block("h2", "Bytes per iteration by role"), Block("p", TRAFFIC_TEXT),
                    Block("table", table=display_traffic(traffic))]

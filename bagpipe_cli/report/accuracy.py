@@ -4,9 +4,12 @@ target AUC and its speed-up over sync, and whether an exact system's curve is sy
 Definitions (`summary.json`'s, per run; `engine/evaluation.py`):
 - time to target: seconds of training (evaluations left out) until the first evaluation whose
   held-out AUC reaches the run's --target-auc; not interpolated between evaluations;
-- per group (setting, variant): the median over the repeats that reached it, and how many did;
+- per group (setting, variant): the median over the repeats that reached it, its range
+  (min–max) and how many did;
 - speed-up in time to accuracy = sync's median time to target in the same setting / the
-  group's; next to it the throughput speed-up (`analysis.summary_table`'s).
+  group's; `tta_speedup_low`-`tta_speedup_high` its range over every pair of repeats, which
+  holds 1 when it is within the repeats' noise (`report.noise`); next to it the throughput
+  speed-up (`analysis.summary_table`'s).
 """
 
 from __future__ import annotations
@@ -20,10 +23,13 @@ import pandas as pd
 
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.report.analysis import BASELINE, ordered_groups
+from bagpipe_cli.report.noise import noise_mark, ratio_range
 
 ACCURACY_COLUMNS = [
     "setting", "system", "variant", "runs", "eval_auc", "best_eval_auc", "target_auc",
-    "reached", "time_to_target_s", "iterations_to_target", "tta_speedup", "speedup",
+    "reached", "time_to_target_s", "time_to_target_min_s", "time_to_target_max_s",
+    "iterations_to_target", "tta_speedup", "tta_speedup_low", "tta_speedup_high", "speedup",
+    "speedup_low", "speedup_high",
 ]
 
 
@@ -42,7 +48,8 @@ def accuracy_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
     if "evaluations" not in runs or not (pd.to_numeric(runs["evaluations"], errors="coerce")
                                          .fillna(0) > 0).any():
         return pd.DataFrame(columns=ACCURACY_COLUMNS)
-    speed = {(r.setting, r.variant): r.speedup for r in summary.itertuples()}
+    speed = {(r.setting, r.variant): (r.speedup, r.speedup_low, r.speedup_high)
+             for r in summary.itertuples()}
     rows, base = [], {}
     for _, g in ordered_groups(runs):
         r0 = g.iloc[0]
@@ -52,16 +59,21 @@ def accuracy_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
                "best_eval_auc": _median(_col(g, "best_eval_auc")),
                "target_auc": _median(_col(g, "target_auc")),
                "reached": int(ttt.notna().sum()), "time_to_target_s": _median(ttt),
-               "iterations_to_target": _median(_col(g, "iterations_to_target")),
-               "speedup": speed.get((r0["setting"], r0["variant"]), math.nan)}
+               "time_to_target_min_s": ttt.min() if ttt.notna().any() else math.nan,
+               "time_to_target_max_s": ttt.max() if ttt.notna().any() else math.nan,
+               "iterations_to_target": _median(_col(g, "iterations_to_target"))}
+        row["speedup"], row["speedup_low"], row["speedup_high"] = speed.get(
+            (r0["setting"], r0["variant"]), (math.nan,) * 3)
         if r0["system"] == BASELINE:
-            base[r0["setting_key"]] = row["time_to_target_s"]
-        row["_key"] = r0["setting_key"]
-        rows.append(row)
-    for row in rows:
-        b = base.get(row.pop("_key"), math.nan)
+            base[r0["setting_key"]] = ttt
+        rows.append((row, r0["setting_key"], r0["system"] == BASELINE, ttt))
+    for row, key, is_base, ttt in rows:
+        b = base.get(key, pd.Series(dtype=float))
         t = row["time_to_target_s"]
-        row["tta_speedup"] = b / t if t and not math.isnan(t) and not math.isnan(b) else math.nan
+        row["tta_speedup"] = _median(b) / t if t and not math.isnan(t) else math.nan
+        row["tta_speedup_low"], row["tta_speedup_high"] = (
+            (math.nan, math.nan) if is_base else ratio_range(b, ttt))
+    rows = [r for r, *_ in rows]
     return pd.DataFrame(rows, columns=ACCURACY_COLUMNS)
 
 
@@ -121,21 +133,36 @@ def curve_notes(runs: pd.DataFrame, evals: pd.DataFrame) -> list[str]:
 
 
 def display_accuracy(acc: pd.DataFrame) -> pd.DataFrame:
-    """The accuracy table as strings, for the page."""
+    """The accuracy table as strings, for the page: time to target with its range over the
+    repeats that reached it, and each ratio to sync marked when it is within their noise
+    (`noise.legend` of the column says what a mark means)."""
     def num(x: Any, fmt: str) -> str:
         return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, fmt)
 
+    def ratio(r: Any, x: float, low: float, high: float) -> str:
+        if math.isnan(x):
+            return "—"
+        if r.system == BASELINE:
+            return f"{x:.2f}×"
+        spread = "" if math.isnan(low) else f" ({low:.2f}–{high:.2f})"
+        return f"{x:.2f}×{spread} {noise_mark(x, low, high)}".rstrip()
+
     rows = []
     for r in acc.itertuples():
+        ttt = num(r.time_to_target_s, ".2f")
+        if r.reached > 1:
+            ttt += f" ({r.time_to_target_min_s:.2f}–{r.time_to_target_max_s:.2f})"
+        elif r.reached == 1:
+            ttt += " (one repeat: no spread)"
         rows.append({
             "setting": r.setting, "system": r.variant, "runs": str(r.runs),
             "final AUC": num(r.eval_auc, ".4f"), "best AUC": num(r.best_eval_auc, ".4f"),
             "target AUC": num(r.target_auc, ".4f"),
-            "time to target (s)": (f"{num(r.time_to_target_s, '.2f')} ({r.reached}/{r.runs})"
-                                   if not math.isnan(r.target_auc) else "—"),
+            "time to target (s): median (min–max)": "—" if math.isnan(r.target_auc) else ttt,
+            "reached": "—" if math.isnan(r.target_auc) else f"{r.reached}/{r.runs}",
             "iterations to target": num(r.iterations_to_target, ".0f"),
-            "time-to-accuracy speed-up": "—" if math.isnan(r.tta_speedup)
-            else f"{r.tta_speedup:.2f}×",
-            "throughput speed-up": "—" if math.isnan(r.speedup) else f"{r.speedup:.2f}×",
+            "time-to-accuracy speed-up (range)": ratio(r, r.tta_speedup, r.tta_speedup_low,
+                                                       r.tta_speedup_high),
+            "throughput speed-up (range)": ratio(r, r.speedup, r.speedup_low, r.speedup_high),
         })
     return pd.DataFrame(rows)

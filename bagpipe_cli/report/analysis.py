@@ -8,7 +8,9 @@ Definitions:
   not read is not part of its variant (sync has one variant).
 - *group*: the repeats of one (setting, variant).
 - speed-up of a group = median samples/s of the group / median samples/s of `sync` in the
-  same setting; its spread is the p10-p90 of (each repeat's samples/s / that sync median).
+  same setting; its spread is the p10-p90 of (each repeat's samples/s / that sync median);
+  `speedup_low`-`speedup_high`: its range over every pair of repeats of the two systems,
+  which holds 1 when it is within their noise (`report.noise`).
 - iteration time: the per-iteration `time` of every measured (non-warm-up) iteration of
   every repeat, pooled: median, p10, p90.
 """
@@ -27,6 +29,7 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import REFERENCE
 from bagpipe_cli.engine.traffic import KINDS
+from bagpipe_cli.report.noise import ratio_range
 
 BASELINE = REFERENCE
 TIME_COLUMNS = TIME_KEYS
@@ -39,7 +42,7 @@ _OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s
 SUMMARY_COLUMNS = [
     "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
     "samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90", "speedup",
-    "speedup_p10", "speedup_p90", "final_loss", "eval_auc",
+    "speedup_p10", "speedup_p90", "speedup_low", "speedup_high", "final_loss", "eval_auc",
 ]
 
 
@@ -148,6 +151,7 @@ def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     runs = speedups(runs)
     measured = metrics[metrics["measured"]]
     times = measured.groupby("run_path")["time"].apply(lambda s: s.to_numpy())
+    sync_sps = runs[runs["system"] == BASELINE].groupby("setting_key")["samples_per_s"]
     rows = []
     for _, g in ordered_groups(runs):
         r0 = g.iloc[0]
@@ -155,6 +159,9 @@ def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
         sps = g["samples_per_s"].to_numpy(dtype=float)
         sp = g["speedup"].to_numpy(dtype=float)
         base = r0["sync_samples_per_s"]
+        low, high = (ratio_range(sps, sync_sps.get_group(r0["setting_key"]))
+                     if r0["system"] != BASELINE and r0["setting_key"] in sync_sps.groups
+                     else (math.nan, math.nan))
         rows.append({
             "setting": r0["setting"], "system": r0["system"], "variant": r0["variant"],
             "runs": len(g),
@@ -163,6 +170,7 @@ def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
             "samples_per_s_p90": _pct(sps, 90),
             "speedup": _pct(sps, 50) / base if base and not math.isnan(base) else math.nan,
             "speedup_p10": _pct(sp, 10), "speedup_p90": _pct(sp, 90),
+            "speedup_low": low, "speedup_high": high,
             "final_loss": _pct(g["final_loss"].to_numpy(dtype=float), 50),
             "eval_auc": _pct(g["eval_auc"].to_numpy(dtype=float), 50) if "eval_auc" in g else math.nan,
         })

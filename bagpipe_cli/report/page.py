@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from bagpipe_cli.report.analysis import BASELINE
+from bagpipe_cli.report.noise import legend, noise_mark
+
 
 @dataclass
 class Block:
@@ -27,9 +30,11 @@ def _num(x: float, fmt: str) -> str:
 
 
 def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
-    """The summary table as strings: median (p10–p90)."""
+    """The summary table as strings: median (p10–p90); a speed-up within the repeats' noise
+    is marked (`noise.legend` of the column says how)."""
     rows = []
     for r in summary.itertuples():
+        mark = "" if r.system == BASELINE else noise_mark(r.speedup, r.speedup_low, r.speedup_high)
         rows.append({
             "setting": r.setting, "system": r.variant, "runs": str(r.runs),
             "iteration ms: median (p10–p90)":
@@ -39,11 +44,18 @@ def display_summary(summary: pd.DataFrame) -> pd.DataFrame:
                 f"{_num(r.samples_per_s_p90, ',.0f')})",
             "speed-up vs sync: median (p10–p90)":
                 "—" if math.isnan(r.speedup) else
-                f"{r.speedup:.2f}× ({_num(r.speedup_p10, '.2f')}–{_num(r.speedup_p90, '.2f')})",
+                f"{r.speedup:.2f}× ({_num(r.speedup_p10, '.2f')}–{_num(r.speedup_p90, '.2f')}) "
+                f"{mark}".rstrip(),
             "final loss": _num(r.final_loss, ".4f"),
             "eval AUC": _num(r.eval_auc, ".4f"),
         })
     return pd.DataFrame(rows)
+
+
+def table_with_legend(table: pd.DataFrame, *columns: str) -> list[Block]:
+    """A table, then a line saying what the noise marks in `columns` mean (when any is used)."""
+    key = legend(c for col in columns if col in table for c in table[col])
+    return [Block("table", table=table)] + ([Block("p", key)] if key else [])
 
 
 def display_traffic(traffic: pd.DataFrame) -> pd.DataFrame:

@@ -278,6 +278,8 @@ def plot_access_cdf(profiles: list[tuple[str, pd.DataFrame, dict]]) -> Figure | 
             lo = min(lo, float(a["row_fraction"].min()))
         skew = (prof or {}).get("skew") or {}
         for key, share in (skew.get("top_share") or {}).items():
+            if share is None:  # fewer rows than 1 / fraction: not defined
+                continue
             x = skew["top_rows"][key] / max(skew.get("embedding_rows", 1), 1)
             ax.plot([x], [share], "o", color=col, ms=6, zorder=5)
             notes.append(f"{name}: top {key} of rows → {share:.1%} of accesses")

@@ -145,7 +145,7 @@ def read_config(folder: Path) -> dict[str, Any]:
 # Summary figures a report computes with: each a number (or null), none below zero.
 NUMBERS = ("iterations", "measured_iterations", "samples_per_s", "median_iter_ms", "p10_iter_ms",
            "p90_iter_ms", "wall_s", "rows_fetched", "rows_written_back", "cache_hits",
-           "unique_rows", "final_loss")
+           "unique_rows", "final_loss", "evaluations", "time_to_target_s", "iterations_to_target")
 
 
 def read_summary(folder: Path) -> dict[str, Any]:

@@ -31,7 +31,8 @@ if TYPE_CHECKING:
 
 SCHEMA_VERSION = 1
 
-__all__ = ["SCHEMA_VERSION", "SimulateConfig", "SimulateResult", "build_config", "run_simulate"]
+__all__ = ["SCHEMA_VERSION", "SimulateConfig", "SimulateProgress", "SimulateResult", "build_config",
+           "run_simulate"]
 
 
 def build_config(source: str | None, cluster_file: ClusterFile | None = None,
@@ -157,22 +158,69 @@ def _sweep_row(sweep: str, p: Prediction, trainers: int, net_gbps: float | None,
             **{k: getattr(p, k) for k in SWEEP_PLAN_COLUMNS}}
 
 
-def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = None) -> SimulateResult:
-    """Trace the dataset, predict every system at the cluster and along the sweeps."""
+@dataclass
+class SimulateProgress:
+    """Where a simulation is, for a progress display: the traces of one system's volumes
+    (the main one, and one per system retraced at each swept trainer count) take its time."""
+
+    stage: str  # what runs now: "tracing bagpipe", "8 trainers: tracing lru", ...
+    traces_done: int  # system traces finished
+    traces_total: int  # system traces this simulation makes
+    batches: int = 0  # batches read so far, over every pass of every trace
+
+
+class _Progress:
+    """Counts the traces and batches of `run_simulate` and reports each step."""
+
+    def __init__(self, emit: Callable[[SimulateProgress], None] | None, total: int):
+        self.emit = emit or (lambda p: None)
+        self.state = SimulateProgress("tracing", 0, total)
+        self.started = 0
+
+    def trace(self, label: str) -> None:  # a system's trace starts
+        self.stage(label)
+        self.started += 1
+
+    def stage(self, label: str) -> None:
+        self.state.stage, self.state.traces_done = label, self.started
+        self.emit(self.state)
+
+    def batch(self) -> None:
+        self.state.batches += 1
+        self.emit(self.state)
+
+
+def _retraced(cfg: SimulateConfig, n: int) -> list[str]:
+    """The systems whose volumes are traced again for the sweep's `n` trainers: every
+    system's when each trainer fetches its own rows (distributed) or the batch grows (weak
+    scaling), else het's per-trainer caches. In-process, bagpipe's split of the non-critical
+    rows into sync_later / no_sync also depends on N, but it only loads the asynchronous
+    collective link; the sweep keeps the configured N's."""
+    batch = cfg.sweep_batch(n)
+    if n == cfg.cluster.trainers and batch == cfg.batch_size:
+        return []
+    return [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes
+            or batch != cfg.batch_size]
+
+
+def run_simulate(cfg: SimulateConfig,
+                 progress: Callable[[SimulateProgress], None] | None = None) -> SimulateResult:
+    """Trace the dataset, predict every system at the cluster and along the sweeps
+    (`progress` at each system's trace and each batch read)."""
     import pandas as pd
 
     from bagpipe_cli.models import ModelConfig, row_dim
     from bagpipe_cli.simulate.calibrate import dense_bytes, state_dim
     from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
-    say = progress or (lambda s: None)
+    track = _Progress(progress, len(cfg.systems) + sum(len(_retraced(cfg, n))
+                                                       for n in cfg.trainer_counts))
     tc = TraceConfig(data=cfg.data, batch_size=cfg.batch_size, iterations=cfg.iterations,
                      lookahead=cfg.lookahead, round=cfg.round, cache_rows=cfg.cache_rows,
                      staleness=cfg.staleness, hot_sample=cfg.hot_sample, trainers=cfg.trainers,
                      servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime)
     compute, csrc = _compute(cfg)
-    say("tracing")
-    vols, info = trace_volumes(tc, cfg.systems, lambda s: say(f"tracing {s}"))
+    vols, info = trace_volumes(tc, cfg.systems, lambda s: track.trace(f"tracing {s}"), track.batch)
     mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim,
                        bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
     work = Workload(row_dim(mcfg), state_dim(cfg.optimizer), dense_bytes(mcfg), cfg.warmup)
@@ -181,7 +229,7 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
     add_speedups(preds)
 
     rows = []
-    say("sweeping bandwidth")
+    track.stage("sweeping bandwidth")
     for g in cfg.sweep_gbps:
         cl = replace(cfg.cluster, net_gbps=g)
         ps = [predict(vols[s], cl, work, compute[s]) for s in cfg.systems]
@@ -189,19 +237,15 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
         rows += [_sweep_row("net_gbps", p, cl.trainers, g, cfg.batch_size) for p in ps]
     n0 = cfg.cluster.trainers
     for n in cfg.trainer_counts:
-        say(f"sweeping trainers: {n}")
+        track.stage(f"sweeping trainers: {n}")
         vn = dict(vols)
         batch = cfg.sweep_batch(n)
-        # Volumes traced again per trainer count: every system's when each trainer fetches its
-        # own rows (distributed) or the batch grows (weak scaling), else het's per-trainer
-        # caches. In-process, bagpipe's split of the non-critical rows into sync_later /
-        # no_sync also depends on N, but it only loads the asynchronous collective link; the
-        # sweep keeps the configured N's.
-        redo = [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes
-                or batch != cfg.batch_size]
-        if (n != n0 or batch != cfg.batch_size) and redo:
+        redo = _retraced(cfg, n)  # volumes traced again for this trainer count
+        if redo:
             try:
-                vn.update(trace_volumes(replace(tc, trainers=n, batch_size=batch), redo)[0])
+                vn.update(trace_volumes(replace(tc, trainers=n, batch_size=batch), redo,
+                                        lambda s, n=n: track.trace(f"{n} trainer{'s' * (n != 1)}: tracing {s}"),
+                                        track.batch)[0])
             except ConfigError as e:
                 if batch == cfg.batch_size:
                     raise
@@ -214,6 +258,7 @@ def run_simulate(cfg: SimulateConfig, progress: Callable[[str], None] | None = N
         ps = [predict(vn[s], cl, work, compute[s].scaled(scale)) for s in cfg.systems]
         add_speedups(ps)
         rows += [_sweep_row("trainers", p, n, cl.net_gbps, batch) for p in ps]
+    track.stage("done")
     return SimulateResult(cfg, info, work, compute, csrc, preds,
                           {s: _mean_volumes(v) for s, v in vols.items()}, pd.DataFrame(rows))
 

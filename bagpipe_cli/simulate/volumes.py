@@ -81,8 +81,10 @@ def _train_rows(ds: Dataset, cfg: TraceConfig) -> int:
     return split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]
 
 
-def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int) -> Callable[[], Iterator[np.ndarray]]:
-    """The global keys [B*T] of every iteration, the batches `bagpipe train` reads."""
+def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int,
+                 on_batch: Callable[[], None] | None = None) -> Callable[[], Iterator[np.ndarray]]:
+    """The global keys [B*T] of every iteration, the batches `bagpipe train` reads
+    (`on_batch()` after each one read, in every pass)."""
     offsets = table_offsets(ds.meta.cardinalities)
     train_rows = _train_rows(ds, cfg)
 
@@ -90,6 +92,8 @@ def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int) -> Callable[[],
         for b in range(iterations):
             lo = batch_start(cfg, train_rows, b)
             yield ds.keys_block(lo, lo + cfg.batch_size, offsets)
+            if on_batch is not None:
+                on_batch()
 
     return gen
 
@@ -99,9 +103,11 @@ def _by_shard(keys: np.ndarray, k: int) -> np.ndarray:
 
 
 def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
-                  progress: Callable[[str], None] | None = None) -> tuple[dict[str, Volumes], dict]:
+                  progress: Callable[[str], None] | None = None,
+                  on_batch: Callable[[], None] | None = None) -> tuple[dict[str, Volumes], dict]:
     """Volumes of each system in `systems` (each built by its registry entry), and facts
-    about the trace (peak, capacity, ...)."""
+    about the trace (peak, capacity, ...). `progress(system)` as each system's trace starts,
+    `on_batch()` after every batch read (a system may read the batches more than once)."""
     specs = [spec(s, "--systems") for s in systems]
     for s in specs:
         if s.name not in SYSTEMS:
@@ -113,7 +119,7 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
                  "use a dataset with fewer rows per table (preprocess --max-rows-per-table)")
     train_rows = _train_rows(ds, cfg)
     iterations = cfg.iterations or train_rows // cfg.batch_size
-    t = _Trace(cfg, _key_batches(ds, cfg, iterations), iterations, rows)
+    t = _Trace(cfg, _key_batches(ds, cfg, iterations, on_batch), iterations, rows)
     t.info.update({"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
                    "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
                    "train_rows": train_rows})
