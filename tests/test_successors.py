@@ -30,7 +30,7 @@ def _batches(data, batch, n):
 @pytest.mark.parametrize("trainers", [2])
 def test_prefetch_equals_sync_and_fetches_what_the_last_batch_did_not_use(tiny_dataset, trainers):
     kw = dict(data=str(tiny_dataset), trainers=trainers, **KW)
-    sync, pre = train(TrainConfig(system="sync", **kw)), train(TrainConfig(system="prefetch", **kw))
+    sync, pre = train(TrainConfig(system="sync", **kw)), train(TrainConfig(data="d", system="prefetch", **kw))
     assert_same_parameters(sync, pre)
     sets = _batches(tiny_dataset, 256, 30)
     expected = [len(s - (sets[b - 1] if b else set())) for b, s in enumerate(sets)]
@@ -58,7 +58,7 @@ def _max_difference(a, b) -> float:
 def test_hotline_equals_sync_up_to_the_order_of_summation(tiny_dataset, trainers, model):
     kw = dict(data=str(tiny_dataset), trainers=trainers, model=model, **KW)
     sync, fae = train(TrainConfig(system="sync", **kw)), train(TrainConfig(system="fae", **kw))
-    hot = train(TrainConfig(system="hotline", **kw))
+    hot = train(TrainConfig(data="d", system="hotline", **kw))
     worst = _max_difference(sync, hot)
     print(f"hotline vs sync, {trainers} trainer(s), {model}: largest parameter difference {worst:.3g}")
     assert worst < HOTLINE_TOLERANCE
@@ -100,7 +100,7 @@ def test_threshold_skips_the_drop_target_share():
 def test_slipstream_at_drop_target_zero_is_fae_bitwise(tiny_dataset):
     kw = dict(data=str(tiny_dataset), trainers=2, snapshot_every=4, **KW)
     fae = train(TrainConfig(system="fae", **kw))
-    slip = train(TrainConfig(system="slipstream", drop_target=0.0, **kw))
+    slip = train(TrainConfig(data="d", system="slipstream", drop_target=0.0, **kw))
     assert_same_parameters(fae, slip)
     assert slip.summary["samples_skipped"] == 0 and slip.summary["stale_thresholds"] is None
 
@@ -110,7 +110,7 @@ def test_slipstream_skips_about_the_drop_target_and_records_each_threshold(tiny_
     K, D = 5, 0.25
     kw = dict(data=str(tiny_dataset), trainers=2, snapshot_every=K, model=model,
               **{**KW, "iterations": 40})
-    slip = train(TrainConfig(system="slipstream", drop_target=D, **kw))
+    slip = train(TrainConfig(data="d", system="slipstream", drop_target=D, **kw))
     m = slip.metrics
     # No drift is known before the second snapshot (after iteration 2K-1): nothing skipped.
     assert m["samples_skipped"][:2 * K].sum() == 0 and m["stale_threshold"][:2 * K].isna().all()
@@ -179,3 +179,15 @@ def test_tracing_and_evaluating_change_no_parameter_of_the_phased_systems(tiny_d
     names = {e.get("name") for e in both.trace["traceEvents"]}
     if system == "hotline":
         assert "fetch issued" in names
+
+
+def test_the_registry_says_what_each_new_system_trains_against_sync():
+    from bagpipe_cli.engine.registry import spec
+    from bagpipe_cli.report.accuracy import fidelity
+
+    assert spec("prefetch").fidelity(TrainConfig(data="d", system="prefetch")) == "exact"
+    assert spec("hotline").fidelity(TrainConfig(data="d", system="hotline")) == "rounding"
+    assert spec("slipstream").fidelity(TrainConfig(data="d", system="slipstream")) == "exact"  # D = 0
+    assert spec("slipstream").fidelity(TrainConfig(data="d", system="slipstream", drop_target=0.1)) == "approximate"
+    row = pd.Series({"system": "slipstream", "drop_target": 0.2, "staleness": 0})
+    assert fidelity(row) == "approximate" and fidelity(pd.Series({"system": "nope"})) == ""

@@ -95,6 +95,8 @@ class SystemSpec:
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
+    up_to_order: bool = False  # when not exact: sync's parameters up to the order in which
+    #                            gradients are summed (hotline), not an approximation
     resumable: bool = True  # when not exact, a checkpoint still holds all its state (hotline;
     #                         het's stale copies it does not)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
@@ -110,6 +112,13 @@ class SystemSpec:
             return True
         key, value = self.exact_only_if
         return getattr(cfg, key) == value
+
+    def fidelity(self, cfg: Any) -> str:
+        """What `cfg` trains, against sync: "exact" (the same bits), "rounding" (the same
+        up to the order of summation) or "approximate" (another computation)."""
+        if self.is_exact(cfg):
+            return "exact"
+        return "rounding" if self.up_to_order else "approximate"
 
     def exact_settings(self) -> dict[str, Any]:
         """The settings under which it is exact (`{"staleness": 0}` for het, else none)."""
@@ -179,7 +188,7 @@ _SPECS = (
                plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.hotline:HotlineSystem.build"),
                volumes=None, replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
-               capacity_from_peak=True, exact=False, color="#bcbd22"),
+               capacity_from_peak=True, exact=False, up_to_order=True, color="#bcbd22"),
     SystemSpec("slipstream", "fae's hot set, snapshotted every --snapshot-every iterations; "
                "samples whose rows mostly stopped changing are skipped (--drop-target of them)",
                plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
@@ -204,7 +213,7 @@ _SPECS = (
                "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
                volumes=None,
                replicated=False, runner="bagpipe_cli.external.torchrec_run:run_torchrec",
-               install="make torchrec", color="#8c564b"),
+               install="make torchrec", exact=False, up_to_order=True, color="#8c564b"),
 )
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in _SPECS}
 ENGINE_SYSTEMS = tuple(s.name for s in _SPECS if not s.external)

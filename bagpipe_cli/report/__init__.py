@@ -68,7 +68,10 @@ ACCURACY_TEXT = (
     "time to target / the system's, in the same setting, with its range over every pair of "
     "repeats; throughput speed-up as in the summary, with its range likewise. A system that "
     "trains faster but stalls below the target has no time to target: its extra throughput "
-    "is lost to accuracy.")
+    "is lost to accuracy. Parameters: \"= sync\" trains sync's parameters bitwise, \"= sync up "
+    "to rounding\" the same sums in another order, \"approximate\" another computation (it "
+    "skips work or reads stale rows): only time to target compares it fairly, and its AUC "
+    "curves say (approximate).")
 
 
 @dataclass(frozen=True)

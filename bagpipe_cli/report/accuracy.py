@@ -26,7 +26,7 @@ from bagpipe_cli.report.analysis import BASELINE, ordered_groups
 from bagpipe_cli.report.noise import noise_mark, ratio_range
 
 ACCURACY_COLUMNS = [
-    "setting", "system", "variant", "runs", "eval_auc", "best_eval_auc", "target_auc",
+    "setting", "system", "variant", "fidelity", "runs", "eval_auc", "best_eval_auc", "target_auc",
     "reached", "time_to_target_s", "time_to_target_min_s", "time_to_target_max_s",
     "iterations_to_target", "tta_speedup", "tta_speedup_low", "tta_speedup_high", "speedup",
     "speedup_low", "speedup_high",
@@ -55,7 +55,7 @@ def accuracy_table(runs: pd.DataFrame, summary: pd.DataFrame) -> pd.DataFrame:
         r0 = g.iloc[0]
         ttt = pd.to_numeric(_col(g, "time_to_target_s"), errors="coerce")
         row = {"setting": r0["setting"], "system": r0["system"], "variant": r0["variant"],
-               "runs": len(g), "eval_auc": _median(g["eval_auc"]),
+               "fidelity": fidelity(r0), "runs": len(g), "eval_auc": _median(g["eval_auc"]),
                "best_eval_auc": _median(_col(g, "best_eval_auc")),
                "target_auc": _median(_col(g, "target_auc")),
                "reached": int(ttt.notna().sum()), "time_to_target_s": _median(ttt),
@@ -88,13 +88,23 @@ def auc_curves(runs: pd.DataFrame, evals: pd.DataFrame) -> list[tuple[str, str, 
         r = g.sort_values("repeat").iloc[0]
         e = by_run.get(r["run_path"])
         if e is not None and len(e):
-            out.append((r["setting"], r["variant"], e.sort_values("iteration")))
+            mark = " (approximate)" if fidelity(r) == "approximate" else ""
+            out.append((r["setting"], r["variant"] + mark, e.sort_values("iteration")))
     return out
 
 
-def _exact(row: pd.Series) -> bool:
+FIDELITY = {"exact": "= sync", "rounding": "= sync up to rounding", "approximate": "approximate"}
+
+
+def fidelity(row: pd.Series) -> str:
+    """What a run trains against sync (`SystemSpec.fidelity` at its settings): exact,
+    rounding or approximate ("" for a system the registry does not know)."""
     s = SYSTEMS.get(row["system"])
-    return s is not None and s.is_exact(SimpleNamespace(**row.to_dict()))
+    return s.fidelity(SimpleNamespace(**row.to_dict())) if s is not None else ""
+
+
+def _exact(row: pd.Series) -> bool:
+    return fidelity(row) == "exact"
 
 
 def curve_notes(runs: pd.DataFrame, evals: pd.DataFrame) -> list[str]:
@@ -155,7 +165,8 @@ def display_accuracy(acc: pd.DataFrame) -> pd.DataFrame:
         elif r.reached == 1:
             ttt += " (one repeat: no spread)"
         rows.append({
-            "setting": r.setting, "system": r.variant, "runs": str(r.runs),
+            "setting": r.setting, "system": r.variant,
+            "parameters": FIDELITY.get(r.fidelity, "—"), "runs": str(r.runs),
             "final AUC": num(r.eval_auc, ".4f"), "best AUC": num(r.best_eval_auc, ".4f"),
             "target AUC": num(r.target_auc, ".4f"),
             "time to target (s): median (min–max)": "—" if math.isnan(r.target_auc) else ttt,
