@@ -159,6 +159,8 @@ LISTINGS = (
 # Files that name systems but list only some, on purpose.
 SUBSETS = {
     "benchmarks/het-tradeoff.yaml": "het's staleness against sync and bagpipe",
+    "benchmarks/successors.yaml": "bagpipe against the systems after it (hotline, slipstream, "
+                                  "prefetch) and the two they build on (fae, sync)",
     "benchmarks/rank0-sweep.yaml": "rank 0 at scale: one system per kind of plan (|U_b|, lookahead, policy)",
     "benchmarks/torchrec.yaml": "the external torchrec beside the engine's sync, local and bagpipe",
     "docs/benchmarks.md": "measured figures, each of the systems run at the commit it names",

@@ -191,3 +191,10 @@ def test_the_registry_says_what_each_new_system_trains_against_sync():
     assert spec("slipstream").fidelity(TrainConfig(data="d", system="slipstream", drop_target=0.1)) == "approximate"
     row = pd.Series({"system": "slipstream", "drop_target": 0.2, "staleness": 0})
     assert fidelity(row) == "approximate" and fidelity(pd.Series({"system": "nope"})) == ""
+
+
+def test_every_system_setting_has_a_short_name_in_the_report():
+    from bagpipe_cli.engine.registry import SYSTEM_SETTINGS
+    from bagpipe_cli.report.analysis import _OWN_SHORT
+
+    assert set(SYSTEM_SETTINGS) <= set(_OWN_SHORT)  # "slipstream D=0.1" in every table
