@@ -26,9 +26,9 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.engine.feed import batch_start
 from bagpipe_cli.engine.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.memory import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.engine.oracle import Oracle, RoundPlan, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec

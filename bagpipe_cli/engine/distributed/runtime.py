@@ -41,7 +41,7 @@ from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.result import TrainResult
-from bagpipe_cli.engine.setup import prepare
+from bagpipe_cli.engine.setup import admit, prepare
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default, torch_save
@@ -75,6 +75,7 @@ def run_rank(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResul
     faults.arm()
     if cfg.backend == "nccl":  # a timed-out NCCL wait raises (a one-line error), not an abort
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    admit(cfg)  # this machine's ranks fit its memory, before the job waits for its peers
     _join(cfg, rank, world)
     try:
         return _play(cfg, layout, rank, placement, faults, progress)
@@ -165,6 +166,7 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
     TrainResult."""
     layout = Layout.of(cfg)
     trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
+    admit(cfg)  # every rank and this process fit this machine's memory, before any starts
     with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
         conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
         conf.write_text(json.dumps(asdict(cfg), default=json_default))
