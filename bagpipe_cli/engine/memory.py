@@ -27,6 +27,7 @@ that names the largest part and the option that lowers it. Standard library only
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,9 +86,13 @@ class RunShape:
         return sum(self.cardinalities)
 
     def unique_rows(self, batch: int) -> int:
-        """The most distinct rows a batch of `batch` samples reads: a table gives at most
-        one a sample, and at most its rows."""
-        return sum(min(n, batch) for n in self.cardinalities)
+        return unique_rows(self.cardinalities, batch)
+
+
+def unique_rows(cardinalities: tuple[int, ...] | list[int], batch: int) -> int:
+    """The most distinct rows a batch of `batch` samples reads: a table gives at most one a
+    sample, and at most its rows."""
+    return sum(min(n, batch) for n in cardinalities)
 
 
 @dataclass(frozen=True)
@@ -128,9 +133,10 @@ class RunMemory:
     def here_bytes(self) -> int:
         return sum(p.bytes for p in self.here)
 
-    def parts(self, procs: list[Process] | None = None) -> dict[str, int]:
+    def parts(self) -> dict[str, int]:
+        """Every rank's bytes by part, summed."""
         out: dict[str, int] = {}
-        for p in self.ranks if procs is None else procs:
+        for p in self.ranks:
             for k, v in p.parts().items():
                 out[k] = out.get(k, 0) + v
         return out
@@ -232,17 +238,27 @@ def check_run_memory(cfg: Any, shape: RunShape, memory: RunMemory) -> None:
     """Refuse a run whose processes on this machine need more memory than it has, in one
     line: the options of the largest part, the estimate and its largest parts, what there is
     and what to lower."""
-    have, need = machine_memory(), memory.here_bytes
+    fixes = {**FIXES, "caches": "lower --cache-rows"} if cfg.cache_rows else FIXES
+    refuse_over(memory.here, lambda part: _lead(cfg, shape, part), fixes)
+
+
+def refuse_over(processes: list[Process], lead: Callable[[str], str], fixes: dict[str, str]) -> None:
+    """Refuse what `processes` would need when it is more than this machine's memory (or its
+    cgroup's limit): one line, led by `lead(part)` of the largest part, with the estimate,
+    its largest parts and `fixes[part]`."""
+    have, need = machine_memory(), sum(p.bytes for p in processes)
     if need <= have:
         return
-    parts = memory.parts(memory.here)
+    parts: dict[str, int] = {}
+    for p in processes:
+        for k, v in p.parts().items():
+            parts[k] = parts.get(k, 0) + v
     top = sorted((k for k in parts if parts[k] > 0), key=parts.__getitem__, reverse=True)
     detail = ", ".join(f"{k} {human_bytes(parts[k])}" for k in top[:3])
-    n = len(memory.here)
-    where = f" in {n} processes" if n > 1 else ""
-    fix = "lower --cache-rows" if top[0] == "caches" and cfg.cache_rows else FIXES[top[0]]
-    raise ConfigError(f"{_lead(cfg, shape, top[0])} needs about {human_bytes(need)} of memory "
-                      f"({detail}{where}), more than {memory_source()} {human_bytes(have)}; {fix}")
+    where = f" in {len(processes)} processes" if len(processes) > 1 else ""
+    raise ConfigError(f"{lead(top[0])} needs about {human_bytes(need)} of memory ({detail}"
+                      f"{where}), more than {memory_source()} {human_bytes(have)}; "
+                      f"{fixes[top[0]]}")
 
 
 def _lead(cfg: Any, shape: RunShape, part: str) -> str:
@@ -268,3 +284,42 @@ def _lead(cfg: Any, shape: RunShape, part: str) -> str:
 
 def _sizes(layers: tuple[int, ...]) -> str:
     return ",".join(map(str, layers))
+
+
+# --------------------------------------------------------------- profile and simulate
+
+# An idle `bagpipe profile`: numpy, pandas and matplotlib imported (measured ~100 MiB).
+PROFILE_BASE_BYTES = 150 * 2**20
+DATASET_FIX = "use a dataset with fewer rows per table (preprocess --max-rows-per-table)"
+
+
+def estimate_profile(cardinalities: list[int], samples: int, batch_size: int, keeps_trace: bool,
+                     spill_entries: int) -> Process:
+    """`bagpipe profile`'s process: per row the skew's count (int64), the trace pass's last
+    use and first position (int32 each) and, with a fixed-capacity policy, its residency,
+    queue key and next use or count; the trace it keeps (a key and a count per unique access,
+    once gathered and once joined, up to `spill_entries`: beyond, it is on disk); a batch's
+    keys, their unique rows and positions (int64)."""
+    batches = -(-samples // batch_size)
+    kept = min(spill_entries, batches * unique_rows(cardinalities, batch_size)) if keeps_trace else 0
+    return Process("profile", {"processes": PROFILE_BASE_BYTES,
+                               "rows": (25 if keeps_trace else 16) * sum(cardinalities),
+                               "trace": 2 * TRACE_BYTES_PER_ACCESS * kept,
+                               "inputs": 3 * 8 * batch_size * len(cardinalities)})
+
+
+def estimate_simulate(cardinalities: list[int], iterations: int, cfg: Any,
+                      specs: list[SystemSpec]) -> Process:
+    """`bagpipe simulate`'s process (torch imported): the planner's per-row state, the
+    trace lru/lfu/fae plan over, every system's volumes (about ten int64 counts per
+    iteration and server), and the batches in flight."""
+    rounds = any(s.rounds for s in specs)
+    trace = (TRACE_BYTES_PER_ACCESS * iterations * unique_rows(cardinalities, cfg.batch_size)
+             if any(s.capacity_from_peak for s in specs) else 0)
+    per_iteration = 8 * ((4 + cfg.trainers) * cfg.servers + 4) + 1
+    ahead = LOADER_AHEAD + (cfg.lookahead + 2 * (cfg.round or max(1, cfg.lookahead // 4))
+                            if rounds else 2)
+    return Process("simulate", {"processes": BASE_PROCESS_BYTES,
+                                "planner": PLANNER_BYTES_PER_ROW * sum(cardinalities),
+                                "trace": trace, "volumes": len(specs) * iterations * per_iteration,
+                                "inputs": ahead * 16 * cfg.batch_size * len(cardinalities)})
