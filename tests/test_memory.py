@@ -19,6 +19,7 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig
 from bagpipe_cli.engine import memory as mem
 from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch import forkserver
 from bagpipe_cli.limits import machine_memory
 from bagpipe_cli.models import MODELS, ModelConfig, build_model, footprint, row_dim
@@ -80,20 +81,27 @@ def _shape(**kw) -> mem.RunShape:
     return mem.RunShape(**{**base, **kw})
 
 
-def test_every_process_of_a_job_is_counted_and_a_torchrun_rank_counts_its_machines(monkeypatch):
-    cfg = TrainConfig(data="unused", transport="torch", servers=2, trainers=2, procs=5, emb_dim=16)
-    shape = _shape()
+def test_every_process_of_a_job_is_counted_and_a_torchrun_job_machine_by_machine():
+    cfg = TrainConfig(data="unused", transport="torch", servers=2, trainers=2, procs=5, emb_dim=256)
+    shape = _shape(cardinalities=(10**6, 50, 5000, 20), row_dim=256)
     local = mem.estimate_run(cfg, spec("bagpipe"), shape)
     assert [p.role for p in local.here] == ["oracle", "server", "server", "trainer", "trainer",
                                             "launcher"]
     assert local.here_bytes > local.estimate_bytes >= 5 * mem.BASE_PROCESS_BYTES
-    # A torchrun job with one rank on this machine (rank 1, a server) counts that rank alone.
-    monkeypatch.setenv("RANK", "1")
-    monkeypatch.setenv("LOCAL_RANK", "0")
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    alone = mem.estimate_run(replace(cfg, procs=None), spec("bagpipe"), shape)
-    assert [p.role for p in alone.here] == ["server"] and len(alone.ranks) == 5
-    assert alone.here_bytes == local.here[1].bytes
+    # A torchrun job: each machine's ranks against that machine's memory (from every rank's
+    # facts, so every rank decides alike); the launcher is torchrun's, not counted.
+    job = mem.estimate_run(replace(cfg, procs=None), spec("bagpipe"), shape)
+    assert job.here == [] and job.estimate_bytes == local.estimate_bytes
+    server = job.ranks[1].bytes
+    hosts = ["a", "b", "b", "a", "a"]  # the oracle and the trainers on a, the servers on b
+    on_a = sum(job.ranks[r].bytes for r in (0, 3, 4))
+    mem.check_hosts(cfg, shape, job, hosts, [on_a, 2 * server, 2 * server, on_a, on_a])
+    with pytest.raises(ConfigError, match=r"in 2 processes\), more than b's .*; lower --emb-dim"):
+        mem.check_hosts(cfg, shape, job, hosts, [on_a, 2 * server - 1, 0, on_a, on_a])
+    with pytest.raises(ConfigError, match="in 3 processes\\), more than a's"):
+        mem.check_hosts(cfg, shape, job, hosts, [on_a - 1, 10**15, 0, 0, 0])
+    # Rank 0 ends holding every shard; a server, its half.
+    assert job.ranks[0].held["tables"] == 2 * job.ranks[1].held["tables"] == 4 * shape.total_rows * 256
     # The steps of a replicated trainer grow with its share of the batch.
     big = mem.estimate_run(replace(cfg, batch_size=4 * cfg.batch_size), spec("bagpipe"), shape)
     assert big.ranks[-1].transient["activations"] > 3 * local.ranks[-1].transient["activations"]

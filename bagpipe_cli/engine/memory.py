@@ -8,7 +8,7 @@
   cache (lru, lfu, fae), the run's trace it plans from;
 - caches: the trainer's cache, --cache-rows rows, or by default a bound on bagpipe's peak
   (the accesses of L + C batches, at most every row);
-- dense model: weights, gradients and (adam) its two moments;
+- dense model: weights, gradients and (adam) its two moments and its step's temporaries;
 - inputs: the batches in flight (keys, dense features, labels);
 - activations: a training step: the rows its accesses read and their gradients (B x T x R
   floats each), what the model's forward keeps for the backward and its gradient
@@ -18,15 +18,16 @@
 
 A process holds its tables, planner, caches, dense model and inputs throughout, and at one
 time the largest of its transients: a training step, an evaluation, the old cache while a
-growing one is copied, the final tables gathered, a chunk of rows being initialised. On a GPU the trainers' caches, model and
-activations are the GPU's, not counted here. `check_run_memory` refuses a run whose
-processes on this machine need more than its memory (or its cgroup's limit), in one line
-that names the largest part and the option that lowers it. Standard library only.
+growing one is copied, the final tables gathered, a chunk of rows being initialised. On a
+GPU the trainers' caches, model and activations are the GPU's, not counted here.
+`check_run_memory` refuses a run whose processes on this machine (in-process, or --procs'
+ranks and launcher) need more than its memory (or its cgroup's limit), in one line that
+names the largest part and the option that lowers it; `check_hosts` checks a torchrun job's
+ranks machine by machine. Standard library only.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -122,7 +123,8 @@ class RunMemory:
     """A run's estimate: its ranks (one in-process) and those on this machine."""
 
     ranks: list[Process]
-    here: list[Process]  # the processes this machine runs (a --procs launcher included)
+    here: list[Process]  # the processes this machine runs (a --procs launcher included; a
+    #                      torchrun job: none known yet, `check_hosts` checks every host's)
 
     @property
     def estimate_bytes(self) -> int:
@@ -182,7 +184,7 @@ def estimate_run(cfg: Any, spec: SystemSpec, shape: RunShape) -> RunMemory:
     if cfg.procs is not None:  # the launcher loads the result: the final tables
         launcher = Process("launcher", {"processes": BASE_PROCESS_BYTES, "tables": tables})
         return RunMemory(ranks, [*ranks, launcher])
-    return RunMemory(ranks, [ranks[r] for r in _local_ranks(len(ranks))])
+    return RunMemory(ranks, [])
 
 
 def _step(shape: RunShape, samples: int, slices: int, batch: int) -> int:
@@ -226,14 +228,6 @@ def _inputs(cfg: Any, spec: SystemSpec, shape: RunShape, samples: int, with_samp
     return batches * samples * per_sample
 
 
-def _local_ranks(world: int) -> range:
-    """The ranks of a torchrun job on this machine (its LOCAL_RANK / LOCAL_WORLD_SIZE, as
-    the placement reads them; without them every rank is taken to be here)."""
-    rank = int(os.environ.get("RANK", 0))
-    first = rank - int(os.environ.get("LOCAL_RANK", rank))
-    return range(max(first, 0), min(world, first + int(os.environ.get("LOCAL_WORLD_SIZE", world))))
-
-
 def check_run_memory(cfg: Any, shape: RunShape, memory: RunMemory) -> None:
     """Refuse a run whose processes on this machine need more memory than it has, in one
     line: the options of the largest part, the estimate and its largest parts, what there is
@@ -242,11 +236,25 @@ def check_run_memory(cfg: Any, shape: RunShape, memory: RunMemory) -> None:
     refuse_over(memory.here, lambda part: _lead(cfg, shape, part), fixes)
 
 
-def refuse_over(processes: list[Process], lead: Callable[[str], str], fixes: dict[str, str]) -> None:
+def check_hosts(cfg: Any, shape: RunShape, memory: RunMemory, hosts: list[str],
+                haves: list[int]) -> None:
+    """A torch.distributed job's ranks by machine (`hosts[r]` is rank r's, `haves[r]` its
+    memory): each machine's ranks must fit it. Every rank decides from every rank's facts,
+    so all refuse alike."""
+    fixes = {**FIXES, "caches": "lower --cache-rows"} if cfg.cache_rows else FIXES
+    for host in dict.fromkeys(hosts):
+        ranks = [r for r, h in enumerate(hosts) if h == host]
+        refuse_over([memory.ranks[r] for r in ranks], lambda part: _lead(cfg, shape, part), fixes,
+                    (haves[ranks[0]], f"{host}'s"))
+
+
+def refuse_over(processes: list[Process], lead: Callable[[str], str], fixes: dict[str, str],
+                machine: tuple[int, str] | None = None) -> None:
     """Refuse what `processes` would need when it is more than this machine's memory (or its
-    cgroup's limit): one line, led by `lead(part)` of the largest part, with the estimate,
-    its largest parts and `fixes[part]`."""
-    have, need = machine_memory(), sum(p.bytes for p in processes)
+    cgroup's limit; `machine`: another's, and whose): one line, led by `lead(part)` of the
+    largest part, with the estimate, its largest parts and `fixes[part]`."""
+    have, whose = machine or (machine_memory(), memory_source())
+    need = sum(p.bytes for p in processes)
     if need <= have:
         return
     parts: dict[str, int] = {}
@@ -257,7 +265,7 @@ def refuse_over(processes: list[Process], lead: Callable[[str], str], fixes: dic
     detail = ", ".join(f"{k} {human_bytes(parts[k])}" for k in top[:3])
     where = f" in {len(processes)} processes" if len(processes) > 1 else ""
     raise ConfigError(f"{lead(top[0])} needs about {human_bytes(need)} of memory ({detail}"
-                      f"{where}), more than {memory_source()} {human_bytes(have)}; "
+                      f"{where}), more than {whose} {human_bytes(have)}; "
                       f"{fixes[top[0]]}")
 
 
@@ -276,7 +284,8 @@ def _lead(cfg: Any, shape: RunShape, part: str) -> str:
     if part == "inputs":
         return f"--batch-size {cfg.batch_size} --lookahead {cfg.lookahead}: the batches in flight"
     if part == "processes":
-        return f"--servers {cfg.servers} --trainers {cfg.trainers}: the processes"
+        return (f"--servers {cfg.servers} --trainers {cfg.trainers}: a job of "
+                f"{cfg.world_size} processes")
     cached = f" with --cache-rows {cfg.cache_rows:,}" if cfg.cache_rows else ""
     return (f"--emb-dim {cfg.emb_dim}: a run over {rows} embedding rows of "
             f"{shape.row_dim + shape.state_dim:,} floats{cached}")

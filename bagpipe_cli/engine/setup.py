@@ -95,7 +95,15 @@ def model_config(cfg: TrainConfig, meta: DatasetMeta) -> ModelConfig:
 
 def admit(cfg: TrainConfig) -> RunMemory:
     """The run's memory estimate (`engine/memory.py`) from the dataset's meta.json; a run
-    whose processes on this machine need more than it has is refused."""
+    whose processes on this machine need more than it has is refused (a torchrun job's
+    machines: `check_hosts`, from every rank's facts)."""
+    shape, memory = estimate(cfg)
+    check_run_memory(cfg, shape, memory)
+    return memory
+
+
+def estimate(cfg: TrainConfig) -> tuple[RunShape, RunMemory]:
+    """The run's shape and memory estimate, from the dataset's meta.json."""
     meta = read_meta(Path(cfg.data))
     mcfg = model_config(cfg, meta)
     params, kept = footprint(mcfg)
@@ -104,9 +112,7 @@ def admit(cfg: TrainConfig) -> RunMemory:
     shape = RunShape(tuple(meta.cardinalities), meta.num_dense, row_dim(mcfg),
                      RowOptimizer(cfg.optimizer, cfg.lr).state_dim, max(0, min(ev, meta.rows)),
                      params, kept, gpu)
-    memory = estimate_run(cfg, spec(cfg.system), shape)
-    check_run_memory(cfg, shape, memory)
-    return memory
+    return shape, estimate_run(cfg, spec(cfg.system), shape)
 
 
 def build_dense(cfg: TrainConfig, mcfg: ModelConfig, device: str | torch.device = "cpu"

@@ -40,8 +40,9 @@ from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.memory import check_hosts
 from bagpipe_cli.engine.result import TrainResult
-from bagpipe_cli.engine.setup import admit, prepare
+from bagpipe_cli.engine.setup import admit, estimate, prepare
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default, torch_save
@@ -75,7 +76,6 @@ def run_rank(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResul
     faults.arm()
     if cfg.backend == "nccl":  # a timed-out NCCL wait raises (a one-line error), not an abort
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
-    admit(cfg)  # this machine's ranks fit its memory, before the job waits for its peers
     _join(cfg, rank, world)
     try:
         return _play(cfg, layout, rank, placement, faults, progress)
@@ -123,6 +123,8 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     comm(layout, ALL_RANKS, dist.all_gather_object, facts,
          {**rank_facts(), "placement": placement.to_json(), "dataset": dataset_fact(cfg.data)})
     check_datasets(cfg, layout, facts)
+    shape, memory = estimate(cfg)  # every machine's ranks fit its memory, before any allocates
+    check_hosts(cfg, shape, memory, [f["host"] for f in facts], [f["memory"] for f in facts])
     devices = trainer_devices(cfg, layout, facts)
     role, idx = layout.role(rank)
     device = torch.device(devices[idx] if role == "trainer" else "cpu")
