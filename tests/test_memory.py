@@ -140,8 +140,8 @@ def wide_dataset(tmp_path_factory) -> Path:
 SHAPES = {
     "tables": ("wide", ["--emb-dim", "32", "--batch-size", "256", "--system", "sync"]),
     "activations": ("tiny", ["--emb-dim", "4000", "--batch-size", "512", "--system", "sync"]),
-    "dense model": ("tiny", ["--batch-size", "64", "--bottom-mlp", "3072,3072", "--top-mlp",
-                             "3072,3072", "--dense-optimizer", "adam", "--system", "sync"]),
+    "dense model": ("tiny", ["--batch-size", "64", "--bottom-mlp", "2048,2048", "--top-mlp",
+                             "2048,2048", "--dense-optimizer", "adam", "--system", "sync"]),
 }
 
 
