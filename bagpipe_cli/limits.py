@@ -25,18 +25,31 @@ LEAST_BYTES_PER_ROW = 12
 def machine_memory() -> int:
     """Bytes of memory this process may use: the physical memory, or the cgroup's limit
     where one is set and lower."""
+    physical, cgroup = _memory_limits()
+    return physical if cgroup is None else min(physical, cgroup)
+
+
+def memory_source() -> str:
+    """Whose memory `machine_memory` is, as a refusal words it."""
+    physical, cgroup = _memory_limits()
+    return "this cgroup's limit of" if cgroup is not None and cgroup < physical else "this machine's"
+
+
+def _memory_limits() -> tuple[int, int | None]:
+    """(physical memory, the cgroup's limit or None)."""
     try:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
         total = 1 << 62  # unknown: nothing is refused for want of memory
+    cgroup = None
     for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
         try:
             text = Path(limit).read_text().strip()
         except OSError:
             continue
         if text.isdigit():
-            total = min(total, int(text))
-    return total
+            cgroup = int(text) if cgroup is None else min(cgroup, int(text))
+    return total, cgroup
 
 
 def free_disk(path: Path) -> int:
@@ -73,8 +86,8 @@ def check_memory(need: float, what: str, fix: str) -> None:
     """Refuse `what` (it would need `need` bytes) when it exceeds this machine's memory."""
     have = machine_memory()
     if need > have:
-        raise ConfigError(f"{what} needs about {human_bytes(need)} of memory, more than this "
-                          f"machine's {human_bytes(have)}; {fix}")
+        raise ConfigError(f"{what} needs about {human_bytes(need)} of memory, more than "
+                          f"{memory_source()} {human_bytes(have)}; {fix}")
 
 
 def check_disk(need: float, path: Path, what: str, fix: str) -> None:

@@ -242,7 +242,8 @@ CASES: list[tuple[str, str, int]] = [
     ("train {tiny} --net-gbps 0", "--net-gbps must be a finite number > 0", 2),
     ("train {tiny} --iterations 99999999999999999999", "--iterations 99999999999999999999: at most", 2),
     ("train {tiny} --warmup 100 --iterations 5", "--warmup 100 leaves none of the 5 iterations", 2),
-    ("train {tiny} --emb-dim 100000000", "--emb-dim 100000000: a run over 10,080 embedding rows", 2),
+    ("train {tiny} --emb-dim 100000000", "--batch-size 1024 --emb-dim 100000000: a training step "
+     "over 1,024 samples of 8 rows", 2),
     ("train {tiny} --cache-rows 2000000000 --emb-dim 4096", "with --cache-rows 2,000,000,000 needs", 2),
     ("train {tiny} --cache-rows 100000000000", "--cache-rows 100000000000: at most 2,147,483,647", 2),
     ("train {tiny} --seed 99999999999999999999999", "--seed 99999999999999999999999: at most", 2),

@@ -530,6 +530,11 @@ def test_a_run_records_the_same_columns_and_keys_in_process_and_over_procs(tiny_
     sb = json.loads((tmp_path / "procs" / "summary.json").read_text())
     assert (sa["runner"], sa["world_size"], sa["transport"]) == ("inproc", 1, "inproc")
     assert (sb["runner"], sb["world_size"], sb["transport"]) == ("distributed", 4, "torch")
+    # The memory estimate counts every rank, and the peak beside it is every rank's summed.
+    assert (sa["memory"]["processes"], sb["memory"]["processes"]) == (1, 4)
+    peaks = [r["peak_rss_mb"] for r in sb["roles"].values()]
+    assert len(peaks) == 4 and sb["memory"]["peak_bytes"] == int(sum(peaks) * 2**20)
+    assert sb["memory"]["estimate_bytes"] > 3 * sa["memory"]["estimate_bytes"] / 2
 
 
 def _can_shape() -> bool:

@@ -70,9 +70,14 @@ def test_train_warns_of_too_few_batches_and_a_thin_auc(tiny_dataset, tmp_path):
 
 def test_the_memory_a_run_needs_is_checked_before_it_starts(tiny_dataset):
     cards = sum(open_dataset(tiny_dataset).meta.cardinalities)
-    with pytest.raises(ConfigError, match=f"--emb-dim 100000000: a run over {cards:,} embedding "
-                                          "rows of 100,000,000 floats needs about"):
+    # The held-out forward (1,000 samples at a time) is the largest part, above the step's 256.
+    with pytest.raises(ConfigError, match="--eval-rows 1000 --emb-dim 100000000: evaluating "
+                                          "1,000 held-out samples of 8 rows of 100,000,000 "
+                                          "floats at a time needs about .*; lower --eval-rows "
+                                          "or --emb-dim$"):
         train(TrainConfig(data=str(tiny_dataset), emb_dim=10**8, **SMALL))
-    with pytest.raises(ConfigError, match="with --cache-rows 2,000,000,000 needs about"):
+    with pytest.raises(ConfigError, match=f"--emb-dim 4096: a run over {cards:,} embedding rows "
+                                          "of 4,096 floats with --cache-rows 2,000,000,000 needs "
+                                          "about .*; lower --cache-rows$"):
         train(TrainConfig(data=str(tiny_dataset), cache_rows=2 * 10**9, emb_dim=4096, **SMALL))
     assert np.isfinite(train(TrainConfig(data=str(tiny_dataset), **SMALL)).summary["final_loss"])

@@ -13,6 +13,7 @@ The core, the same for every runtime:
     network     the emulated network's timing        records     metrics.csv and summary.json
     checkpoint  checkpoints and resuming             result      a finished run's TrainResult
     evaluation  held-out AUC and log loss            save        --save-model
+    memory      a run's memory, estimated and checked before anything is allocated
 
 The runtimes, each with the same file names for the same roles (runtime, loader, server,
 transport, collective) and the same class names but for the prefix (`LocalServer`,

@@ -24,7 +24,7 @@ from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
-from bagpipe_cli.limits import INT32_MAX, check_memory
+from bagpipe_cli.limits import INT32_MAX
 
 # Why a distributed job needs the dataset on every machine (its errors say it).
 SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the trainers their own "
@@ -46,9 +46,6 @@ MAX_PEERS = (4096, "a thread or process each")
 MAX_THREADS = (1024, "more threads than any machine has cores")
 MAX_SEED = 2**63 - 1
 MAX_LR = (10**6, "rates that large only overflow the float32 weights")
-# The least memory per embedding row a run keeps whatever its system: the planner's four
-# int32 arrays and the key sets' mark and position (bool + int32).
-PLANNER_BYTES_PER_ROW = 21
 
 
 def setting(default: Any, help: str, *, section: str, option: str | None = None,
@@ -367,34 +364,3 @@ def _typed(hint: Any, v: Any, what: str) -> Any:
     if not ok(v):
         raise ConfigError(f"{what} must be {kind} (got {v!r})")
     return float(v) if hint is float else v
-
-
-def check_run_memory(cfg: TrainConfig, total_rows: int, row_dim: int, state_dim: int,
-                     num_dense: int = 0) -> None:
-    """Refuse a run whose embedding tables, planner and caches cannot fit this machine's
-    memory, before any of them is allocated. A lower bound: the servers' tables (every
-    shard when the ranks run here; a torchrun rank: one server's share), the planner's
-    per-row state, a given --cache-rows per trainer process (on the CPU), and the dense
-    model's layers (`num_dense` features in, E out of the bottom MLP; at least E into the top)."""
-    row = 4 * (row_dim + state_dim)  # float32 values and optimizer state
-    here = cfg.transport == "inproc" or cfg.procs is not None
-    tables = total_rows * row if here else -(-total_rows // cfg.servers) * row
-    caches = 0
-    if cfg.cache_rows is not None and cfg.device in ("auto", "cpu"):
-        caches = cfg.cache_rows * row * (cfg.trainers if cfg.procs is not None else 1)
-    # The dense model: its layers' weights and their gradients (float32).
-    chains = ((num_dense, *cfg.bottom_mlp, cfg.emb_dim), (cfg.emb_dim, *cfg.top_mlp, 1))
-    dense = sum(8 * a * b for mlp in chains for a, b in zip(mlp[:-1], mlp[1:], strict=True))
-    need = tables + PLANNER_BYTES_PER_ROW * total_rows + caches + dense
-    if dense > need / 2:
-        check_memory(need, f"--bottom-mlp {_sizes(cfg.bottom_mlp)} --top-mlp "
-                           f"{_sizes(cfg.top_mlp)}: the dense model", "use smaller layers")
-    what = (f"a run over {total_rows:,} embedding rows of {row_dim + state_dim:,} floats"
-            + (f" with --cache-rows {cfg.cache_rows:,}" if caches else ""))
-    check_memory(need, f"--emb-dim {cfg.emb_dim}: {what}",
-                 "lower --emb-dim or --cache-rows, or use a dataset with fewer rows per table "
-                 "(preprocess --max-rows-per-table)")
-
-
-def _sizes(layers: tuple[int, ...]) -> str:
-    return ",".join(map(str, layers))

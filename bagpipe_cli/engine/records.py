@@ -166,6 +166,10 @@ SUMMARY_KEYS = {
              "samples, rows, gradients, collective, control), in total and per iteration",
     "process_peak_rss_mb": "peak resident memory (MiB) of the process that wrote the summary: "
                            "every role in-process, rank 0 (the oracle) in a distributed run",
+    "memory": "estimate_bytes: the memory the run was admitted on (engine/memory.py), every "
+              "rank's summed; peak_bytes: the measured peak RSS, every rank's summed; processes; "
+              "parts: the estimate by part (tables, planner, caches, dense model, inputs, "
+              "activations, evaluation, processes)",
     "checkpoints": "checkpoints written", "checkpoint_every": "--checkpoint-every",
     "checkpoint_ms": "milliseconds of each checkpoint", "checkpoint_ms_median": "their median",
     "checkpoint_overhead_pct": "median checkpoint / (every x median iteration), in %",

@@ -110,11 +110,20 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
                     "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
                     "backend": layout["backend"], "world_size": layout["world"],
                     "process_peak_rss_mb": peak_rss_mb(), **facts})
+    summary["memory"] = memory_summary(s, facts.get("roles", {}))
     summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
     runner = {"name": facts["runner"], "launch": _launch(cfg)}
     return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
                        assemble_tables(servers, s.cardinalities), trainer_records(frames),
                        evals_df, trace, run_warnings(s, summary))
+
+
+def memory_summary(s: RunSetup, roles: dict[str, Any]) -> dict[str, Any]:
+    """The estimate the run was admitted on beside the measured peak: the sum of every rank's
+    peak RSS (a process per role), or this process's."""
+    peaks = [r["peak_rss_mb"] for r in roles.values() if r.get("peak_rss_mb") is not None]
+    peak = sum(peaks) if peaks else peak_rss_mb()
+    return {**s.memory.to_json(), "peak_bytes": int(peak * 2**20)}
 
 
 def trainer_records(frames: list[pd.DataFrame]) -> pd.DataFrame | None:

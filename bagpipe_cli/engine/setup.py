@@ -16,20 +16,22 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
+from bagpipe_cli.data.format import Dataset, DatasetMeta, open_dataset, read_meta, table_offsets
 from bagpipe_cli.engine.checkpoint import (
     Checkpoint,
     check_compatible,
     dataset_identity,
     find_checkpoint,
 )
-from bagpipe_cli.engine.config import TrainConfig, check_run_memory
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.device import cuda_count
+from bagpipe_cli.engine.memory import RunMemory, RunShape, check_run_memory, estimate_run
 from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
-from bagpipe_cli.models import ModelConfig, build_model, row_dim
+from bagpipe_cli.models import ModelConfig, build_model, footprint, row_dim
 
 
 def split_rows(ds: Dataset, batch_size: int, eval_rows: int | None) -> tuple[int, int]:
@@ -58,6 +60,7 @@ class RunSetup:
     row_dim: int
     rowopt: RowOptimizer
     network: NetworkModel
+    memory: RunMemory  # the estimate the run was admitted on
 
     @property
     def cardinalities(self) -> list[int]:
@@ -69,19 +72,44 @@ class RunSetup:
 
 
 def prepare(cfg: TrainConfig) -> RunSetup:
+    memory = admit(cfg)  # from meta.json alone, before the arrays are read or anything allocated
     ds = open_dataset(cfg.data)
     if ds.labels is None:
         raise ConfigError(f"dataset {cfg.data} has no labels; training needs a labeled dataset")
     train_rows, eval_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)
-    mcfg = ModelConfig(cfg.model, ds.meta.num_dense, ds.meta.num_tables, cfg.emb_dim,
-                       bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
-    check_run_memory(cfg, sum(ds.meta.cardinalities), row_dim(mcfg),  # before any allocation
-                     RowOptimizer(cfg.optimizer, cfg.lr).state_dim, ds.meta.num_dense)
+    mcfg = model_config(cfg, ds.meta)
     # With --net-shape the kernel limits the bandwidth; only the latency is slept.
     network = NetworkModel(None if cfg.net_shape else cfg.net_gbps, cfg.net_latency_us)
     return RunSetup(cfg, spec(cfg.system), ds, train_rows, eval_rows,
                     table_offsets(ds.meta.cardinalities), mcfg, row_dim(mcfg),
-                    RowOptimizer(cfg.optimizer, cfg.lr), network)
+                    RowOptimizer(cfg.optimizer, cfg.lr), network, memory)
+
+
+def model_config(cfg: TrainConfig, meta: DatasetMeta) -> ModelConfig:
+    return ModelConfig(cfg.model, meta.num_dense, meta.num_tables, cfg.emb_dim,
+                       bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
+
+
+def admit(cfg: TrainConfig) -> RunMemory:
+    """The run's memory estimate (`engine/memory.py`) from the dataset's meta.json; a run
+    whose processes on this machine need more than it has is refused (a torchrun job's
+    machines: `check_hosts`, from every rank's facts)."""
+    shape, memory = estimate(cfg)
+    check_run_memory(cfg, shape, memory)
+    return memory
+
+
+def estimate(cfg: TrainConfig) -> tuple[RunShape, RunMemory]:
+    """The run's shape and memory estimate, from the dataset's meta.json."""
+    meta = read_meta(Path(cfg.data))
+    mcfg = model_config(cfg, meta)
+    params, kept = footprint(mcfg)
+    ev = cfg.eval_rows if cfg.eval_rows is not None else min(meta.rows // 10, 50_000)
+    gpu = cfg.device != "cpu" and cuda_count() > 0  # trainers will be on GPUs
+    shape = RunShape(tuple(meta.cardinalities), meta.num_dense, row_dim(mcfg),
+                     RowOptimizer(cfg.optimizer, cfg.lr).state_dim, max(0, min(ev, meta.rows)),
+                     params, kept, gpu)
+    return shape, estimate_run(cfg, spec(cfg.system), shape)
 
 
 def build_dense(cfg: TrainConfig, mcfg: ModelConfig, device: str | torch.device = "cpu"

@@ -14,7 +14,7 @@ import math
 import numpy as np
 import torch
 
-INIT_CHUNK = 1 << 20
+from bagpipe_cli.engine.memory import INIT_CHUNK  # rows initialised at a time
 
 
 class Shard:
@@ -97,7 +97,8 @@ def init_shards(cardinalities: list[int], dim: int, num_shards: int, seed: int,
         for c, lo in enumerate(range(0, n, INIT_CHUNK)):
             hi = min(lo + INIT_CHUNK, n)
             g = torch.Generator().manual_seed(hash_seed(seed, t, c))
-            vals = torch.rand(hi - lo, dim, generator=g, dtype=torch.float32) * (2 * bound) - bound
+            # In place: a chunk's values are made in one buffer (engine/memory.py counts two).
+            vals = torch.rand(hi - lo, dim, generator=g, dtype=torch.float32).mul_(2 * bound).sub_(bound)
             keys = np.arange(offset + lo, offset + hi, dtype=np.int64)
             for k, (pos, local) in enumerate(split_by_shard(keys, num_shards)):
                 if k in servers:

@@ -102,6 +102,23 @@ def build_model(cfg: ModelConfig) -> nn.Module:
     return MODELS[cfg.name](cfg)
 
 
+def footprint(cfg: ModelConfig) -> tuple[int, int]:
+    """(the dense model's parameters, the floats its forward keeps for the backward per
+    sample), from the sizes alone: nothing is built, so a model too large for any machine
+    is counted as fast as a small one. Each model class says its own (`footprint`);
+    tests/test_models.py holds them equal to what autograd saves."""
+    return MODELS[cfg.name].footprint(cfg)
+
+
+def mlp_footprint(n_in: int, sizes: tuple[int, ...], relu_last: bool = True) -> tuple[int, int]:
+    """`mlp(n_in, sizes, relu_last)`'s (parameters, floats kept per sample besides its input):
+    every ReLU keeps its output (which the next layer keeps as its input)."""
+    widths = (n_in, *sizes)
+    params = sum(a * b + b for a, b in zip(widths[:-1], widths[1:], strict=True))
+    kept = sizes if relu_last else sizes[:-1]
+    return params, sum(kept)
+
+
 def linear(n_in: int, n_out: int, bias: bool = True) -> nn.Linear:
     """A linear layer with DLRM's initialisation.
 

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from bagpipe_cli.models.common import ModelConfig, linear, mlp, register
+from bagpipe_cli.models.common import ModelConfig, linear, mlp, mlp_footprint, register
 
 
 @register("dcn")
@@ -34,6 +34,16 @@ class DCN(nn.Module):
         self.cross_b = nn.Parameter(torch.zeros(cfg.cross_layers, d))
         self.deep = mlp(d, cfg.top_mlp)
         self.out = linear(d + (cfg.top_mlp[-1] if cfg.top_mlp else 0), 1)
+
+    @classmethod
+    def footprint(cls, cfg: ModelConfig) -> tuple[int, int]:
+        """(parameters, floats kept per sample): every cross layer's input and its dot product,
+        the deep MLP's activations (its input is x0, the first cross layer's), the output
+        layer's input."""
+        d, n = cfg.num_tables * cfg.emb_dim + cfg.num_dense, cfg.cross_layers
+        params, kept = mlp_footprint(d, cfg.top_mlp)
+        n_out = d + (cfg.top_mlp[-1] if cfg.top_mlp else 0)
+        return 2 * n * d + params + n_out + 1, n * (d + 1) + kept + n_out
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         x0 = torch.cat([emb.flatten(1), dense], dim=1)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from bagpipe_cli.models.common import register
+from bagpipe_cli.models.common import ModelConfig, register, row_dim
 from bagpipe_cli.models.wdl import WideAndDeep
 
 
@@ -32,6 +32,12 @@ class DeepFM(WideAndDeep):
     The paper has only categorical fields; dense features enter the first-order and deep
     parts but not the FM term (they have no factor vectors).
     """
+
+    @classmethod
+    def footprint(cls, cfg: ModelConfig) -> tuple[int, int]:
+        """Wide & Deep's, and the FM term's: the rows (v * v) and their sum over tables."""
+        params, kept = super().footprint(cfg)
+        return params, kept + cfg.num_tables * row_dim(cfg) + cfg.emb_dim
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         return super().forward(dense, emb) + fm_second_order(emb[..., : self.cfg.emb_dim])

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bagpipe_cli.models.common import ModelConfig, mlp, register
+from bagpipe_cli.models.common import ModelConfig, mlp, mlp_footprint, register
 
 
 def tril_index(num_vectors: int) -> torch.Tensor:
@@ -51,18 +51,31 @@ class DLRM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        e, t = cfg.emb_dim, cfg.num_tables
-        if cfg.num_dense:
-            self.bottom: nn.Module | None = mlp(cfg.num_dense, (*cfg.bottom_mlp, e))
-            f = t + 1
-            n_top = e + f * (f - 1) // 2
-        else:
-            self.bottom = None
-            f = t
-            n_top = f * (f - 1) // 2
+        f, n_top = self.interaction(cfg)
+        self.bottom: nn.Module | None = (mlp(cfg.num_dense, (*cfg.bottom_mlp, cfg.emb_dim))
+                                         if cfg.num_dense else None)
         # Not persistent: it is derived from the config, so checkpoints need not carry it.
         self.register_buffer("tril", tril_index(f), persistent=False)
         self.top = mlp(n_top, (*cfg.top_mlp, 1), relu_last=False)
+
+    @staticmethod
+    def interaction(cfg: ModelConfig) -> tuple[int, int]:
+        """(F, the top MLP's input): F = T + 1 vectors (T without dense features)."""
+        if cfg.num_dense:
+            f = cfg.num_tables + 1
+            return f, cfg.emb_dim + f * (f - 1) // 2
+        f = cfg.num_tables
+        return f, f * (f - 1) // 2
+
+    @classmethod
+    def footprint(cls, cfg: ModelConfig) -> tuple[int, int]:
+        """(parameters, floats kept per sample): the bottom MLP's input and activations, the
+        F vectors the dot products read, the top MLP's input and activations."""
+        f, n_top = cls.interaction(cfg)
+        top = mlp_footprint(n_top, (*cfg.top_mlp, 1), relu_last=False)
+        bottom = (mlp_footprint(cfg.num_dense, (*cfg.bottom_mlp, cfg.emb_dim))
+                  if cfg.num_dense else (0, 0))
+        return bottom[0] + top[0], cfg.num_dense + bottom[1] + f * cfg.emb_dim + n_top + top[1]
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         if self.bottom is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from bagpipe_cli.models.common import ModelConfig, dense_linear, mlp, register
+from bagpipe_cli.models.common import ModelConfig, dense_linear, mlp, mlp_footprint, register
 
 
 @register("wdl")
@@ -31,6 +31,14 @@ class WideAndDeep(nn.Module):
         self.wide_dense = dense_linear(cfg.num_dense)
         n_deep = cfg.num_tables * cfg.emb_dim + cfg.num_dense
         self.deep = mlp(n_deep, (*cfg.top_mlp, 1), relu_last=False)
+
+    @classmethod
+    def footprint(cls, cfg: ModelConfig) -> tuple[int, int]:
+        """(parameters, floats kept per sample): the dense features (the wide term's input),
+        the deep MLP's input and activations."""
+        n_deep = cfg.num_tables * cfg.emb_dim + cfg.num_dense
+        params, kept = mlp_footprint(n_deep, (*cfg.top_mlp, 1), relu_last=False)
+        return params + cfg.num_dense, cfg.num_dense + n_deep + kept
 
     def forward(self, dense: torch.Tensor, emb: torch.Tensor) -> torch.Tensor:
         e = self.cfg.emb_dim

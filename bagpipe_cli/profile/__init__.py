@@ -27,10 +27,11 @@ import pandas as pd
 
 from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import Dataset, open_dataset
+from bagpipe_cli.engine.memory import DATASET_FIX, estimate_profile, refuse_over
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
-from bagpipe_cli.limits import INT32_MAX, LEAST_BYTES_PER_ROW, check_int, check_memory
+from bagpipe_cli.limits import INT32_MAX, check_int
 from bagpipe_cli.policies.simulators import (
     BagpipeSimulator,
     PolicyResult,
@@ -45,6 +46,7 @@ from bagpipe_cli.policies.simulators import (
 )
 from bagpipe_cli.policies.table import POLICIES, TABLE, Policy, policy, with_role
 from bagpipe_cli.policies.trace import (
+    SPILL_ENTRIES,
     DiskArray,
     SpillDir,
     Trace,
@@ -218,9 +220,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     ds = open_dataset(config.data)
     meta = ds.meta
     check_batch_size(meta, config.batch_size)
-    check_memory(LEAST_BYTES_PER_ROW * sum(meta.cardinalities),
-                 f"profiling the {sum(meta.cardinalities):,} embedding rows of {config.data}",
-                 "use a dataset with fewer rows per table (preprocess --max-rows-per-table)")
+    pols = [policy(p) for p in config.policies]
+    admit_profile(config, meta, any(p.setting == "cache_rows" for p in pols))
     timing: dict[str, dict[str, float]] = {}
     accesses = meta.rows * meta.num_tables
 
@@ -230,7 +231,6 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     _timed(timing, "skew", t0, accesses)
     # Only fae needs the per-row counts again: they wait on disk, not in memory (8 B a row).
     row_counts = None
-    pols = [policy(p) for p in config.policies]
     if any(p.needs_row_counts for p in pols):
         row_counts = DiskArray(SpillDir(), "row_counts", np.int64, skew.row_counts.size)
         row_counts[:] = skew.row_counts
@@ -266,6 +266,19 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
         cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
         bagpipe_vs_belady=comparisons, timing=timing, warnings=[warning] if warning else [],
     )
+
+
+def admit_profile(config: ProfileConfig, meta: Any, keeps_trace: bool) -> None:
+    """Refuse a profile whose estimate (`engine/memory.py`) exceeds this machine's memory."""
+    rows, b = sum(meta.cardinalities), config.batch_size
+    leads = {"rows": f"profiling the {rows:,} embedding rows of {config.data}",
+             "trace": f"--batch-size {b}: the trace of {num_batches(meta.rows, b):,} batches",
+             "inputs": f"--batch-size {b}: a batch of {b:,} samples of {meta.num_tables} rows",
+             "processes": "profile"}
+    fixes = {"rows": DATASET_FIX, "trace": "leave lru, lfu, fae and belady out of --policies",
+             "inputs": "lower --batch-size", "processes": "use a machine with more memory"}
+    refuse_over([estimate_profile(meta.cardinalities, meta.rows, b, keeps_trace, SPILL_ENTRIES)],
+                leads.__getitem__, fixes)
 
 
 def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool,

@@ -21,13 +21,12 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
-import torch
 
 from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.io import recorded_path
-from bagpipe_cli.models import ModelConfig, build_model
+from bagpipe_cli.models import ModelConfig, footprint
 from bagpipe_cli.results import (
     SkippedRun,
     StoredRun,
@@ -40,9 +39,9 @@ from bagpipe_cli.simulate.volumes import TraceConfig
 
 
 def dense_bytes(model: ModelConfig) -> int:
-    """fp32 bytes of the dense model's parameters (what N > 1 trainers all-reduce)."""
-    with torch.random.fork_rng():  # building a model draws from the RNG; the caller's stays
-        return 4 * sum(p.numel() for p in build_model(model).parameters())
+    """fp32 bytes of the dense model's parameters (what N > 1 trainers all-reduce), counted
+    from its sizes: nothing is allocated, however large the layers."""
+    return 4 * footprint(model)[0]
 
 
 def state_dim(optimizer: str) -> int:

@@ -26,15 +26,14 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.config import PLANNER_BYTES_PER_ROW
 from bagpipe_cli.engine.feed import batch_start
 from bagpipe_cli.engine.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.memory import DATASET_FIX, estimate_simulate, refuse_over
 from bagpipe_cli.engine.oracle import Oracle, RoundPlan, plan_peak
 from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.limits import check_memory
 from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.inputs import Volumes
@@ -114,11 +113,9 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
             raise ConfigError(f"--systems: unknown system {s.name!r}; choose from {', '.join(SYSTEMS)}")
     ds = open_dataset(cfg.data)
     rows = int(sum(ds.meta.cardinalities))
-    check_memory(PLANNER_BYTES_PER_ROW * rows,
-                 f"planning the trace over the {rows:,} embedding rows of {cfg.data}",
-                 "use a dataset with fewer rows per table (preprocess --max-rows-per-table)")
     train_rows = _train_rows(ds, cfg)
     iterations = cfg.iterations or train_rows // cfg.batch_size
+    _admit(cfg, ds.meta.cardinalities, iterations, specs)
     t = _Trace(cfg, _key_batches(ds, cfg, iterations, on_batch), iterations, rows)
     t.info.update({"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
                    "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
@@ -129,6 +126,23 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
         say(s.name)
         out[s.name] = s.simulated_volumes(t)
     return out, t.info
+
+
+def _admit(cfg: TraceConfig, cardinalities: list[int], iterations: int,
+           specs: list[SystemSpec]) -> None:
+    """Refuse a trace whose estimate (`engine/memory.py`) exceeds this machine's memory."""
+    rows = sum(cardinalities)
+    leads = {"planner": f"planning the trace over the {rows:,} embedding rows of {cfg.data}",
+             "trace": f"--iterations {iterations} --batch-size {cfg.batch_size}: the trace "
+                      "lru/lfu/fae plan over",
+             "volumes": f"--iterations {iterations}: {len(specs)} systems' volumes per iteration",
+             "inputs": f"--batch-size {cfg.batch_size}: the batches in flight",
+             "processes": "simulate"}
+    fixes = {"planner": DATASET_FIX, "trace": "lower --iterations, or leave lru, lfu and fae "
+             "out of --systems", "volumes": "lower --iterations", "inputs": "lower --batch-size",
+             "processes": "use a machine with more memory"}
+    refuse_over([estimate_simulate(cardinalities, iterations, cfg, specs)], leads.__getitem__,
+                fixes)
 
 
 @dataclass

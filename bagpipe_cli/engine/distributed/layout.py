@@ -18,6 +18,7 @@ from bagpipe_cli.data.format import META_FILE, read_meta
 from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
 from bagpipe_cli.engine.device import cuda_count, pick
 from bagpipe_cli.errors import BagpipeError, ConfigError
+from bagpipe_cli.limits import machine_memory
 
 ALL_RANKS, TRAINERS = -2, -1  # "peers" of a collective, for error messages
 
@@ -64,8 +65,9 @@ class Layout:
 
 
 def rank_facts() -> dict[str, Any]:
-    """What a rank can offer a trainer: its host, CUDA devices and whether torch has NCCL."""
-    return {"host": socket.gethostname(),
+    """What a rank can offer a trainer: its host, CUDA devices, whether torch has NCCL, and
+    its machine's memory (engine/memory.py's `check_hosts`)."""
+    return {"host": socket.gethostname(), "memory": machine_memory(),
             "cuda": cuda_count(),
             "nccl": dist.is_available() and dist.is_nccl_available()}
 

@@ -40,8 +40,9 @@ from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.memory import check_hosts
 from bagpipe_cli.engine.result import TrainResult
-from bagpipe_cli.engine.setup import prepare
+from bagpipe_cli.engine.setup import admit, estimate, prepare
 from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default, torch_save
@@ -122,6 +123,8 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     comm(layout, ALL_RANKS, dist.all_gather_object, facts,
          {**rank_facts(), "placement": placement.to_json(), "dataset": dataset_fact(cfg.data)})
     check_datasets(cfg, layout, facts)
+    shape, memory = estimate(cfg)  # every machine's ranks fit its memory, before any allocates
+    check_hosts(cfg, shape, memory, [f["host"] for f in facts], [f["memory"] for f in facts])
     devices = trainer_devices(cfg, layout, facts)
     role, idx = layout.role(rank)
     device = torch.device(devices[idx] if role == "trainer" else "cpu")
@@ -165,6 +168,7 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
     TrainResult."""
     layout = Layout.of(cfg)
     trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
+    admit(cfg)  # every rank and this process fit this machine's memory, before any starts
     with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
         conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
         conf.write_text(json.dumps(asdict(cfg), default=json_default))
