@@ -26,7 +26,7 @@ def _trace(data, iterations, batch_size):
 @pytest.mark.parametrize("system", [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak])
 def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system):
     def simulate(trace, capacity):  # the profile's simulator of its policy
-        return policy(system).simulate(trace, capacity, None, None)
+        return policy(spec(system).policy).simulate(trace, capacity, None, None)
 
     trace = _trace(tiny_dataset, SMALL["iterations"], SMALL["batch_size"])
     bagpipe = train(TrainConfig(data=str(tiny_dataset), system="bagpipe", **SMALL)).summary

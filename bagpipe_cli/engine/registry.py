@@ -88,6 +88,7 @@ class SystemSpec:
     rounds: bool = False  # its iterations come in rounds of --round (default L/4), planned
     #                       --lookahead ahead (else: one iteration a round)
     capacity_from_peak: bool = False  # default --cache-rows is Bagpipe's peak at --lookahead
+    policy: str | None = None  # the cache policy (policies/table.py) its cache follows, if one
     global_view: bool = True  # its trainers read U_b of the global batch (False: each needs
     #                           its own rows only, so rank 0 sends them |U_b| alone)
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
@@ -156,7 +157,7 @@ def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS) 
                       build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build",
                                         prefetch_ahead=False, lrpp=False),
                       volumes=f"{VOLUMES}:policy_volumes", replicated=True, reads=reads,
-                      capacity_from_peak=True, color=policy(name).color)
+                      capacity_from_peak=True, policy=name, color=policy(name).color)
 
 
 _SPECS = (
@@ -188,14 +189,15 @@ _SPECS = (
                plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.hotline:HotlineSystem.build"),
                volumes=None, replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
-               capacity_from_peak=True, exact=False, up_to_order=True, color="#bcbd22"),
+               capacity_from_peak=True, policy="fae", exact=False, up_to_order=True,
+               color="#bcbd22"),
     SystemSpec("slipstream", "fae's hot set, snapshotted every --snapshot-every iterations; "
                "samples whose rows mostly stopped changing are skipped (--drop-target of them)",
                plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.slipstream:SlipstreamSystem.build"),
                volumes=None, replicated=True,
                reads=_CACHE_SETTINGS | {"hot_sample", "snapshot_every", "drop_target", "stale_share"},
-               capacity_from_peak=True, exact_only_if=("drop_target", 0.0),
+               capacity_from_peak=True, policy="fae", exact_only_if=("drop_target", 0.0),
                inexact_when="--drop-target > 0", resumable=False, color="#393b79"),
     SystemSpec("het", "bounded-staleness cache (HET): copies may lag --staleness versions",
                plan=Lazy(f"{PLANNER}:no_plan"),
