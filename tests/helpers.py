@@ -34,6 +34,16 @@ def assert_same_parameters(a: Any, b: Any, losses: bool = True) -> None:
         assert a.metrics["loss"].tolist() == b.metrics["loss"].tolist()
 
 
+ROUNDING_TOLERANCE = 1e-4  # sync's parameters up to the order of summation (hotline)
+
+
+def max_difference(a: Any, b: Any) -> float:
+    """The largest absolute difference between two runs' parameters (tables and dense)."""
+    (ta, da), (tb, db) = parameters(a), parameters(b)
+    return max([float((x - y).abs().max()) for x, y in zip(ta, tb, strict=True)]
+               + [float((da[k] - db[k]).abs().max()) for k in da])
+
+
 def bagpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m bagpipe_cli ARGS` as a real process."""
     return subprocess.run([sys.executable, "-m", "bagpipe_cli", *args], capture_output=True,

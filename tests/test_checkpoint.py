@@ -8,12 +8,12 @@ import sys
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from helpers import assert_same_parameters
+from helpers import ROUNDING_TOLERANCE, assert_same_parameters, max_difference
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
-from bagpipe_cli.engine.registry import ENGINE_SYSTEMS
+from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 
 KW = dict(batch_size=256, iterations=24, lookahead=5, optimizer="adagrad", trainers=2, servers=2,
@@ -36,7 +36,15 @@ def test_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     _keep_up_to(ck, 10)  # as if the run had died between iterations 10 and 15
     b = train(TrainConfig(**kw, resume=str(ck)))
     assert b.summary["resumed_from"]["iteration"] == 10
-    assert_same_parameters(a, b)
+    if spec(system).fidelity(TrainConfig(**kw)) == "rounding":
+        # hotline splits a batch by what is cached, and a resumed run starts with an empty
+        # cache: the straight run's parameters up to the order of summation, like sync's.
+        worst = max_difference(a, b)
+        print(f"{system}: resumed vs straight, largest parameter difference {worst:.3g}")
+        assert worst < ROUNDING_TOLERANCE
+        assert b.metrics["loss"].tolist() == pytest.approx(a.metrics["loss"].tolist(), rel=1e-4)
+    else:
+        assert_same_parameters(a, b)
     assert b.summary["rows_fetched"] == int(b.metrics["rows_fetched"].sum())
 
 
@@ -49,7 +57,7 @@ def test_checkpointing_does_not_change_the_run(tiny_dataset, tmp_path):
     assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["ckpt-00000020", "ckpt-00000016"]
     ck = find_checkpoint(tmp_path / "ck")
     assert ck.iteration == 20 and len(ck.metrics[0]) == 20
-    assert ck.metrics[0] == a.metrics.iloc[:20].to_dict("records")
+    pd.testing.assert_frame_equal(pd.DataFrame(ck.metrics[0]), a.metrics.iloc[:20], check_exact=True)
 
 
 def test_a_resumed_run_may_train_longer(tiny_dataset, tmp_path):

@@ -36,8 +36,10 @@ def _argv(kw: dict) -> list[str]:
     return out
 
 
-# One thread per process: the test machine's cores are shared (results do not depend on it).
-ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+def _env(**extra: str) -> dict[str, str]:
+    """One thread per process (the test machine's cores are shared; results do not depend on
+    it), read when the run starts: the session's fork server (conftest) is in os.environ then."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", **extra}
 
 
 def _train_cmd(data, kw, out, *extra):
@@ -51,7 +53,7 @@ def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_datas
     ck = tmp_path / "ck"
     cmd = _train_cmd(tiny_dataset, kw, tmp_path / "run", "--checkpoint-every", "7",
                      "--checkpoint-dir", str(ck))
-    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=ENV)
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
     try:
         deadline = time.monotonic() + 60
         while not list_checkpoints(ck) and p.poll() is None and time.monotonic() < deadline:
@@ -63,7 +65,7 @@ def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_datas
     assert p.returncode == -signal.SIGKILL
     assert not (tmp_path / "run").exists()
     stopped_at = list_checkpoints(ck)[0].name
-    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=ENV)
+    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))
@@ -86,12 +88,12 @@ def test_sigkill_of_a_server_then_a_trainer_rank_then_resume_gives_the_same_para
         fault = {"BAGPIPE_FAULT": f"rank={rank},after_checkpoints={n},delay_s=0.05"}
         extra = ["--resume", str(ck)] if rank == 3 else []
         r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120,
-                           env={**ENV, **fault})
+                           env=_env(**fault))
         assert r.returncode != 0 and f"(rank {rank}) exited with code -9" in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
         assert list_checkpoints(ck)[0].name == newest
         assert not (tmp_path / "run").exists()
-    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=ENV)
+    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr and "ckpt-00000018" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))

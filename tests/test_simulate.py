@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from helpers import one_per_volumes
 
 from bagpipe_cli.cli import cli
-from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
+from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.simulate.calibrate import compute_of, read_measured
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Volumes, Workload
 from bagpipe_cli.simulate.model import predict
@@ -273,7 +273,7 @@ def test_iteration_time_is_never_below_rank_0s_on_a_trace(tiny_dataset):
 
     tc = TraceConfig(str(tiny_dataset), batch_size=1024, iterations=24, lookahead=8, trainers=2,
                      runtime="distributed")
-    vols = trace_volumes(tc, list(ENGINE_SYSTEMS))[0]
+    vols = trace_volumes(tc, list(one_per_volumes()))[0]
     for gbps in (0.01, 1.0, None):  # rank 0 the bottleneck, a share, nothing but its planning
         for s, v in vols.items():
             p = predict(v, Cluster(2, 1, gbps, 10.0 if gbps else 0.0), Workload(16, 0, 1000, warmup=4),

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import assert_same_parameters, bagpipe, parameters
+from helpers import ROUNDING_TOLERANCE, assert_same_parameters, bagpipe, max_difference
 
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.format import table_offsets
@@ -18,7 +18,6 @@ from bagpipe_cli.profile import ProfileConfig, run_profile
 
 KW = dict(batch_size=256, iterations=30, optimizer="adagrad", servers=2, seed=3,
           dense_optimizer="adam", dense_lr=0.01, eval_rows=2000)
-HOTLINE_TOLERANCE = 1e-4  # sync's parameters up to the order of summation
 
 
 def _batches(data, batch, n):
@@ -30,7 +29,7 @@ def _batches(data, batch, n):
 @pytest.mark.parametrize("trainers", [2])
 def test_prefetch_equals_sync_and_fetches_what_the_last_batch_did_not_use(tiny_dataset, trainers):
     kw = dict(data=str(tiny_dataset), trainers=trainers, **KW)
-    sync, pre = train(TrainConfig(system="sync", **kw)), train(TrainConfig(data="d", system="prefetch", **kw))
+    sync, pre = train(TrainConfig(system="sync", **kw)), train(TrainConfig(system="prefetch", **kw))
     assert_same_parameters(sync, pre)
     sets = _batches(tiny_dataset, 256, 30)
     expected = [len(s - (sets[b - 1] if b else set())) for b, s in enumerate(sets)]
@@ -48,20 +47,14 @@ def test_profile_lists_prefetch_fetches_per_batch_as_train_fetches(tiny_dataset)
     assert run.metrics["rows_fetched"].tolist() == res.fetched_per_batch[:30].tolist()
 
 
-def _max_difference(a, b) -> float:
-    (da, ta), (db, tb) = parameters(a), parameters(b)
-    return max([float((x - y).abs().max()) for x, y in zip(da, db, strict=True)]
-               + [float((ta[k] - tb[k]).abs().max()) for k in ta])
-
-
 @pytest.mark.parametrize("trainers,model", [(1, "dlrm"), (2, "dcn")])
 def test_hotline_equals_sync_up_to_the_order_of_summation(tiny_dataset, trainers, model):
     kw = dict(data=str(tiny_dataset), trainers=trainers, model=model, **KW)
     sync, fae = train(TrainConfig(system="sync", **kw)), train(TrainConfig(system="fae", **kw))
-    hot = train(TrainConfig(data="d", system="hotline", **kw))
-    worst = _max_difference(sync, hot)
+    hot = train(TrainConfig(system="hotline", **kw))
+    worst = max_difference(sync, hot)
     print(f"hotline vs sync, {trainers} trainer(s), {model}: largest parameter difference {worst:.3g}")
-    assert worst < HOTLINE_TOLERANCE
+    assert worst < ROUNDING_TOLERANCE
     # The same hot set as fae: the same rows fetched, iteration by iteration.
     assert hot.metrics["rows_fetched"].tolist() == fae.metrics["rows_fetched"].tolist()
     popular = hot.metrics["popular_samples"]
@@ -100,7 +93,7 @@ def test_threshold_skips_the_drop_target_share():
 def test_slipstream_at_drop_target_zero_is_fae_bitwise(tiny_dataset):
     kw = dict(data=str(tiny_dataset), trainers=2, snapshot_every=4, **KW)
     fae = train(TrainConfig(system="fae", **kw))
-    slip = train(TrainConfig(data="d", system="slipstream", drop_target=0.0, **kw))
+    slip = train(TrainConfig(system="slipstream", drop_target=0.0, **kw))
     assert_same_parameters(fae, slip)
     assert slip.summary["samples_skipped"] == 0 and slip.summary["stale_thresholds"] is None
 
@@ -110,7 +103,7 @@ def test_slipstream_skips_about_the_drop_target_and_records_each_threshold(tiny_
     K, D = 5, 0.25
     kw = dict(data=str(tiny_dataset), trainers=2, snapshot_every=K, model=model,
               **{**KW, "iterations": 40})
-    slip = train(TrainConfig(data="d", system="slipstream", drop_target=D, **kw))
+    slip = train(TrainConfig(system="slipstream", drop_target=D, **kw))
     m = slip.metrics
     # No drift is known before the second snapshot (after iteration 2K-1): nothing skipped.
     assert m["samples_skipped"][:2 * K].sum() == 0 and m["stale_threshold"][:2 * K].isna().all()

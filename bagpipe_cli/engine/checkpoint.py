@@ -6,7 +6,8 @@ every row resident in a trainer cache laid over them, since the cache holds the 
 value), the dense model and its optimizer, the next iteration `b`, the torch RNG state and
 the metrics rows so far. A resumed run starts at `b` with an empty cache and a fresh
 oracle over batches b.. (the oracle is deterministic; batch b's data is the same), so its
-parameters and loss curve are bitwise those of a run that was never stopped.
+parameters and loss curve are bitwise those of a run that was never stopped (hotline's: up
+to the order of summation, since it splits each batch by what is cached).
 
 Layout (one directory per checkpoint, written with `io.atomic_dir`: temp + rename):
 

@@ -98,8 +98,9 @@ class SystemSpec:
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
     up_to_order: bool = False  # when not exact: sync's parameters up to the order in which
     #                            gradients are summed (hotline), not an approximation
-    resumable: bool = True  # when not exact, a checkpoint still holds all its state (hotline;
-    #                         het's stale copies it does not)
+    resumable: bool = True  # when not exact, a checkpoint still holds the parameters it
+    #                         trains (hotline: resumed = straight up to rounding; het's stale
+    #                         copies it does not hold)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
     install: str | None = None  # how to install an external runner's library
     role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"

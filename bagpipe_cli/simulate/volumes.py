@@ -75,17 +75,12 @@ class TraceConfig:
                               "trainers")
 
 
-def _train_rows(ds: Dataset, cfg: TraceConfig) -> int:
-    """Training rows, split off the held-out tail exactly as `bagpipe train` does."""
-    return split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]
-
-
 def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int,
                  on_batch: Callable[[], None] | None = None) -> Callable[[], Iterator[np.ndarray]]:
     """The global keys [B*T] of every iteration, the batches `bagpipe train` reads
     (`on_batch()` after each one read, in every pass)."""
     offsets = table_offsets(ds.meta.cardinalities)
-    train_rows = _train_rows(ds, cfg)
+    train_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]  # as train splits off its tail
 
     def gen() -> Iterator[np.ndarray]:
         for b in range(iterations):
@@ -113,7 +108,7 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
             raise ConfigError(f"--systems: unknown system {s.name!r}; choose from {', '.join(SYSTEMS)}")
     ds = open_dataset(cfg.data)
     rows = int(sum(ds.meta.cardinalities))
-    train_rows = _train_rows(ds, cfg)
+    train_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]
     iterations = cfg.iterations or train_rows // cfg.batch_size
     _admit(cfg, ds.meta.cardinalities, iterations, specs)
     t = _Trace(cfg, _key_batches(ds, cfg, iterations, on_batch), iterations, rows)
