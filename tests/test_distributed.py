@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -386,6 +387,64 @@ def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path)
     s = json.loads((tmp_path / "dist" / "summary.json").read_text())
     assert s["transport"] == "torch" and s["world_size"] == 4
     assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+
+
+def test_two_machines_started_by_procs_and_master_equal_in_process_sync(tiny_dataset, tmp_path):
+    """The README's launch on two machines, both on loopback: each `bagpipe train --procs 2
+    --master ... --node-rank R` starts its half of the 4 ranks; the ranks meet at --master
+    and train sync's parameters bitwise; the machine without rank 0 writes nothing."""
+    master = f"127.0.0.1:{free_port()}"
+    nodes = [subprocess.Popen([sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), *ARGS,
+                               "--system", "bagpipe", "--procs", "2", "--master", master,
+                               "--node-rank", str(n), "--out", str(tmp_path / f"dist{n}"),
+                               "--save-model", str(tmp_path / f"dist{n}.pt")],
+                              text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for n in (1, 0)]  # the machine without rank 0 may start first
+    (_, err1), (_, err0) = communicate_all(nodes, 120)
+    assert [p.returncode for p in nodes] == [0, 0], err0[-2000:] + err1[-2000:]
+    assert_same_parameters(tmp_path / "dist0.pt", train(TrainConfig(data=str(tiny_dataset), system="sync", **KW)))
+    s = json.loads((tmp_path / "dist0" / "summary.json").read_text())
+    assert s["world_size"] == 4 and set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    assert f"--node-rank 0 (at {master}) writes the run" in err1
+    assert not (tmp_path / "dist1").exists() and not (tmp_path / "dist1.pt").exists()
+
+
+def test_a_launch_on_several_machines_is_checked_before_it_starts(tiny_dataset):
+    kw = dict(data=str(tiny_dataset), trainers=2, servers=1, transport="torch")  # 4 ranks
+    for bad, match in [(dict(master="h:1"), "--master: each machine starts its ranks with --procs"),
+                       (dict(procs=3, master="h:1"), "--procs 3: the job's 1 \\+ 1 \\+ 2 = 4 ranks do not split"),
+                       (dict(procs=2, master="h:1", node_rank=2), "--node-rank 2: 4 ranks at --procs 2 make 2 machines"),
+                       (dict(procs=2, master="10.0.0.1"), "--master '10.0.0.1': give HOST:PORT"),
+                       (dict(procs=2, master="h:70000"), "give HOST:PORT"),
+                       (dict(procs=4, node_rank=1), "--node-rank: a job on several machines needs --master")]:
+        with pytest.raises(ConfigError, match=match):
+            TrainConfig(**kw, **bad)
+    assert TrainConfig(**kw, procs=2, master="[::1]:29500", node_rank=1).nodes == 2
+    assert TrainConfig(**kw, procs=4).nodes == 1
+
+
+def test_a_master_that_never_answers_ends_the_launch_within_the_timeout(tiny_dataset, tmp_path):
+    """Nothing listens at --master: the launch ends with one line naming the address once
+    --timeout has passed (not c10d's retries, about twice it), and Ctrl-C stops it at once."""
+    master = f"127.0.0.1:{free_port()}"
+    cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), *ARGS, "--procs", "2",
+           "--master", master, "--node-rank", "1", "--out", str(tmp_path / "o")]
+    t0 = time.monotonic()
+    r = subprocess.run([*cmd, "--timeout", "3"], capture_output=True, text=True, timeout=60)
+    took = time.monotonic() - t0
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 1 and len(lines) == 1, r.stderr[-2000:]
+    assert lines[0] == (f"Error: the job did not start: nothing answered at {master} within "
+                        "--timeout 3 s (Connection refused); start the machine with rank 0 first, "
+                        "at that address")
+    assert 3 < took < 3 + 15, took  # the timeout, and the ranks' start-up
+    p = subprocess.Popen([*cmd, "--timeout", "300"], text=True, stderr=subprocess.PIPE)
+    time.sleep(4)
+    t0 = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    err = communicate_all([p], 30)[0][1]
+    assert p.returncode == 130 and time.monotonic() - t0 < 5 and "interrupted" in err, err[-2000:]
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")

@@ -2,7 +2,7 @@
 runs (in process, in a fresh working directory) and exits 0, unless it is listed in SKIPPED
 with the reason. A few lines run at a smaller size (SMALLER: the numbers of rows and
 iterations only); the README's input files are stood in for by the repository's real samples
-(STAND_INS), and `make demo`'s bench folder by a small bench (`_demo_bench`). A README line
+(STAND_INS), and the bench folders of `make demo` and successors.yaml by small benches. A README line
 that is neither run nor skipped, or a list entry the README no longer has, fails the test."""
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ SKIPPED = {
     "--out data/mine": "clicks.parquet is the user's own file (no sample with those columns)",
     "bagpipe train data/demo --system bagpipe --trainers 2 --servers 1 --procs 4 --out "
     "results/dist": "starts 4 rank processes (tests/test_distributed.py runs --procs)",
-    "torchrun --nnodes 2 --nproc-per-node 6 --node-rank 0 --master-addr 10.0.0.1 --master-port "
-    "29500 -m bagpipe_cli train data/demo --system bagpipe --trainers 8 --servers 3 --transport "
-    "torch --out results/dist": "two machines",
+    "bagpipe train data/demo --system bagpipe --trainers 8 --servers 3 --procs 6 --master "
+    "10.0.0.1:29500 --node-rank 0 --out results/dist": "two machines (tests/test_distributed.py "
+                                                      "runs the launch with both on loopback)",
     "bagpipe bench --quick": "minutes of runs (make demo runs it; a small bench stands in for "
                              "its folder, results/bench-demo)",
     "bagpipe bench benchmarks/paper.yaml --repeat 3 --out results/paper": "hours of runs",
     "bagpipe bench --resume --out results/paper": "continues results/paper, of the line above",
-    "bagpipe report results/paper results/other-run --out results/paper-report --format "
-    "png,svg,html,md": "results/paper and results/other-run are made by no example run here",
+    "bagpipe bench benchmarks/successors.yaml --out results/successors":
+        "42 runs, 2 minutes (a small bench of the same systems stands in for its folder)",
     "bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario":
         "generates an 8M-row dataset (1.3 GB) and traces 488 batches of 16,384: minutes",
 }
@@ -97,14 +97,14 @@ def _stand_ins(here: Path) -> None:
         (here / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
 
 
-def _demo_bench(here: Path) -> None:
-    """results/bench-demo, as `make demo` leaves it, at a small size."""
-    (here / "demo-bench.yaml").write_text(
-        "name: demo\ndatasets:\n  - {name: tiny, path: results/datasets/tiny, "
-        "synth: {preset: tiny, rows: 8000, seed: 0}}\nmodels: [dlrm]\nsystems: [sync, bagpipe]\n"
+def _small_bench(here: Path, name: str, systems: str, out: str) -> None:
+    """A bench folder a README example makes (`make demo`'s, successors.yaml's), small."""
+    (here / f"{name}.yaml").write_text(
+        f"name: {name}\ndatasets:\n  - {{name: tiny, path: results/datasets/tiny, "
+        f"synth: {{preset: tiny, rows: 8000, seed: 0}}}}\nmodels: [dlrm]\nsystems: [{systems}]\n"
         "repeat: 1\nbase: {batch_size: 256, iterations: 8, warmup: 2, eval_rows: 1000}\n"
         "profile: {policies: [none, bagpipe]}\n")
-    r = CliRunner().invoke(cli, ["bench", "demo-bench.yaml", "--out", "results/bench-demo"])
+    r = CliRunner().invoke(cli, ["bench", f"{name}.yaml", "--out", out])
     assert r.exit_code == 0, r.output
 
 
@@ -120,7 +120,9 @@ def test_the_lists_name_readme_lines():
 def test_every_readme_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _stand_ins(tmp_path)
-    _demo_bench(tmp_path)
+    _small_bench(tmp_path, "demo", "sync, bagpipe", "results/bench-demo")
+    _small_bench(tmp_path, "successors", "sync, hotline, {name: slipstream, drop_target: 0.2}",
+                 "results/successors")
     ran = []
     for line in readme_commands():
         if line in SKIPPED:

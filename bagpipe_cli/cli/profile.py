@@ -38,8 +38,8 @@ def _int(v: str) -> int:
 
 
 @click.command(
-    epilog="Example: bagpipe profile data/demo --batch-size 4096 --lookahead 50,200 "
-    "--cache-rows 100000,400000 --out results/demo-profile"
+    epilog="Example: bagpipe profile data/demo --batch-size 2048 --lookahead 16,64 "
+    "--cache-rows 20000,80000 --out results/demo-profile"
 )
 @data_argument
 @click.option("--batch-size", type=int, default=4096, show_default=True,

@@ -30,7 +30,7 @@ RESULT_FILES = ("summary.json", "bench.json", "meta.json", "profile.json")
 @click.command(epilog="""\b
 Examples:
   bagpipe report results/bench-quick-20250101-120000
-  bagpipe report results/paper results/sync-run --out results/paper-report --format png,svg,html,md""")
+  bagpipe report results/bench-demo results/successors --out results/compare --format png,svg,html,md""")
 @click.argument("results", nargs=-1, required=True, type=InputPath())
 @click.option("--out", type=OutputPath("report"), default=None,
               help="Report folder [default: <first RESULTS>/report]; an earlier report there is "
@@ -47,7 +47,9 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
 
     Figures: speed-up of every system over sync, per-iteration time breakdown, samples/s vs
     lookahead and vs cache size (when the results vary them), loss curves, rows fetched per
-    iteration and the dataset's access-skew CDF, with a summary table (median, p10-p90).
+    iteration, the timeline and the overlap of communication with compute (when runs carry
+    a trace), held-out AUC over time (when runs evaluated during training) and the dataset's
+    access-skew CDF, with a summary table (median, p10-p90) and time to the target AUC.
     """
     from bagpipe_cli.report import ReportConfig, build_report
     from bagpipe_cli.report.noise import legend

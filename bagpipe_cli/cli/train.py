@@ -80,6 +80,9 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
 
         result = run(cfg, progress=on_iter)
     if result is None:  # a non-zero rank of a torch.distributed job: rank 0 writes the run
+        if cfg.master is not None:
+            err_console.print(f"this machine's ranks are done; --node-rank 0 (at {cfg.master}) "
+                              "writes the run", highlight=False)
         return
     _write_outputs(result, cfg, out, overwrite, save_model)
     console.print(_summary_table(cfg, result.summary, out))

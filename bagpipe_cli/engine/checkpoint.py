@@ -58,7 +58,7 @@ NAME = re.compile(r"^ckpt-(\d{8})$")
 # `backend` only moves exact copies (all-gathers; the sums are taken alike on every backend).
 FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
                "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend",
-               "procs", "trace", "eval_every", "target_auc"}
+               "procs", "master", "node_rank", "trace", "eval_every", "target_auc"}
 
 
 class CheckpointError(ConfigError):

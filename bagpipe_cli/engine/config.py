@@ -168,6 +168,12 @@ class TrainConfig:
     procs: int | None = setting(None, "Start the ranks here as local processes: 1 oracle + "
                                       "--servers + --trainers (implies --transport torch).",
                                 at_least=1, section="runtime")
+    master: str | None = setting(None, "With --procs on several machines: HOST:PORT of the first "
+                                       "machine's rank 0, where every rank meets; each machine "
+                                       "starts --procs of the ranks.", section="runtime")
+    node_rank: int = setting(0, "With --master: this machine's place among them (0: the one "
+                                "with rank 0, whose HOST --master names).", at_least=0,
+                             section="runtime")
     timeout_s: float = setting(120.0, "torch transport: seconds a rank waits for a peer.",
                                option="--timeout", section="runtime",
                                at_most=(365 * 86400, "a year"))
@@ -239,10 +245,11 @@ class TrainConfig:
             if self.transport != "torch":
                 raise ConfigError("--procs starts torch.distributed ranks: use it with "
                                   "--transport torch")
-            if self.procs != self.world_size:
+            if self.master is None and self.procs != self.world_size:
                 raise ConfigError(f"--procs {self.procs}: a run with --servers {self.servers} and "
                                   f"--trainers {self.trainers} needs 1 + {self.servers} + "
                                   f"{self.trainers} = {self.world_size} processes")
+        self._check_nodes()
         if self.net_shape and (self.procs is None or self.net_gbps is None):
             raise ConfigError("--net-shape shapes the links of the local processes of a --procs "
                               "run to --net-gbps: add --procs and --net-gbps")
@@ -252,6 +259,33 @@ class TrainConfig:
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("--backend nccl: NCCL connects GPUs; add --device cuda, or use "
                               "--backend gloo")
+
+    def _check_nodes(self) -> None:
+        """--master and --node-rank: one machine of a job that --procs starts on several."""
+        if self.master is None:
+            if self.node_rank:
+                raise ConfigError("--node-rank: a job on several machines needs --master HOST:PORT")
+            return
+        if self.procs is None:
+            raise ConfigError("--master: each machine starts its ranks with --procs P (torchrun "
+                              "jobs take MASTER_ADDR/MASTER_PORT from torchrun)")
+        if self.net_shape:
+            raise ConfigError("--net-shape shapes one machine's processes: drop --master")
+        host, _, port = self.master.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ConfigError(f"--master {self.master!r}: give HOST:PORT, e.g. 10.0.0.1:29500")
+        if self.world_size % self.procs:
+            raise ConfigError(f"--procs {self.procs}: the job's 1 + {self.servers} + "
+                              f"{self.trainers} = {self.world_size} ranks do not split into "
+                              f"machines of {self.procs}")
+        if self.node_rank >= self.nodes:
+            raise ConfigError(f"--node-rank {self.node_rank}: {self.world_size} ranks at --procs "
+                              f"{self.procs} make {self.nodes} machines, 0..{self.nodes - 1}")
+
+    @property
+    def nodes(self) -> int:
+        """Machines of a --procs job: 1, or the world size over --procs with --master."""
+        return self.world_size // self.procs if self.master and self.procs else 1
 
     def _check_output(self) -> None:
         if self.target_auc is not None:

@@ -51,7 +51,7 @@ _OPEN: list[socket.socket] = []  # the server's sockets, which a forked rank clo
 def serve(path: str, preload: tuple[str, ...] = PRELOAD) -> None:
     """Import `preload`, listen on `path`, fork ranks for clients until SIGTERM."""
     # What a rank's environment sets for torch's C++ side is read when torch loads: here.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # c10d's socket warnings
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")  # c10d's socket errors: ours say what failed
     for m in preload:
         importlib.import_module(m)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

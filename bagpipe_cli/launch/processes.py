@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from bagpipe_cli.errors import BagpipeError, RankFailure
 from bagpipe_cli.launch import forkserver
@@ -37,27 +38,42 @@ def free_port() -> int:
         return sk.getsockname()[1]
 
 
-def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
-    """The environment of local rank `rank` (what torchrun sets, on loopback)."""
-    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            # c10d's own socket warnings; our errors say what failed
-            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+def rank_env(rank: int, world: int, port: int, first: int = 0, here: int | None = None,
+             addr: str = "127.0.0.1") -> dict[str, str]:
+    """The environment of rank `rank` of a job whose ranks first..first+here-1 run on this
+    machine (all of them, on loopback, by default), meeting at addr:port: what torchrun sets."""
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank - first), "LOCAL_WORLD_SIZE": str(here or world),
+            "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+            # c10d's own socket errors (with C++ stacks); our one-line errors say what failed
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "FATAL")}
+
+
+@dataclass(frozen=True)
+class Machine:
+    """This machine's part of a job on several (--master, --node-rank, --procs): ranks
+    first..first+procs-1, meeting at addr:port."""
+
+    addr: str
+    port: int
+    first: int
+    procs: int
 
 
 class _Job:
     """The processes of one job and the one-line errors ("Error: ...") they printed."""
 
     def __init__(self, command: list[str], world: int, on_line: Callable[[str], None] | None,
-                 shaped: ShapedNetwork | None = None):
-        port = free_port()
+                 shaped: ShapedNetwork | None = None, machine: Machine | None = None):
+        m = machine or Machine("127.0.0.1", free_port(), 0, world)
+        self.first = m.first
         self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
         self.stopped: set[int] = set()  # ranks this job ended (SIGTERM, then SIGKILL)
         self.procs: list[subprocess.Popen | ForkedProcess] = []
         self.readers: list[threading.Thread] = []
-        for rank in range(world):
+        for rank in range(m.first, m.first + m.procs):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
-            cmd, env = command, rank_env(rank, world, port)
+            cmd, env = command, rank_env(rank, world, m.port, m.first, m.procs, m.addr)
             if shaped is not None:  # the rank in its namespace, rank 0 at its address there
                 cmd, env = shaped.command(rank, command), {**env, **shaped.env(rank)}
             server = forkserver.connect() if shaped is None and cmd[1:2] == ["-c"] else None
@@ -67,7 +83,7 @@ class _Job:
                 p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
             self.procs.append(p)
             self.readers.append(threading.Thread(target=self._relay, args=(rank, p.stderr), daemon=True))
-        if on_line is not None:
+        if on_line is not None and m.first == 0:
             self.readers.append(threading.Thread(
                 target=lambda: [on_line(x) for x in self.procs[0].stdout], daemon=True))
         for t in self.readers:
@@ -89,7 +105,7 @@ class _Job:
         end = None if run_timeout_s is None else time.monotonic() + run_timeout_s
         try:
             while any(p.poll() is None for p in self.procs):
-                for rank, p in enumerate(self.procs):
+                for rank, p in enumerate(self.procs, self.first):
                     if p.poll() not in (None, 0) and failed is None:
                         failed = (rank, p.returncode)
                         deadline = time.monotonic() + grace_s
@@ -103,14 +119,14 @@ class _Job:
             for t in self.readers:
                 t.join(timeout=5)
         if failed is None:
-            failed = next(((r, p.returncode) for r, p in enumerate(self.procs) if p.returncode), None)
+            failed = next(((r, p.returncode) for r, p in enumerate(self.procs, self.first) if p.returncode), None)
         return failed
 
     def _stop(self) -> None:
         """End the processes still running: SIGTERM first, so that each removes its
         temporaries and exits, then SIGKILL for any still there after STOP_GRACE_S."""
         running = [p for p in self.procs if p.poll() is None]
-        self.stopped = {r for r, p in enumerate(self.procs) if p in running}
+        self.stopped = {r for r, p in enumerate(self.procs, self.first) if p in running}
         for p in running:
             p.terminate()
         end = time.monotonic() + STOP_GRACE_S
@@ -126,22 +142,23 @@ class _Job:
         crashed) and what another rank saw; else the first error a rank gave of its own (not
         "lost contact with ...")."""
         said = {r for r, _ in self.errors}
-        silent = [r for r, p in enumerate(self.procs)
+        silent = [r for r, p in enumerate(self.procs, self.first)
                   if p.returncode and r not in said and r not in self.stopped]
         if silent:
             rank = failed[0] if failed[0] in silent else silent[0]
             seen = next(((r, m) for r, m in self.errors if r != rank), None)
-            return RankFailure(f"{name_of(rank)} exited with code {self.procs[rank].returncode}"
+            return RankFailure(f"{name_of(rank)} exited with code {self.procs[rank - self.first].returncode}"
                                + (f"; {name_of(seen[0])}: {seen[1]}" if seen else ""))
         rank, message = next(((r, m) for r, m in self.errors if not m.startswith("lost contact with")),
                              self.errors[0])
-        return RankError(message, self.procs[rank].returncode)
+        return RankError(message, self.procs[rank - self.first].returncode)
 
 
 def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], timeout_s: float,
                 on_line: Callable[[str], None] | None = None, run_timeout_s: float | None = None,
-                shaped: ShapedNetwork | None = None) -> None:
-    """Run `command` as `world` local processes, one per rank, over loopback. Rank 0's stdout
+                shaped: ShapedNetwork | None = None, machine: Machine | None = None) -> None:
+    """Run `command` as `world` local processes, one per rank, over loopback (or this
+    `machine`'s part of them, meeting the other machines' at its address). Rank 0's stdout
     lines go to `on_line` (the others' stdout is dropped); the ranks' stderr is passed through,
     except their one-line errors ("Error: ..."), which are collected.
 
@@ -150,7 +167,7 @@ def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], t
     (`_Job.cause`). `name_of(rank)` names a rank in it. `run_timeout_s` bounds the whole job;
     with `shaped` every rank runs in its namespace of that shaped network.
     """
-    job = _Job(command, world, on_line, shaped)
+    job = _Job(command, world, on_line, shaped, machine)
     failed = job.wait(timeout_s + 10, run_timeout_s)
     if failed is not None:
         raise job.cause(failed, name_of)

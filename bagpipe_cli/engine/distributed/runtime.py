@@ -12,8 +12,10 @@ import json
 import math
 import os
 import re
+import socket
 import sys
 import tempfile
+import time
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -54,7 +56,7 @@ from bagpipe_cli.launch.placement import (
     pin,
     plan_rank,
 )
-from bagpipe_cli.launch.processes import spawn_local
+from bagpipe_cli.launch.processes import Machine, spawn_local
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -87,6 +89,9 @@ def run_rank(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResul
 
 
 def _join(cfg: TrainConfig, rank: int, world: int) -> None:
+    """Meet every rank at MASTER_ADDR:MASTER_PORT within --timeout, or fail in one line."""
+    if rank or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        _reach(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), cfg.timeout_s)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=cfg.timeout_s))
@@ -97,6 +102,24 @@ def _join(cfg: TrainConfig, rank: int, world: int) -> None:
             f"the job did not start: {joined} within --timeout "
             f"{cfg.timeout_s:g} s at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}; start "
             f"all {world} ranks (1 oracle + --servers + --trainers) with the same options") from None
+
+
+def _reach(addr: str, port: int, timeout_s: float) -> None:
+    """Wait until something listens at addr:port (rank 0's store, or torchrun's), at most
+    `timeout_s`: c10d's own client retries past its timeout (about twice it) and cannot be
+    interrupted, while this loop stops at once on Ctrl-C or SIGTERM."""
+    end = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((addr, port), timeout=max(0.05, min(1.0, end - time.monotonic()))):
+                return
+        except OSError as e:
+            if time.monotonic() >= end:
+                why = e.strerror or type(e).__name__.lower()
+                raise RankFailure(f"the job did not start: nothing answered at {addr}:{port} "
+                                  f"within --timeout {timeout_s:g} s ({why}); start the machine "
+                                  "with rank 0 first, at that address") from None
+            time.sleep(0.2)
 
 
 def _place(cfg: TrainConfig, layout: Layout, rank: int, world: int) -> Placement:
@@ -163,12 +186,18 @@ def _tracer(cfg: TrainConfig, layout: Layout, rank: int) -> NoTracer:
     return tracer
 
 
-def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult:
+def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | None:
     """Run `cfg` over torch.distributed as local processes, one per rank, and return rank 0's
-    TrainResult."""
+    TrainResult. With --master, this machine's --procs ranks of a job on several, which meet
+    at --master within --timeout; the machine without rank 0 returns None."""
     layout = Layout.of(cfg)
-    trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs on this machine
-    admit(cfg)  # every rank and this process fit this machine's memory, before any starts
+    machine = None
+    if cfg.master is None:
+        trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs here
+        admit(cfg)  # every rank and this process fit this machine's memory, before any starts
+    else:  # the ranks check every machine's devices and memory from its own facts
+        host, port = cfg.master.rsplit(":", 1)
+        machine = Machine(host.strip("[]"), int(port), cfg.node_rank * cfg.procs, cfg.procs)
     with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
         conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
         conf.write_text(json.dumps(asdict(cfg), default=json_default))
@@ -184,8 +213,8 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
             with ShapedNetwork(layout.world, cfg.net_gbps) as net:
                 spawn_local(command, layout.world, layout.name, cfg.timeout_s, on_line, shaped=net)
         else:
-            spawn_local(command, layout.world, layout.name, cfg.timeout_s, on_line)
-        return torch.load(out, weights_only=False)
+            spawn_local(command, layout.world, layout.name, cfg.timeout_s, on_line, machine=machine)
+        return torch.load(out, weights_only=False) if cfg.node_rank == 0 else None
 
 
 def rank_main(conf: str, out: str) -> int:
