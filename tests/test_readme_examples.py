@@ -121,6 +121,9 @@ def test_every_readme_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _stand_ins(tmp_path)
     _small_bench(tmp_path, "demo", "sync, bagpipe", "results/bench-demo")
+    r = CliRunner().invoke(cli, ["report", "results/bench-demo", "--out", "results/bench-demo/report",
+                                 "--format", "md"])  # as make demo leaves it: with its report
+    assert r.exit_code == 0, r.output
     _small_bench(tmp_path, "successors", "sync, hotline, {name: slipstream, drop_target: 0.2}",
                  "results/successors")
     ran = []

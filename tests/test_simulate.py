@@ -319,8 +319,8 @@ def test_calibration_from_a_stored_bench_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_dataset):
-    """Tiny real runs: sync/bagpipe/het with an emulated network (N = 2, K = 2), and a
-    no-network twin of sync."""
+    """Tiny real runs: sync/bagpipe/het with an emulated network (N = 2, K = 2), a
+    no-network twin of sync, and a run of hotline (which simulate has no model of)."""
     from bagpipe_cli.engine import TrainConfig, train
     from bagpipe_cli.results import write_run
 
@@ -330,7 +330,8 @@ def runs(tmp_path_factory, tiny_dataset):
     specs = {"sync-net": dict(system="sync", net_gbps=0.2, net_latency_us=50),
              "bagpipe-net": dict(system="bagpipe", net_gbps=0.2, net_latency_us=50),
              "het-net": dict(system="het", staleness=2, net_gbps=0.2, net_latency_us=50),
-             "sync-nonet": dict(system="sync")}
+             "sync-nonet": dict(system="sync"),
+             "hotline-net": dict(system="hotline", net_gbps=0.2, net_latency_us=50)}  # unmodelled
     for name, extra in specs.items():
         res = train(TrainConfig(**common, **extra))
         write_run(root / name, res.config, res.metrics, res.summary)
@@ -356,7 +357,8 @@ def test_volumes_equal_the_engines_metrics(runs):
 def test_validate_prints_the_table(runs, tmp_path):
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(runs), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
-    for needle in ("predicted", "measured", "sync", "bagpipe", "het", "runs within"):
+    for needle in ("predicted", "measured", "sync", "bagpipe", "het", "4 of 4 runs within",
+                   "note: left out 1 hotline run(s): simulate has no model of their traffic"):
         assert needle in r.output
     # in-process runs have no rank 0 link: their plan bytes are not checked, and it says so
     assert "rank 0's plan bytes not checked for 4 run(s): in-process" in " ".join(r.output.split())
@@ -467,6 +469,9 @@ def test_an_interrupted_simulate_names_no_checkpoints(tiny_dataset, tmp_path, mo
     monkeypatch.setattr(engine, "run", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt()))
     r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--iterations", "2", "--warmup", "0",
                                  "--out", str(tmp_path / "run")])
+    assert r.exit_code == 130 and r.output.strip() == "Error: interrupted; no output was written"
+    r = CliRunner().invoke(cli, ["train", str(tiny_dataset), "--iterations", "2", "--warmup", "0",
+                                 "--checkpoint-every", "1", "--out", str(tmp_path / "run")])
     assert r.exit_code == 130 and r.output.strip() == (
         "Error: interrupted; no output was written (checkpoints already written are kept)")
 

@@ -14,6 +14,7 @@ from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.systems.slipstream import threshold
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import ProfileConfig, run_profile
 
 KW = dict(batch_size=256, iterations=30, optimizer="adagrad", servers=2, seed=3,
@@ -172,6 +173,17 @@ def test_tracing_and_evaluating_change_no_parameter_of_the_phased_systems(tiny_d
     names = {e.get("name") for e in both.trace["traceEvents"]}
     if system == "hotline":
         assert "fetch issued" in names
+
+
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_each_new_system_trains_every_model(tiny_dataset, model):
+    """prefetch = sync bitwise, hotline = sync up to rounding, slipstream skips, on every model."""
+    kw = dict(data=str(tiny_dataset), model=model, trainers=2, **{**KW, "iterations": 8})
+    sync = train(TrainConfig(system="sync", **kw))
+    assert_same_parameters(sync, train(TrainConfig(system="prefetch", **kw)))
+    assert max_difference(sync, train(TrainConfig(system="hotline", **kw))) < ROUNDING_TOLERANCE
+    slip = train(TrainConfig(system="slipstream", drop_target=0.3, snapshot_every=2, **kw))
+    assert slip.summary["samples_skipped"] > 0 and math.isfinite(slip.summary["final_loss"])
 
 
 def test_the_registry_says_what_each_new_system_trains_against_sync():

@@ -68,10 +68,11 @@ def translate_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def interrupted_words() -> str:
-    """What an interrupted command leaves: no output; checkpoints are named only by a command
-    that writes them (`--checkpoint-every`), not by one that has none (simulate, profile...)."""
+    """What an interrupted command leaves: no output; checkpoints are named only by a run
+    that writes them (`--checkpoint-every N`), not by one that has none (simulate, profile,
+    a train without it...)."""
     ctx = click.get_current_context(silent=True)
-    ckpt = ctx is not None and any(p.name == "checkpoint_every" for p in ctx.command.params)
+    ckpt = ctx is not None and bool(ctx.params.get("checkpoint_every"))
     return "no output was written" + (" (checkpoints already written are kept)" if ckpt else "")
 
 

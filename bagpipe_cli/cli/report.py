@@ -29,7 +29,7 @@ RESULT_FILES = ("summary.json", "bench.json", "meta.json", "profile.json")
 
 @click.command(epilog="""\b
 Examples:
-  bagpipe report results/bench-quick-20250101-120000
+  bagpipe report results/successors
   bagpipe report results/bench-demo results/successors --out results/compare --format png,svg,html,md""")
 @click.argument("results", nargs=-1, required=True, type=InputPath())
 @click.option("--out", type=OutputPath("report"), default=None,

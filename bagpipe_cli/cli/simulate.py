@@ -188,6 +188,12 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
     with err_console.status("validating") as status:
         result = validate(*paths, progress=lambda i, n, r: status.update(f"[{i + 1}/{n}] {r}"))
     warn_skipped(result.skipped)
+    if result.unmodelled:
+        from bagpipe_cli.simulate.model import SYSTEMS
+
+        err_console.print("note: left out " + ", ".join(f"{n} {s} run(s)" for s, n in result.unmodelled.items())
+                          + f": simulate has no model of their traffic (it models {', '.join(SYSTEMS)})",
+                          highlight=False, soft_wrap=True)
     rows = result.rows
     tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
                       f"within ±{TOLERANCE:.0%} passes) and rank 0's plan bytes (±{BYTES_TOLERANCE:.0%})",

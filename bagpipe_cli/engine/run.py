@@ -2,7 +2,8 @@
 
 - an external system (the registry names its runner: TorchRec) -> that runner;
 - `--transport inproc` -> the in-process engine (`engine/local/runtime.py`: `train_in_process`);
-- `--transport torch` with `--procs` -> every rank as a local process (`spawn_train`);
+- `--transport torch` with `--procs` -> every rank as a local process (`spawn_train`), or
+  with `--master` this machine's share of them (the machine without rank 0 returns None);
 - `--transport torch` without -> this process is one rank of a torchrun job (`run_rank`):
   rank 0 returns the result, the other ranks None.
 """

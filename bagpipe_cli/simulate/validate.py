@@ -17,6 +17,7 @@ and runs from before the count have nothing to compare: they are skipped for tha
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +28,7 @@ from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import SkippedRun
 from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
 from bagpipe_cli.simulate.inputs import Volumes
-from bagpipe_cli.simulate.model import Prediction, predict
+from bagpipe_cli.simulate.model import SYSTEMS, Prediction, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
 
 TOLERANCE = 0.20  # |predicted / measured - 1| within which a run passes
@@ -95,17 +96,22 @@ class ValidationRow:
 
 @dataclass
 class ValidationResult:
-    """One row per readable run, and the runs skipped as unreadable."""
+    """One row per readable run, the runs skipped as unreadable, and how many runs of each
+    system the model has no traffic of were left out."""
 
     rows: list[ValidationRow]
     skipped: list[SkippedRun] = field(default_factory=list)
+    unmodelled: dict[str, int] = field(default_factory=dict)  # runs left out, by system
 
 
 def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = None
              ) -> ValidationResult:
     """Predict every readable run under `paths` from its own trace and calibration (runs
-    that cannot be read are skipped: `results.read_runs`)."""
+    that cannot be read are skipped: `results.read_runs`, and so are runs of a system the
+    model has no traffic of: hotline, slipstream)."""
     runs, skipped = read_measured_runs(*paths)
+    unmodelled = Counter(r.system for r in runs if r.system not in SYSTEMS)
+    runs = [r for r in runs if r.system in SYSTEMS]
     cache: dict[tuple, Volumes] = {}
     out = []
     for i, run in enumerate(runs):
@@ -120,7 +126,7 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
             cache[key] = vols[run.system]
         pred = predict(cache[key], run.cluster, run.workload, run.compute)
         out.append(ValidationRow(run, pred))
-    return ValidationResult(out, skipped)
+    return ValidationResult(out, skipped, dict(unmodelled))
 
 
 def validation_frame(rows: list[ValidationRow]) -> pd.DataFrame:
