@@ -44,6 +44,29 @@ def max_difference(a: Any, b: Any) -> float:
                + [float((da[k] - db[k]).abs().max()) for k in da])
 
 
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`bagpipe ARGS` in this process, `env` added to the environment while it runs, as a
+    CompletedProcess. A --procs run's ranks are still real processes (forked from the
+    session's fork server); only the launcher runs here, which saves each test the import
+    of torch a `bagpipe` process of its own pays. Tests of the launcher as a process (its
+    signals, its exit) use `bagpipe` instead."""
+    from click.testing import CliRunner
+
+    from bagpipe_cli.cli import cli
+
+    saved = {k: os.environ.get(k) for k in env or {}}
+    os.environ.update(env or {})
+    try:
+        r = CliRunner().invoke(cli, list(args))
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
+
+
 def bagpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """`python -m bagpipe_cli ARGS` as a real process."""
     return subprocess.run([sys.executable, "-m", "bagpipe_cli", *args], capture_output=True,

@@ -156,16 +156,14 @@ def test_procs_evaluations_equal_in_process(tiny_dataset, tmp_path):
     """Over torch.distributed rank 0 gathers the true tables as a checkpoint does (trainer
     0's resident rows over the servers' shards) and evaluates them: bitwise the in-process
     evaluations, every one."""
-    import subprocess
-    import sys
+    from helpers import run_cli
 
     kw = dict(batch_size=256, iterations=16, lookahead=8, optimizer="adagrad", trainers=2,
               servers=2, eval_rows=2000, eval_every=3, seed=5)
-    args = [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--procs", "5",
-            "--out", str(tmp_path / "d")]
+    args = ["train", str(tiny_dataset), "--procs", "5", "--out", str(tmp_path / "d")]
     for k, v in kw.items():
         args += [f"--{k.replace('_', '-')}", str(v)]
-    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    p = run_cli(*args)
     assert p.returncode == 0, p.stderr[-2000:]
     dist = open_run(tmp_path / "d")
     inproc = train(TrainConfig(data=str(tiny_dataset), **kw))

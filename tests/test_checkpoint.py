@@ -2,13 +2,11 @@
 
 import json
 import shutil
-import subprocess
-import sys
 
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from helpers import ROUNDING_TOLERANCE, assert_same_parameters, max_difference
+from helpers import ROUNDING_TOLERANCE, assert_same_parameters, max_difference, run_cli
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
@@ -154,17 +152,15 @@ def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, syst
     """Over torch.distributed (2 trainers, 2 servers): lru's replicated cache (victims written
     back by key % N) and local's whole tables checkpoint and resume exactly."""
     kw = {**KW, "iterations": 16}
-    argv = [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--system", system,
+    argv = ["train", str(tiny_dataset), "--system", system,
             *[x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))],
             "--procs", "5", "--checkpoint-every", "6", "--checkpoint-dir", str(tmp_path / "ck"),
             "--checkpoint-keep", "5", "--save-model", str(tmp_path / "m.pt")]
-    r = subprocess.run(argv + ["--out", str(tmp_path / "a")], capture_output=True, text=True, timeout=120)
+    r = run_cli(*argv, "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert [p.name for p in list_checkpoints(tmp_path / "ck")] == ["ckpt-00000012", "ckpt-00000006"]
     _keep_up_to(tmp_path / "ck", 6)
-    r = subprocess.run(argv + ["--out", str(tmp_path / "b"), "--resume", str(tmp_path / "ck"),
-                            "--overwrite"],
-                       capture_output=True, text=True, timeout=120)
+    r = run_cli(*argv, "--out", str(tmp_path / "b"), "--resume", str(tmp_path / "ck"), "--overwrite")
     assert r.returncode == 0, r.stderr[-2000:]
     ref = train(TrainConfig(data=str(tiny_dataset), system=system, **kw))
     assert_same_parameters(tmp_path / "m.pt", ref)

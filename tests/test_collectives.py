@@ -11,7 +11,7 @@ import sys
 
 import pytest
 import torch
-from helpers import assert_same_parameters, communicate_all
+from helpers import assert_same_parameters, communicate_all, run_cli
 
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.launch.processes import free_port
@@ -81,9 +81,8 @@ def test_three_trainers_train_alike_with_every_collective(tiny_dataset, tmp_path
     for kind in ("exact", "allreduce"):
         out = tmp_path / kind
         args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items()]
-        r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), *args,
-                            "--collective", kind, "--procs", "5", "--out", str(out),
-                            "--save-model", f"{out}.pt"], capture_output=True, text=True, timeout=180)
+        r = run_cli("train", str(tiny_dataset), *args, "--collective", kind, "--procs", "5",
+                    "--out", str(out), "--save-model", f"{out}.pt")
         assert r.returncode == 0, r.stderr[-2000:]
         if kind == "allreduce":
             got = torch.load(f"{out}.pt")

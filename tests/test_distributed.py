@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import assert_same_parameters, communicate_all
+from helpers import assert_same_parameters, communicate_all, run_cli
 
 from bagpipe_cli.data import DatasetWriter, TableSpec, open_dataset
 from bagpipe_cli.data.format import table_offsets
@@ -39,11 +39,11 @@ KW = dict(batch_size=256, iterations=16, lookahead=4, optimizer="adagrad", train
 NO_CUDA = not torch.cuda.is_available()
 
 
-def _run(tmp_path, data, name, *extra, env=None, timeout=120):
-    cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), *ARGS, *extra,
-           "--out", str(tmp_path / name), "--save-model", str(tmp_path / f"{name}.pt")]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+def _run(tmp_path, data, name, *extra, env=None) -> subprocess.CompletedProcess:
+    """`bagpipe train DATA ARGS EXTRA --out NAME --save-model NAME.pt`, its launcher in this
+    process (`helpers.run_cli`)."""
+    return run_cli("train", str(data), *ARGS, *extra, "--out", str(tmp_path / name),
+                   "--save-model", str(tmp_path / f"{name}.pt"), env=env)
 
 
 def s_model(cfg: TrainConfig):
@@ -202,8 +202,7 @@ def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_
     what the servers received, kind by kind."""
     n = 8
     args = ["--trainers", str(n), "--iterations", "8", "--optimizer", "sgd", "--lookahead", "4"]
-    r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(n + 2),
-             timeout=240)
+    r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(n + 2))
     assert r.returncode == 0, r.stderr[-2000:]
     cfg = TrainConfig(data=str(tiny_dataset), **{**KW, "trainers": n, "iterations": 8,
                                                  "optimizer": "sgd", "lookahead": 4})

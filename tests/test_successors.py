@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import ROUNDING_TOLERANCE, assert_same_parameters, bagpipe, max_difference
+from helpers import ROUNDING_TOLERANCE, assert_same_parameters, max_difference, run_cli
 
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.data.format import table_offsets
@@ -148,7 +148,7 @@ def test_slipstream_skipping_over_procs_equals_in_process(tiny_dataset, tmp_path
               eval_rows=1000)
     for system, extra in (("slipstream", {"drop_target": 0.3, "snapshot_every": 3}),):
         opts = [x for k, v in extra.items() for x in (f"--{k.replace('_', '-')}", str(v))]
-        r = bagpipe("train", str(tiny_dataset), "--system", system, *args, *opts,
+        r = run_cli("train", str(tiny_dataset), "--system", system, *args, *opts,
                     "--out", str(tmp_path / system), "--save-model", str(tmp_path / f"{system}.pt"))
         assert r.returncode == 0, r.stderr[-2000:]
         inproc = train(TrainConfig(data=str(tiny_dataset), system=system, **kw, **extra))

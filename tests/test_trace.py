@@ -9,13 +9,12 @@ file with measured clock offsets.
 
 import json
 import re
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pandas as pd
 import pytest
+from helpers import run_cli
 
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.trace import NO_TRACE, Tracer, trace_document
@@ -194,11 +193,11 @@ def test_no_trace_records_nothing_and_costs_no_allocation(tiny_dataset):
 def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     """--procs: rank 0 writes one trace with every rank's tracks; the offsets measured at
     start-up are small on one machine (one monotonic clock), and within half a round trip."""
-    args = [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--system", "bagpipe",
+    args = ["train", str(tiny_dataset), "--system", "bagpipe",
             "--batch-size", "256", "--iterations", "16", "--lookahead", "4", "--optimizer",
             "adagrad", "--trainers", "2", "--servers", "1", "--eval-rows", "1000", "--seed", "1",
             "--procs", "4", "--trace", str(tmp_path / "dist.json"), "--out", str(tmp_path / "run")]
-    p = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    p = run_cli(*args)
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads((tmp_path / "dist.json").read_text())
     procs, slices = _check_document(doc)
