@@ -1,6 +1,6 @@
 """Every README example, as a new user runs it: in order, from a shell, as written.
 
-    python benchmarks/readme_examples.py [--dir DIR] [--venv PATH] [--all] [--out FILE.md]
+    .venv/bin/python benchmarks/readme_examples.py [--dir DIR] [--venv PATH] [--all] [--out FILE.md]
 
 Clones this repository's HEAD into DIR (default: a new temporary folder), runs the README's
 two set-up commands' install (`make setup`; `--venv PATH` links an installed environment

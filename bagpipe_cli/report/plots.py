@@ -83,7 +83,11 @@ def plot_speedup(summary: pd.DataFrame, subtitle: str) -> Figure | None:
         return None
     settings = list(dict.fromkeys(s["setting"]))
     variants = list(dict.fromkeys(s["variant"]))
-    n = len(variants)
+    # Each setting's group holds the variants it has, side by side and centred (results of
+    # two benches with other systems leave no empty slots).
+    present = {st: [v for v in variants if ((s["variant"] == v) & (s["setting"] == st)).any()]
+               for st in settings}
+    n = max(len(p) for p in present.values())
     width = 0.8 / n
     fig = Figure(figsize=(max(8, 1.2 + len(settings) * (0.5 + 0.55 * n)), 5.8), dpi=DPI,
                  layout="constrained")
@@ -95,14 +99,14 @@ def plot_speedup(summary: pd.DataFrame, subtitle: str) -> Figure | None:
         hatch_of[v] = HATCHES[per_system.get(sysname, 0) % len(HATCHES)]
         per_system[sysname] = per_system.get(sysname, 0) + 1
     top = 1.0
-    for i, v in enumerate(variants):
+    for v in variants:
         xs, ys, lo, hi = [], [], [], []
         for j, st in enumerate(settings):
             row = s[(s["variant"] == v) & (s["setting"] == st)]
             if row.empty:
                 continue
             r = row.iloc[0]
-            xs.append(j - 0.4 + width * (i + 0.5))
+            xs.append(j + width * (present[st].index(v) + 0.5 - len(present[st]) / 2))
             ys.append(r["speedup"])
             lo.append(max(r["speedup"] - r["speedup_p10"], 0) if not math.isnan(r["speedup_p10"]) else 0)
             hi.append(max(r["speedup_p90"] - r["speedup"], 0) if not math.isnan(r["speedup_p90"]) else 0)
@@ -119,7 +123,7 @@ def plot_speedup(summary: pd.DataFrame, subtitle: str) -> Figure | None:
     ax.set_ylim(0, top * 1.15 + 0.05)
     ax.set_ylabel("speed-up over sync (× samples/s of sync)")
     ax.set_xlabel("setting")
-    ax.legend(fontsize=9, ncols=min(4, n + 1), loc="upper left", frameon=True)
+    ax.legend(fontsize=9, ncols=min(4, len(variants) + 1), loc="upper left", frameon=True)
     _title(ax, "Training throughput relative to sync (median over repeats; bars: p10–p90)",
            subtitle)
     return fig
