@@ -200,6 +200,7 @@ def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypat
     ("", "[sync, warp]", "unknown system 'warp'"),
     ("unknown_top: 1", "[sync, bagpipe]", "unknown key 'unknown_top'"),
     ("  net: [{label: a, net_gbps: fast}]", "[sync]", "matrix.net[0].net_gbps"),
+    ("  master: ['10.0.0.1:29500']", "[sync]", "a bench starts every rank of its runs on this machine"),
 ])
 def test_bad_config_is_one_line_exit_2(tmp_path, tiny_dataset, extra, systems, needle):
     cfg = _config(tmp_path, tiny_dataset, extra, systems)

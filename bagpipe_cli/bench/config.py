@@ -197,6 +197,9 @@ def _setting(key: str, v: Any, tf: dict[str, Any], where: str, what: str) -> Any
     if key == "trace":
         raise ConfigError(f"{where}: {what}: write `trace: true` at the top of the bench file; "
                           "each run's trace goes into its folder as trace.json")
+    if key in ("master", "node_rank"):
+        raise ConfigError(f"{where}: {what}: a bench starts every rank of its runs on this "
+                          "machine; --master and --node-rank are for `bagpipe train` on several")
     if key not in tf:
         allowed = ", ".join(k for k in tf if k not in RESERVED_FIELDS)
         raise ConfigError(f"{where}: unknown key {what!r}; training settings are: {allowed}")
