@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -85,7 +84,7 @@ def main() -> int:
         for s in said:
             print(f"    {s}", flush=True)
     table = ["| README line | exit | wall | what it said |", "|---|---:|---:|---|"]
-    table += [f"| `{shlex.quote(x) if '|' in x else x}` | {rc} | {t} | {s} |" for x, rc, t, s in rows]
+    table += [f"| `{x}` | {rc} | {t} | {s} |" for x, rc, t, s in rows]
     if a.out:
         a.out.write_text("\n".join(table) + "\n")
     print("\n".join(table))

@@ -50,20 +50,14 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
     session's fork server); only the launcher runs here, which saves each test the import
     of torch a `bagpipe` process of its own pays. Tests of the launcher as a process (its
     signals, its exit) use `bagpipe` instead."""
+    from unittest import mock
+
     from click.testing import CliRunner
 
     from bagpipe_cli.cli import cli
 
-    saved = {k: os.environ.get(k) for k in env or {}}
-    os.environ.update(env or {})
-    try:
+    with mock.patch.dict(os.environ, env or {}):
         r = CliRunner().invoke(cli, list(args))
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
     return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
 
 

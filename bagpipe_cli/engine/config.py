@@ -262,30 +262,30 @@ class TrainConfig:
 
     def _check_nodes(self) -> None:
         """--master and --node-rank: one machine of a job that --procs starts on several."""
+        if self.master is None and self.node_rank:
+            raise ConfigError("--node-rank: a job on several machines needs --master HOST:PORT")
         if self.master is None:
-            if self.node_rank:
-                raise ConfigError("--node-rank: a job on several machines needs --master HOST:PORT")
             return
-        if self.procs is None:
-            raise ConfigError("--master: each machine starts its ranks with --procs P (torchrun "
-                              "jobs take MASTER_ADDR/MASTER_PORT from torchrun)")
-        if self.net_shape:
-            raise ConfigError("--net-shape shapes one machine's processes: drop --master")
-        host, _, port = self.master.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        if self.procs is None or self.net_shape:
+            raise ConfigError("--master: each machine starts its ranks with --procs P (torchrun jobs "
+                              "take MASTER_ADDR/MASTER_PORT from torchrun), without --net-shape")
+        if self.master_address is None:
             raise ConfigError(f"--master {self.master!r}: give HOST:PORT, e.g. 10.0.0.1:29500")
-        if self.world_size % self.procs:
-            raise ConfigError(f"--procs {self.procs}: the job's 1 + {self.servers} + "
-                              f"{self.trainers} = {self.world_size} ranks do not split into "
-                              f"machines of {self.procs}")
-        if self.node_rank >= self.nodes:
+        nodes, rest = divmod(self.world_size, self.procs)
+        if rest:
+            raise ConfigError(f"--procs {self.procs}: the job's 1 + {self.servers} + {self.trainers} "
+                              f"= {self.world_size} ranks do not split into machines of {self.procs}")
+        if self.node_rank >= nodes:
             raise ConfigError(f"--node-rank {self.node_rank}: {self.world_size} ranks at --procs "
-                              f"{self.procs} make {self.nodes} machines, 0..{self.nodes - 1}")
+                              f"{self.procs} make {nodes} machines, 0..{nodes - 1}")
 
     @property
-    def nodes(self) -> int:
-        """Machines of a --procs job: 1, or the world size over --procs with --master."""
-        return self.world_size // self.procs if self.master and self.procs else 1
+    def master_address(self) -> tuple[str, int] | None:
+        """--master as (host, port) ("[::1]:29500" -> ("::1", 29500)); None if not HOST:PORT."""
+        host, _, port = (self.master or "").rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            return None
+        return host.strip("[]"), int(port)
 
     def _check_output(self) -> None:
         if self.target_auc is not None:

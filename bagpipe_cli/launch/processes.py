@@ -38,17 +38,6 @@ def free_port() -> int:
         return sk.getsockname()[1]
 
 
-def rank_env(rank: int, world: int, port: int, first: int = 0, here: int | None = None,
-             addr: str = "127.0.0.1") -> dict[str, str]:
-    """The environment of rank `rank` of a job whose ranks first..first+here-1 run on this
-    machine (all of them, on loopback, by default), meeting at addr:port: what torchrun sets."""
-    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank - first), "LOCAL_WORLD_SIZE": str(here or world),
-            "MASTER_ADDR": addr, "MASTER_PORT": str(port),
-            # c10d's own socket errors (with C++ stacks); our one-line errors say what failed
-            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "FATAL")}
-
-
 @dataclass(frozen=True)
 class Machine:
     """This machine's part of a job on several (--master, --node-rank, --procs): ranks
@@ -58,6 +47,15 @@ class Machine:
     port: int
     first: int
     procs: int
+
+
+def rank_env(rank: int, world: int, m: Machine) -> dict[str, str]:
+    """The environment of rank `rank` of a job whose ranks `m` runs here: what torchrun sets."""
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world),
+            "LOCAL_RANK": str(rank - m.first), "LOCAL_WORLD_SIZE": str(m.procs),
+            "MASTER_ADDR": m.addr, "MASTER_PORT": str(m.port),
+            # c10d's own socket errors (with C++ stacks); our one-line errors say what failed
+            "TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "FATAL")}
 
 
 class _Job:
@@ -73,7 +71,7 @@ class _Job:
         self.readers: list[threading.Thread] = []
         for rank in range(m.first, m.first + m.procs):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
-            cmd, env = command, rank_env(rank, world, m.port, m.first, m.procs, m.addr)
+            cmd, env = command, rank_env(rank, world, m)
             if shaped is not None:  # the rank in its namespace, rank 0 at its address there
                 cmd, env = shaped.command(rank, command), {**env, **shaped.env(rank)}
             server = forkserver.connect() if shaped is None and cmd[1:2] == ["-c"] else None

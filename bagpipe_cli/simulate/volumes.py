@@ -75,12 +75,11 @@ class TraceConfig:
                               "trainers")
 
 
-def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int,
+def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int, train_rows: int,
                  on_batch: Callable[[], None] | None = None) -> Callable[[], Iterator[np.ndarray]]:
-    """The global keys [B*T] of every iteration, the batches `bagpipe train` reads
-    (`on_batch()` after each one read, in every pass)."""
+    """The global keys [B*T] of every iteration, the batches `bagpipe train` reads from its
+    `train_rows` (`on_batch()` after each one read, in every pass)."""
     offsets = table_offsets(ds.meta.cardinalities)
-    train_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]  # as train splits off its tail
 
     def gen() -> Iterator[np.ndarray]:
         for b in range(iterations):
@@ -108,10 +107,10 @@ def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
             raise ConfigError(f"--systems: unknown system {s.name!r}; choose from {', '.join(SYSTEMS)}")
     ds = open_dataset(cfg.data)
     rows = int(sum(ds.meta.cardinalities))
-    train_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]
+    train_rows = split_rows(ds, cfg.batch_size, cfg.eval_rows)[0]  # as train splits off its tail
     iterations = cfg.iterations or train_rows // cfg.batch_size
     _admit(cfg, ds.meta.cardinalities, iterations, specs)
-    t = _Trace(cfg, _key_batches(ds, cfg, iterations, on_batch), iterations, rows)
+    t = _Trace(cfg, _key_batches(ds, cfg, iterations, train_rows, on_batch), iterations, rows)
     t.info.update({"iterations": iterations, "embedding_rows": t.total, "tables": ds.meta.num_tables,
                    "dense_features": ds.meta.num_dense, "dataset_rows": ds.rows,
                    "train_rows": train_rows})

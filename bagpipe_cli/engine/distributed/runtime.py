@@ -196,8 +196,7 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
         trainer_devices(cfg, layout, [rank_facts()] * layout.world)  # every rank runs here
         admit(cfg)  # every rank and this process fit this machine's memory, before any starts
     else:  # the ranks check every machine's devices and memory from its own facts
-        host, port = cfg.master.rsplit(":", 1)
-        machine = Machine(host.strip("[]"), int(port), cfg.node_rank * cfg.procs, cfg.procs)
+        machine = Machine(*cfg.master_address, cfg.node_rank * cfg.procs, cfg.procs)
     with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
         conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
         conf.write_text(json.dumps(asdict(cfg), default=json_default))
