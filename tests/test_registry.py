@@ -228,6 +228,8 @@ CODE_SUBSETS = {
         "the measured in-process runs of the `runs` fixture",
     ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "lru", "local"})):
         "a cluster file's systems, and the predictions made of it",
+    ("tests/test_checkpoint.py", frozenset({"lru", "hotline", "local"})):
+        "resumed over torch.distributed: victims written back, a split batch, whole tables",
     ("benchmarks/bench_feed.py", frozenset({"local", "sync", "bagpipe"})):
         "the default --systems timed: one without a view of U_b, two with",
     ("benchmarks/bench_gpu.py", frozenset({"local", "sync", "bagpipe"})):

@@ -4,10 +4,11 @@ Every system except `het` with staleness > 0 trains the same parameters whatever
 so a checkpoint holds only the *true* parameters: the full tables (the servers' shards with
 every row resident in a trainer cache laid over them, since the cache holds the newer
 value), the dense model and its optimizer, the next iteration `b`, the torch RNG state and
-the metrics rows so far. A resumed run starts at `b` with an empty cache and a fresh
-oracle over batches b.. (the oracle is deterministic; batch b's data is the same), so its
-parameters and loss curve are bitwise those of a run that was never stopped (hotline's: up
-to the order of summation, since it splits each batch by what is cached).
+the metrics rows so far. A resumed run starts at `b` with a fresh oracle over batches b..
+and an empty cache (the oracle is deterministic; batch b's data is the same), or, for a
+fixed-capacity cache, with the rows the run never stopped held at `b`, fetched back first
+(`engine/planner.py`), so its parameters and loss curve are bitwise those of that run
+(hotline's too, though it splits each batch by what is cached).
 
 Layout (one directory per checkpoint, written with `io.atomic_dir`: temp + rename):
 

@@ -306,3 +306,4 @@ class TrainingLoop:
         if sync.later_sum is not None:
             self._pending.append(_Later(plan, sync.later, sync.later_sum, deferred))
         step.rows_written_back = written + (self.system.pre_evicted if first_of_round else 0)
+        step.rows_fetched += self.system.warmed if first_of_round else 0

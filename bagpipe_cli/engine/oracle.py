@@ -107,6 +107,9 @@ class RoundPlan:
     # (None: every row goes to every trainer).
     fetch_owner: np.ndarray | None = None
     capacity: int | None = None  # cache slots the plan needs from this round on (None: no cache)
+    # A resumed fixed-capacity cache's first round: (keys, slots) of the rows a run never
+    # stopped would hold here, fetched into their slots before anything else (`planner.py`).
+    warm: tuple[np.ndarray, np.ndarray] | None = None
 
     def fetch_for(self, i: int, count: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(keys, slots) trainers i..i+count-1 fetch: every row except the other trainers'

@@ -13,7 +13,10 @@
 A `PolicyPlanner` produces the same RoundPlans as the Oracle, one iteration per round and
 nothing prefetched ahead: a round's misses are fetched when it starts, and the iteration
 waits for them; the policy's victims are written back before them (`pre_evict`), its
-after-batch rows after the iteration (`evict`).
+after-batch rows after the iteration (`evict`). A run resumed at iteration `start` plans
+over the whole run's trace, replays the policy's decisions on batches 0..start-1, and
+fetches the rows the cache then holds first (`RoundPlan.warm`): from `start` on, its
+plans are those of the run that was never stopped.
 """
 
 from __future__ import annotations
@@ -50,8 +53,8 @@ class PolicyPlanner:
     """Plans a fixed-capacity cache over a known trace by its policy's `decisions`
     (`EvictingDecisions`, `HotSetDecisions`: see the module docstring)."""
 
-    def __init__(self, decisions: Any, trace: Trace, total_rows: int):
-        self.decisions, self.trace = decisions, trace
+    def __init__(self, decisions: Any, trace: Trace, total_rows: int, start: int = 0):
+        self.decisions, self.trace, self.start = decisions, trace, start
         self.slots = decisions.slots  # physical cache rows the plan needs
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
         self.keysets = KeySets(total_rows)
@@ -73,11 +76,26 @@ class PolicyPlanner:
         self.free.extend(slots.tolist())
         return slots
 
+    def _warm(self) -> tuple[np.ndarray, np.ndarray]:
+        """Replay the decisions on batches 0..start-1; (keys, slots) then resident."""
+        for b in range(self.start):
+            d = self.decisions.step(b, np.sort(self.trace.batch(b)))
+            self._release(d.before)
+            self._take(d.fetch)
+            self._release(d.after)
+        keys = np.flatnonzero(self.slot_of >= 0)
+        return keys, self.slot_of[keys]
+
     def plan(self, batches: Iterable[np.ndarray | UniqueKeys]) -> Iterator[RoundPlan]:
-        """`batches` yields each iteration's keys (or their UniqueKeys); yields round plans."""
+        """`batches` yields the keys (or UniqueKeys) of each iteration from `start` on;
+        yields round plans, numbered from 0 at `start` (as the oracle's)."""
         tr = self.trace
-        for b, keys in enumerate(batches):
+        t0 = time.perf_counter()
+        warm = self._warm()
+        self.seconds += time.perf_counter() - t0
+        for i, keys in enumerate(batches):
             t0 = time.perf_counter()
+            b = self.start + i
             uniq, inverse = self.keysets.of(keys)
             if len(tr.batch(b)) != len(uniq):
                 raise RuntimeError("trace does not match the batch stream")
@@ -89,17 +107,19 @@ class PolicyPlanner:
             slots = self.slot_of[uniq]
             after_slots = self._release(d.after)
             # The cache is replicated on every trainer: every row's gradient is all-reduced.
-            it = IterPlan(b, uniq, inverse, slots, len(d.fetch), d.after, after_slots,
+            it = IterPlan(i, uniq, inverse, slots, len(d.fetch), d.after, after_slots,
                           sync_now=len(uniq), sync_later=0, no_sync=0,
                           no_sync_owner_rows=np.zeros(1, np.int64))
-            rp = RoundPlan(b, d.fetch, fetch_slots, [it], resident_after_insert=resident,
+            rp = RoundPlan(i, d.fetch, fetch_slots, [it], resident_after_insert=resident,
                            pre_evict_keys=d.before, pre_evict_slots=pre_slots)
+            if i == 0 and self.start:
+                rp.warm = warm
             self.seconds += time.perf_counter() - t0
             self.iterations_planned += 1
             yield rp
         # A last round without iterations writes every resident row back.
         resident = np.flatnonzero(self.slot_of >= 0)
-        yield RoundPlan(len(tr), np.empty(0, np.int64), np.empty(0, np.int32), [],
+        yield RoundPlan(len(tr) - self.start, np.empty(0, np.int64), np.empty(0, np.int32), [],
                         pre_evict_keys=resident, pre_evict_slots=self._release(resident))
 
     @property
@@ -148,12 +168,12 @@ def no_plan(s: RunSetup, start: int = 0) -> Planning:
     return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None, lrpp=False))
 
 
-def _peak(s: RunSetup, start: int) -> tuple[int, int]:
-    """(bagpipe's peak at --lookahead, the capacity: --cache-rows or that peak). A planning
-    pass (the oracle is deterministic) gives the peak before any training; the baselines'
+def _peak(s: RunSetup) -> tuple[int, int]:
+    """(bagpipe's peak at --lookahead over the whole run, the capacity: --cache-rows or that
+    peak). A planning pass (the oracle is deterministic) gives the peak before any training; the baselines'
     default capacity is the memory Bagpipe needs, as in `bagpipe profile`."""
     cfg = s.cfg
-    peak, _ = plan_peak(key_batches(s.ds, cfg, s.train_rows, s.offsets, start), s.total_rows,
+    peak, _ = plan_peak(key_batches(s.ds, cfg, s.train_rows, s.offsets, 0), s.total_rows,
                         cfg.lookahead, cfg.round)
     return peak, cfg.cache_rows or max(peak, 1)
 
@@ -177,9 +197,12 @@ def policy_plan(name: str) -> PlanBuilder:
         raise ValueError(f"policy {name!r} has no decisions a trainer can follow")
 
     def build(s: RunSetup, start: int = 0) -> Planning:
-        peak, capacity = _peak(s, start)
-        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets, start), s.total_rows)
-        planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows)
+        # A resumed run plans the whole run (its capacity, hot set and cache state at
+        # `start` are those of the run never stopped): see the module docstring.
+        peak, capacity = _peak(s)
+        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets, 0), s.total_rows)
+        planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows,
+                                start)
         return Planning(planner, peak, capacity)
 
     return build

@@ -99,8 +99,8 @@ class SystemSpec:
     up_to_order: bool = False  # when not exact: sync's parameters up to the order in which
     #                            gradients are summed (hotline), not an approximation
     resumable: bool = True  # when not exact, a checkpoint still holds the parameters it
-    #                         trains (hotline: resumed = straight up to rounding; het's stale
-    #                         copies it does not hold)
+    #                         trains (hotline's, bitwise; not het's stale copies or
+    #                         slipstream's snapshots)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
     install: str | None = None  # how to install an external runner's library
     role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"

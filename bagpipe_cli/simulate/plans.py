@@ -9,11 +9,11 @@ rounds. `tests/test_simulate.py` holds these formulas equal to `wire.encode` of 
 (to a few bytes) and to the bytes real runs count. With `kb` the bytes of a key (4 where
 every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1:
 
-    lookahead (bagpipe)   734 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
-    policy (lru/lfu/fae)  825 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
-                          410 + R (kb + 4)       the last round: every resident row written back
-    global view (het, local)   733 + U kb + 16 N                      (one iteration a round)
-    no global view (sync)      711 + 16 N
+    lookahead (bagpipe)   757 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
+    policy (lru/lfu/fae)  843 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
+                          423 + R (kb + 4)       the last round: every resident row written back
+    global view (het, local)   752 + U kb + 16 N                      (one iteration a round)
+    no global view (sync)      730 + 16 N
     the end of the plans       31
 
 F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
@@ -42,13 +42,13 @@ ROW_CLASS = 1  # int8 LRPP class of a row (bagpipe)
 PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per iteration
 
 # The fixed part of an encoded round (bytes), measured on wire.encode(shared_round(...)).
-LOOKAHEAD_ROUND = 734
+LOOKAHEAD_ROUND = 757
 LOOKAHEAD_ITER = 264
 UNCLASSED_ITER = 194  # an iteration without LRPP classes and users (prefetch)
-POLICY_ROUND = 825  # a policy round: always one iteration
-POLICY_LAST = 410  # the write-back round after the last iteration (no iterations)
-VIEW_ROUND = 733  # U_b and nothing else
-COUNT_ROUND = 711  # |U_b| alone
+POLICY_ROUND = 843  # a policy round: always one iteration
+POLICY_LAST = 423  # the write-back round after the last iteration (no iterations)
+VIEW_ROUND = 752  # U_b and nothing else
+COUNT_ROUND = 730  # |U_b| alone
 END = 31  # the None that ends the plans
 RELAY_FANOUT = 2  # engine/distributed/relay.py's FANOUT (a test holds them equal): the trainers
 #                   a trainer passes each plan on to

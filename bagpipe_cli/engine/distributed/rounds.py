@@ -7,7 +7,7 @@ position of each of its accesses in U_b itself (`RoundMaker`).
 
 The plan (`shared_round`) holds what every trainer needs and cannot compute from its own
 samples: per round the fetched rows, their slots and private owner (each trainer picks its
-own with `RoundPlan.fetch_for`), the pre-evicted rows; per iteration U_b, the slots, the
+own with `RoundPlan.fetch_for`), the pre-evicted rows (and a resumed cache's warm rows); per iteration U_b, the slots, the
 LRPP classes, each row's one user and the evictions. Keys travel as int32 where the key
 space fits, a row's user as int16; the trainer widens them back, so it computes on exactly
 the values in-process training does. A system whose trainers need no view of the global
@@ -45,6 +45,7 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
     owner = rp.fetch_owner.astype(np.int16) if rp.fetch_owner is not None else None
     return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner,
                    pre_evict_keys=rp.pre_evict_keys.astype(keys),
+                   warm=None if rp.warm is None else (rp.warm[0].astype(keys), rp.warm[1]),
                    iters=[_shared_iter(p, keys) for p in rp.iters])
 
 
@@ -74,6 +75,8 @@ class RoundMaker:
     def __call__(self, rp: RoundPlan) -> Round:
         rp.fetch_keys = rp.fetch_keys.astype(np.int64)
         rp.pre_evict_keys = rp.pre_evict_keys.astype(np.int64)
+        if rp.warm is not None:
+            rp.warm = (rp.warm[0].astype(np.int64), rp.warm[1])
         dense, labels = [], []
         for p in rp.iters:
             keys, d, y = self.read(p.b)

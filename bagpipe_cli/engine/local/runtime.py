@@ -116,7 +116,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     model, dense_opt = build_dense(cfg, s.mcfg, device)
     if ck is None:
         servers = init_shards(s.cardinalities, s.row_dim, cfg.servers, cfg.seed, s.rowopt.init_state)
-    else:  # the checkpoint's true parameters; the cache starts empty
+    else:  # the checkpoint's true parameters (a cache's rows are fetched from them)
         servers = shards_from_tables(ck.weight, ck.state, cfg.servers)
         restore_dense(model, dense_opt, ck.dense, ck.dense_optimizer, ck.rng)
     tracer = Tracer() if cfg.trace else NO_TRACE

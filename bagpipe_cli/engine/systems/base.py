@@ -87,6 +87,7 @@ class EmbeddingSystem(ABC):
         self.device = torch.device(device)
         self._pending: list[Future] = []  # write-backs and pushes not known to have landed
         self.pre_evicted = 0  # rows written back at the current round's start
+        self.warmed = 0  # rows a resumed cache fetched back at the current round's start
         self.written_back_at_end = 0  # rows still resident when training ended
 
     def begin_round(self, rp: RoundPlan, next_rp: RoundPlan | None) -> float:

@@ -70,10 +70,16 @@ class CacheSystem(EmbeddingSystem):
 
     def make_room(self, rp: RoundPlan) -> None:
         """A round's start before its rows arrive: grow the cache if the plan's capacity grew
-        (a growing oracle's) and write back the round's victims (lru/lfu)."""
-        self.pre_evicted = 0
+        (a growing oracle's), put a resumed cache's rows back (waited for: the round's plan
+        counts on them) and write back the round's victims (lru/lfu)."""
+        self.pre_evicted = self.warmed = 0
         if rp.capacity is not None and rp.capacity > self.cache.capacity:
             self._grow(rp.capacity)
+        if rp.warm is not None:
+            keys, slots = rp.warm
+            with self.tracer.span("warm cache", "request", rows=len(keys)):
+                self._put(keys, slots, self.transport.fetch(keys))
+            self.warmed = len(keys)
         if len(rp.pre_evict_keys):
             mine = self.trainers.shares(rp.pre_evict_keys)
             with self.tracer.span("evict", "evict", rows=int(mine.sum())):
@@ -85,7 +91,9 @@ class CacheSystem(EmbeddingSystem):
 
     def insert(self, rp: RoundPlan, fetched: RowsFuture) -> None:
         """Wait for round `rp`'s rows (`fetched`) and put them in their slots."""
-        keys, slots = self._fetch_of(rp)
+        self._put(*self._fetch_of(rp), fetched)
+
+    def _put(self, keys: np.ndarray, slots: np.ndarray, fetched: RowsFuture) -> None:
         rows, state = fetched.result()  # landed
         with self.tracer.span("insert rows", "insert", rows=len(keys)):
             self.cache.insert(slots, rows, state)
