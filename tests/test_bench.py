@@ -198,6 +198,10 @@ def test_interrupted_bench_keeps_finished_runs(tmp_path, tiny_dataset, monkeypat
 @pytest.mark.parametrize("extra,systems,needle", [
     ("  frobnicate: [1, 2]", "[sync, bagpipe]", "frobnicate"),
     ("", "[sync, warp]", "unknown system 'warp'"),
+    # a setting given to one system that never reads it (a matrix's or base's is reset instead)
+    ("", "[sync, {name: prefetch, lookahead: [1, 2]}]",
+     "systems[1].lookahead: prefetch does not read it (read by bagpipe, lru"),
+    ("", "[{name: hotline, staleness: 2}]", "systems[0].staleness: hotline does not read it (read by het)"),
     ("unknown_top: 1", "[sync, bagpipe]", "unknown key 'unknown_top'"),
     ("  net: [{label: a, net_gbps: fast}]", "[sync]", "matrix.net[0].net_gbps"),
     ("  master: ['10.0.0.1:29500']", "[sync]", "a bench starts every rank of its runs on this machine"),

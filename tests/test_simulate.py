@@ -493,6 +493,7 @@ def test_no_compute_is_a_prediction_not_a_traceback(tiny_dataset, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
+    (["--systems", "sync,hotline", "--compute-ms", "1"], "--systems: hotline has no performance model yet"),
     (["--compute-ms", "1", "--calibrate", "RUNS"], "either --compute-ms or --calibrate"),
     ([], "give the compute time"),
     (["--compute-ms", "1", "--sweep-gbps", ""], "--sweep-gbps: give at least one bandwidth"),

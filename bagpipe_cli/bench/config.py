@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
-from bagpipe_cli.bench.plan import plan_runs, slugify, train_fields, value_label
+from bagpipe_cli.bench.plan import ignored_settings, plan_runs, slugify, train_fields, value_label
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
@@ -135,6 +135,11 @@ def _systems(v: Any, tf: dict[str, Any], where: str, known: tuple[str, ...]
         if name in names:
             raise ConfigError(f"{where}: systems lists {name!r} twice")
         names.append(name)
+        unread = sorted(ignored_settings(name) & own.keys())
+        if unread:  # set for this system alone, so a setting it never reads is a mistake
+            readers = [s for s in known if unread[0] not in ignored_settings(s)]
+            raise ConfigError(f"{where}: systems[{i}].{unread[0]}: {name} does not read it "
+                              f"(read by {', '.join(readers)})")
         if own:
             axes[name] = _matrix(own, tf, where, prefix=f"systems[{i}]")
     return tuple(names), axes

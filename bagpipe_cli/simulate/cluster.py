@@ -132,8 +132,9 @@ class SimulateConfig:
             raise ConfigError("--systems: give at least one system")
         for i, s in enumerate(self.systems):
             if s not in SYSTEMS:
-                known = "has no performance model yet" if s in ALL_SYSTEMS else "unknown system"
-                raise ConfigError(f"--systems: {known} {s!r}; choose from {', '.join(SYSTEMS)}")
+                why = (f"{s} has no performance model yet" if s in ALL_SYSTEMS
+                       else f"unknown system {s!r}")
+                raise ConfigError(f"--systems: {why}; choose from {', '.join(SYSTEMS)}")
             if s in self.systems[:i]:
                 raise ConfigError(f"--systems lists {s} twice")
         check_settings(self)
