@@ -70,10 +70,10 @@ def batch_start(cfg: TrainConfig, train_rows: int, b: int) -> int:
     return (b % (train_rows // cfg.batch_size)) * cfg.batch_size
 
 
-def key_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray,
-                start: int = 0) -> Iterator[np.ndarray]:
-    """The global row keys [B*T] of batches start.. (planning passes, simulated volumes)."""
-    for b in range(start, cfg.iterations):
+def key_batches(ds: Dataset, cfg: TrainConfig, train_rows: int, offsets: np.ndarray
+                ) -> Iterator[np.ndarray]:
+    """The global row keys [B*T] of every batch of the run (planning passes)."""
+    for b in range(cfg.iterations):
         lo = batch_start(cfg, train_rows, b)
         yield ds.keys_block(lo, lo + cfg.batch_size, offsets)
 

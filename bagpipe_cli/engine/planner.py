@@ -170,10 +170,10 @@ def no_plan(s: RunSetup, start: int = 0) -> Planning:
 
 def _peak(s: RunSetup) -> tuple[int, int]:
     """(bagpipe's peak at --lookahead over the whole run, the capacity: --cache-rows or that
-    peak). A planning pass (the oracle is deterministic) gives the peak before any training; the baselines'
-    default capacity is the memory Bagpipe needs, as in `bagpipe profile`."""
+    peak). A planning pass (the oracle is deterministic) gives the peak before any training;
+    the baselines' default capacity is the memory Bagpipe needs, as in `bagpipe profile`."""
     cfg = s.cfg
-    peak, _ = plan_peak(key_batches(s.ds, cfg, s.train_rows, s.offsets, 0), s.total_rows,
+    peak, _ = plan_peak(key_batches(s.ds, cfg, s.train_rows, s.offsets), s.total_rows,
                         cfg.lookahead, cfg.round)
     return peak, cfg.cache_rows or max(peak, 1)
 
@@ -200,7 +200,7 @@ def policy_plan(name: str) -> PlanBuilder:
         # A resumed run plans the whole run (its capacity, hot set and cache state at
         # `start` are those of the run never stopped): see the module docstring.
         peak, capacity = _peak(s)
-        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets, 0), s.total_rows)
+        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets), s.total_rows)
         planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows,
                                 start)
         return Planning(planner, peak, capacity)

@@ -7,8 +7,8 @@ position of each of its accesses in U_b itself (`RoundMaker`).
 
 The plan (`shared_round`) holds what every trainer needs and cannot compute from its own
 samples: per round the fetched rows, their slots and private owner (each trainer picks its
-own with `RoundPlan.fetch_for`), the pre-evicted rows (and a resumed cache's warm rows); per iteration U_b, the slots, the
-LRPP classes, each row's one user and the evictions. Keys travel as int32 where the key
+own with `RoundPlan.fetch_for`), the pre-evicted rows (and a resumed cache's warm rows); per
+iteration U_b, the slots, the LRPP classes, each row's one user and the evictions. Keys travel as int32 where the key
 space fits, a row's user as int16; the trainer widens them back, so it computes on exactly
 the values in-process training does. A system whose trainers need no view of the global
 batch (sync: each fetches and pushes its own rows) gets |U_b| alone per iteration, so its
