@@ -80,8 +80,8 @@ def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple
 
 def one_per_volumes(systems: dict[str, Any] | None = None) -> tuple[str, ...]:
     """The first engine system of each simulated traffic model (`SystemSpec.volumes`): sync,
-    bagpipe, prefetch, lru (for lru, lfu, fae), het, local. A new system with volumes of its
-    own is one of them; a system simulate has no model of (no volumes) is not."""
+    bagpipe, prefetch, lru (for lru, lfu, fae), hotline, het, local. A new system with
+    volumes of its own is one of them; a system simulate has no model of (no volumes) is not."""
     from bagpipe_cli.engine import registry
 
     seen: dict[str, str] = {}

@@ -161,6 +161,8 @@ SUBSETS = {
     "benchmarks/het-tradeoff.yaml": "het's staleness against sync and bagpipe",
     "benchmarks/successors.yaml": "bagpipe against the systems after it (hotline, slipstream, "
                                   "prefetch) and the two they build on (fae, sync)",
+    "benchmarks/hotline-model.yaml": "hotline's performance model: hotline beside fae (its "
+                                     "transfers) and sync",
     "benchmarks/rank0-sweep.yaml": "rank 0 at scale: one system per kind of plan (|U_b|, lookahead, policy)",
     "benchmarks/torchrec.yaml": "the external torchrec beside the engine's sync, local and bagpipe",
     "docs/benchmarks.md": "measured figures, each of the systems run at the commit it names",
@@ -224,8 +226,10 @@ def test_every_file_that_names_systems_is_checked_or_a_known_subset():
 CODE_SUBSETS = {
     ("tests/test_baselines.py", frozenset({"bagpipe", "lru", "lfu", "fae", "het", "local"})):
         "a floor: the registry's filter still enrols the systems known exact",
-    ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "het"})):
+    ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "het", "hotline"})):
         "the measured in-process runs of the `runs` fixture",
+    ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "het"})):
+        "the progress bar's traces: one without a cache, one planned, one retraced per trainer count",
     ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "lru", "local"})):
         "a cluster file's systems, and the predictions made of it",
     ("tests/test_checkpoint.py", frozenset({"lru", "hotline", "local"})):

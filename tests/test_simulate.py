@@ -4,6 +4,7 @@ engine's own metrics, calibration, --validate on real runs, and bad input."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 
 import numpy as np
@@ -101,6 +102,26 @@ def test_fae_cold_rows_written_back_after_the_iteration():
     v = volumes("fae", it, round_fetch=np.full((it, 1), 3000), write_back=np.full((it, 1), 3000))
     p = predict(v, SLOW, WORK, FB6)
     assert p.iter_ms == pytest.approx([9, 12, 12])
+
+
+def test_hotline_computes_its_popular_samples_while_the_cold_rows_are_fetched():
+    # fae's volumes: 3,000 cold rows fetched (3 ms), written back after the iteration (3 ms).
+    # it0: fetch 0->3 while the popular half computes 3 ms: nothing exposed; 3 more: 6 ms.
+    # it1 at 6: its fetch queues behind it0's write-back (6->9), lands at 12; the popular
+    # half ends at 9, waits 3 ms, the rest ends at 15: 9 ms. it2 at 15, a popular share of
+    # 0.8: its fetch 18->21 (behind it1's write-back), the popular part ends at 19.8, 1.2 ms
+    # waited, then 1.2 ms: 7.2 ms.
+    it = 3
+    v = volumes("hotline", it, round_fetch=np.full((it, 1), 3000), write_back=np.full((it, 1), 3000),
+                popular=np.array([0.5, 0.5, 0.8]))
+    p = predict(v, SLOW, WORK, FB6)
+    assert p.iter_ms == pytest.approx([6, 9, 7.2])
+    assert p.exposed_fetch_ms == pytest.approx((0 + 3 + 1.2) / 3)
+    # Every sample popular (the 6 ms hide each 6 ms of link work), or no rows: compute alone.
+    v.popular[:] = 1.0
+    assert predict(v, SLOW, WORK, FB6).iter_ms == pytest.approx([6, 6, 6])
+    v.popular[:], v.round_fetch[:] = 0.0, 0  # nothing fetched: nothing waited for
+    assert predict(v, SLOW, WORK, FB6).iter_ms == pytest.approx([6, 6, 6])
 
 
 def test_het_trainers_fetch_one_after_another_and_push_gradients():
@@ -319,8 +340,8 @@ def test_calibration_from_a_stored_bench_run(tmp_path):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_dataset):
-    """Tiny real runs: sync/bagpipe/het with an emulated network (N = 2, K = 2), a
-    no-network twin of sync, and a run of hotline (which simulate has no model of)."""
+    """Tiny real runs: sync/bagpipe/het/hotline with an emulated network (N = 2, K = 2), a
+    no-network twin of sync, and a run of slipstream (which simulate has no model of)."""
     from bagpipe_cli.engine import TrainConfig, train
     from bagpipe_cli.results import write_run
 
@@ -331,7 +352,9 @@ def runs(tmp_path_factory, tiny_dataset):
              "bagpipe-net": dict(system="bagpipe", net_gbps=0.2, net_latency_us=50),
              "het-net": dict(system="het", staleness=2, net_gbps=0.2, net_latency_us=50),
              "sync-nonet": dict(system="sync"),
-             "hotline-net": dict(system="hotline", net_gbps=0.2, net_latency_us=50)}  # unmodelled
+             "hotline-net": dict(system="hotline", net_gbps=0.2, net_latency_us=50),
+             "slipstream-net": dict(system="slipstream", drop_target=0.2, snapshot_every=4,
+                                    net_gbps=0.2, net_latency_us=50)}  # unmodelled
     for name, extra in specs.items():
         res = train(TrainConfig(**common, **extra))
         write_run(root / name, res.config, res.metrics, res.summary)
@@ -341,7 +364,7 @@ def runs(tmp_path_factory, tiny_dataset):
 def test_volumes_equal_the_engines_metrics(runs):
     from bagpipe_cli.simulate.volumes import trace_volumes
 
-    for name in ("sync-net", "bagpipe-net", "het-net"):
+    for name in ("sync-net", "bagpipe-net", "het-net", "hotline-net"):
         r = read_measured(runs / name)
         v = trace_volumes(r.trace, [r.system])[0][r.system]
         m = pd.read_csv(runs / name / "metrics.csv")
@@ -351,23 +374,28 @@ def test_volumes_equal_the_engines_metrics(runs):
         else:
             assert fetched.tolist() == m["rows_fetched"].tolist()
         assert (v.write_back.sum(axis=1) + v.pre_evict.sum(axis=1)).tolist() == m["rows_written_back"].tolist()
+        if r.system == "hotline":  # its samples computed while the round's rows were fetched
+            assert v.popular is not None and (v.popular < 1).any()
+            assert np.rint(v.popular * 512).astype(int).tolist() == m["popular_samples"].tolist()
+            continue
+        assert v.popular is None
         assert v.sync_now.tolist() == (m["sync_now"].tolist() if r.system == "bagpipe" else [0] * 16)
 
 
 def test_validate_prints_the_table(runs, tmp_path):
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(runs), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
-    for needle in ("predicted", "measured", "sync", "bagpipe", "het",
-                   "note: left out 1 hotline run(s): simulate has no model of their traffic"):
+    for needle in ("predicted", "measured", "sync", "bagpipe", "het", "hotline",
+                   "note: left out 1 slipstream run(s): simulate has no model of their traffic"):
         assert needle in r.output
     # in-process runs have no rank 0 link: their plan bytes are not checked, and it says so
-    assert "rank 0's plan bytes not checked for 4 run(s): in-process" in " ".join(r.output.split())
+    assert "rank 0's plan bytes not checked for 5 run(s): in-process" in " ".join(r.output.split())
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
     assert df["plan_ok"].isna().all()
-    assert len(df) == 4 and set(df["system"]) == {"sync", "bagpipe", "het"}
-    # The summary counts the hotline run out and agrees with the table; whether each tiny run
+    assert len(df) == 5 and set(df["system"]) == {"sync", "bagpipe", "het", "hotline"}
+    # The summary counts the slipstream run out and agrees with the table; whether each tiny run
     # lands within the tolerance is timing on a shared machine (docs/benchmarks.md measures that).
-    assert f"{int(df['ok'].sum())} of 4 runs within" in r.output
+    assert f"{int(df['ok'].sum())} of 5 runs within" in r.output
     assert df["ok"].tolist() == [abs(e) <= 0.20 for e in df["error"]]
     assert (df["predicted_ms"] > 0).all() and df["error"].notna().all()
     # The emulated sync run borrows its fetch CPU from its no-network twin.
@@ -382,12 +410,15 @@ def test_simulate_dataset_with_cluster_file_writes_outputs(runs, tiny_dataset, t
     cfg.write_text(f"name: tiny-cluster\ndata: {tiny_dataset}\ntrainers: 2\nservers: 2\n"
                    "net_gbps: 1\nnet_latency_us: 20\nbatch_size: 1024\nlookahead: 8\n"
                    "systems: [sync, bagpipe, lru, local]\nsweep: {trainers: [1, 2, 4], net_gbps: [0.5, 5]}\n"
-                   "reported: {source: test, speedup_max: 5.6}\n")
+                   "reported: {source: test, speedup_max: 5.6, speedup: {lru: '-'}}\n")
     out = tmp_path / "sim"
     r = CliRunner().invoke(cli, ["simulate", "--cluster", str(cfg), "--calibrate", str(runs),
                                  "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "bagpipe" in r.output and "up to 5.6x" in r.output
+    # a system the source did not compare with shows its own entry, not the maximum
+    assert re.search(r"│ sync +│ +[\d.]+x │ up to 5\.6x │", r.output), r.output
+    assert re.search(r"│ lru +│ +[\d.]+x │ +- │", r.output), r.output
     js = json.loads((out / "simulate.json").read_text())
     assert js["schema_version"] == 1
     assert [p["system"] for p in js["predictions"]] == ["sync", "bagpipe", "lru", "local"]
@@ -493,7 +524,7 @@ def test_no_compute_is_a_prediction_not_a_traceback(tiny_dataset, tmp_path):
 
 @pytest.mark.parametrize("args, needle", [
     (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
-    (["--systems", "sync,hotline", "--compute-ms", "1"], "--systems: hotline has no performance model yet"),
+    (["--systems", "sync,slipstream", "--compute-ms", "1"], "--systems: slipstream has no performance model yet"),
     (["--compute-ms", "1", "--calibrate", "RUNS"], "either --compute-ms or --calibrate"),
     ([], "give the compute time"),
     (["--compute-ms", "1", "--sweep-gbps", ""], "--sweep-gbps: give at least one bandwidth"),
@@ -539,7 +570,7 @@ def test_simulate_help_has_example():
     assert r.exit_code == 0 and "Examples:" in r.output and "--validate" in r.output
 
 
-PROCS_SYSTEMS = one_per_volumes()  # sync, bagpipe, lru (for lfu and fae too), het, local
+PROCS_SYSTEMS = one_per_volumes()  # sync, bagpipe, prefetch, lru (lfu, fae), hotline, het, local
 
 
 @pytest.fixture(scope="module")
@@ -562,6 +593,7 @@ def procs_runs(tmp_path_factory, tiny_dataset):
 def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
     """Over torch.distributed each trainer fetches and pushes what it needs: the model's
     volumes of the distributed runtime are the rows the run's trainers moved."""
+    from bagpipe_cli.results.run import read_summary, read_trainer_metrics
     from bagpipe_cli.simulate.volumes import trace_volumes
 
     for system in PROCS_SYSTEMS:
@@ -575,6 +607,10 @@ def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
         assert v.messages == 2
         if not spec(system).replicated:  # it fetches when an iteration reads
             assert fetched.tolist() == m["rows_fetched"].tolist(), system
+        if v.popular is not None:  # hotline: the trainer with the fewest popular samples
+            per = read_trainer_metrics(procs_runs / system, read_summary(procs_runs / system))
+            fewest = per.groupby("iteration")["popular_samples"].min().to_numpy()
+            assert np.rint(v.popular * 256).astype(int).tolist() == fewest.tolist()
 
 
 @pytest.mark.slow

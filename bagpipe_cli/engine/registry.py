@@ -189,7 +189,7 @@ _SPECS = (
                "compute while the others' rows are fetched, then the rest, one optimizer step",
                plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.hotline:HotlineSystem.build"),
-               volumes=None, replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
+               volumes=f"{VOLUMES}:hotline_volumes", replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
                capacity_from_peak=True, policy="fae", exact=False, up_to_order=True,
                color="#bcbd22"),
     SystemSpec("slipstream", "fae's hot set, snapshotted every --snapshot-every iterations; "

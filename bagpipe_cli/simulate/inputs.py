@@ -119,6 +119,9 @@ class Volumes:
     push_gradients: bool = False  # sync, het: write_back carries gradients (no optimizer state)
     empty_fetch_message: bool = False  # sync with K = 1: a fetch is sent even for 0 rows
     messages: int = 1  # latencies per transfer on a link (distributed: one per trainer)
+    # hotline: [I] the share of forward+backward computed while the round's rows are fetched
+    # (its popular samples); None: the rows land before the iteration computes
+    popular: np.ndarray | None = None
     # Rank 0 (simulate/plans.py): plan bytes of the round starting at b, after the last, ms a batch
     plan_bytes: np.ndarray | None = None
     plan_end_bytes: int = 0

@@ -9,7 +9,8 @@ docs/performance-model.md for the formulas):
   when its slowest shard is;
 - the main thread: per round, load the data, wait for the round's rows (fetched now, or
   prefetched one round earlier), start the next round's prefetch (bagpipe); per iteration,
-  read (sync/het fetch here), forward+backward, sum the `sync_now` rows and the losses on
+  read (sync/het fetch here), forward+backward (hotline: its popular share computes while
+  the round's rows are fetched, the rest once they land), sum the `sync_now` rows and the losses on
   the critical path (N > 1) once the dense gradients' sum is done, queue `sync_later` on
   the background link, optimizer, queue write-backs;
 - the trainers' sums cost what `--collective` moves (a ring's bytes for the exact sum and
@@ -128,6 +129,7 @@ class _Replay:
         self.dense_free = 0.0  # the dense and critical sums' link
         self.later_done: dict[int, float] = {}
         self.inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
+        self.landing: float | None = None  # hotline: when the current round's rows land
         starts = np.flatnonzero(vol.round_start)
         self.next_start = {int(a): int(b) for a, b in zip(starts[:-1], starts[1:], strict=True)}
         self.t = 0.0
@@ -141,7 +143,12 @@ class _Replay:
         if self.vol.round_start[b]:
             self.start_round(b)
         self.read(b)
-        self._compute(b, self.c_fb)
+        if self.vol.popular is None:
+            self._compute(b, self.c_fb)
+        else:  # hotline: the popular samples compute while the round's rows are fetched
+            self._compute(b, self.vol.popular[b] * self.c_fb)
+            self.land(b)
+            self._compute(b, (1.0 - self.vol.popular[b]) * self.c_fb)
         if self.n > 1:
             self.sync(b)
         self.write_back(b)
@@ -158,6 +165,9 @@ class _Replay:
             links_done = self.inflight.pop(b, None)
             if links_done is None:  # not prefetched: fetched now (bagpipe's first round)
                 links_done = links.send(self.t, vol.round_fetch[b])
+            if vol.popular is not None:  # hotline: waited for within the iteration (`land`)
+                self.landing = links_done
+                return
         self.t = max(self.t, links_done)
         self.fetch_wait[b] += self.t - t0
         if vol.round_fetch[b].any() or vol.pre_evict[b].any():
@@ -165,6 +175,16 @@ class _Replay:
         nb = self.next_start.get(b)
         if vol.prefetch_ahead and nb is not None and vol.round_fetch[nb].any():
             self.inflight[nb] = links.send(self.t, vol.round_fetch[nb])
+
+    def land(self, b: int) -> None:
+        """hotline: wait for the round's rows, issued at its start, and insert them."""
+        if self.landing is None:
+            return
+        t0 = self.t
+        self.t = max(self.t, self.landing)
+        self.fetch_wait[b] += self.t - t0
+        self.landing = None
+        self._compute(b, self.c_fcpu)
 
     def read(self, b: int) -> None:
         vol = self.vol

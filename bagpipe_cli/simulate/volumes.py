@@ -1,8 +1,8 @@
 """Per-iteration communication volumes of every system, from a dataset's batch trace.
 
 Each system's registry entry names its function here (`SystemSpec.volumes`). The plans
-are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lfu/fae, whose
-decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train` would
+are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lfu/fae and hotline,
+whose decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train` would
 read, so the counts are the ones a run records in metrics.csv: rows fetched per
 round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
 per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
@@ -38,6 +38,7 @@ from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.inputs import Volumes
 from bagpipe_cli.simulate.model import SYSTEMS
+from bagpipe_cli.simulate.staleness import HetState
 
 RUNTIMES = ("inproc", "distributed")
 
@@ -295,14 +296,17 @@ def prefetch_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     return lookahead_volumes(t, s, lookahead=1, lrpp=False)
 
 
-def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
-    """A fixed-capacity baseline (lru/lfu/fae): misses fetched when the iteration starts,
-    victims written back first, by the plan its registry entry builds."""
+def policy_volumes(t: _Trace, s: SystemSpec, split: bool = False) -> Volumes:
+    """A fixed-capacity cache following policy `s.policy` (lru/lfu/fae): misses fetched when
+    the iteration starts, victims written back first, by the plan its registry entry builds;
+    `split` (hotline): the share of samples computed while the misses are fetched too."""
     k, capacity, kb = t.cfg.servers, t.capacity(), t.key_bytes
     trace = t.trace()
-    decisions = policy(s.name).decisions(trace, capacity, t.cfg.hot_sample)
+    decisions = policy(s.policy).decisions(trace, capacity, t.cfg.hot_sample)
     v = t.empty(s.name)
-    for rp, _ in t.planned(PolicyPlanner(decisions, trace, t.total), v):
+    if split:
+        v.popular = np.ones(t.iterations)
+    for rp, held in t.planned(PolicyPlanner(decisions, trace, t.total), v, hold_keys=split):
         if not rp.iters:  # the final write-back of every resident row, after training
             if t.distributed:
                 v.plan_end_bytes += plans.policy_last(kb, len(rp.pre_evict_keys))
@@ -316,7 +320,24 @@ def policy_volumes(t: _Trace, s: SystemSpec) -> Volumes:
         v.unique_rows[p.b] = len(p.uniq)
         t.send(v, p.b, plans.policy_round(kb, len(rp.fetch_keys), len(rp.pre_evict_keys),
                                           len(p.uniq), len(p.evict_keys)))
+        if split and len(rp.fetch_keys):
+            v.popular[p.b] = _popular(t, held[0], rp.fetch_keys)
     return v
+
+
+def hotline_volumes(t: _Trace, s: SystemSpec) -> Volumes:
+    """Hotline: fae's plan, each batch split into samples whose rows are all cached and
+    those that wait for the round's fetch (`engine/systems/hotline.py`)."""
+    return policy_volumes(t, s, split=True)
+
+
+def _popular(t: _Trace, keys: np.ndarray, fetched: np.ndarray) -> float:
+    """The share of a batch's samples with no fetched row, computed before the rows land:
+    of the whole batch in-process (one process runs every trainer's popular samples first),
+    of the trainer with the fewest over torch.distributed (the others wait for it)."""
+    waits = np.isin(keys, fetched).reshape(t.cfg.batch_size, -1).any(axis=1)
+    per = 1.0 - waits.reshape(t.cfg.trainers, -1).mean(axis=1)
+    return float(per.min() if t.distributed else per.mean())
 
 
 def _no_plan(t: _Trace) -> Oracle:
@@ -346,11 +367,11 @@ def fetched_volumes(t: _Trace, s: SystemSpec) -> Volumes:
 
 def stale_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     """A bounded-staleness cache (het): each trainer refetches what is missing or too stale
-    (`_HetState`), and pushes its gradients."""
+    (`staleness.HetState`), and pushes its gradients."""
     cfg, k, n = t.cfg, t.cfg.servers, t.cfg.trainers
     v = t.empty(s.name, 1 if t.distributed else n)
     v.push_gradients = True
-    state = _HetState(t.total, n, cfg.staleness)
+    state = HetState(t.total, n, cfg.staleness)
     for rp, (keys,) in t.planned(_no_plan(t), v, hold_keys=True):
         b, uniq = rp.iters[0].b, rp.iters[0].uniq
         v.unique_rows[b] = len(uniq)
@@ -372,26 +393,3 @@ def local_volumes(t: _Trace, s: SystemSpec) -> Volumes:
         v.unique_rows[b] = v.sync_now[b] = len(uniq)
         _planless_round(t, s, v, b, uniq)
     return v
-
-
-class _HetState:
-    """HetSystem's rule: a trainer refetches a row it has not cached or whose copy lags
-    the servers' version by more than `staleness`; every row of U_b gets one version more."""
-
-    def __init__(self, total: int, trainers: int, staleness: int):
-        self.version = np.zeros(total, np.int32)
-        self.cached = np.full((trainers, total), -1, np.int32)  # cached version, -1: not cached
-        self.n, self.s = trainers, staleness
-
-    def step(self, keys: np.ndarray, uniq: np.ndarray) -> list[np.ndarray]:
-        per = len(keys) // self.n
-        needs = []
-        for i in range(self.n):
-            kk = np.unique(keys[i * per:(i + 1) * per])
-            cv = self.cached[i, kk]
-            need = (cv < 0) | (self.version[kk] - cv > self.s)
-            nk = kk[need]
-            self.cached[i, nk] = self.version[nk]
-            needs.append(nk)
-        self.version[uniq] += 1
-        return needs
