@@ -18,7 +18,7 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig
 from bagpipe_cli.engine import memory as mem
-from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.engine.registry import SIMULATED_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch import forkserver
 from bagpipe_cli.limits import machine_memory
@@ -171,8 +171,10 @@ def test_profile_and_simulate_refuse_what_does_not_fit_in_one_line(tiny_dataset,
     r = runner.invoke(cli, ["simulate", str(tiny_dataset), "--compute-ms", "5", "--iterations",
                             "100000000", "--out", str(out)])
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
-    assert "--iterations 100000000 --batch-size 1024: the trace lru/lfu/fae plan over" in r.output
-    assert r.output.rstrip().endswith("lower --iterations, or leave lru, lfu and fae out of --systems")
+    cached = ", ".join(s for s in SIMULATED_SYSTEMS if spec(s).capacity_from_peak)
+    assert cached.startswith("lru, lfu, fae")  # the systems that plan over the trace
+    assert f"--iterations 100000000 --batch-size 1024: the trace {cached} plan over" in r.output
+    assert r.output.rstrip().endswith(f"lower --iterations, or leave {cached} out of --systems")
     assert time.perf_counter() - t0 < 5 and not out.exists()
     # A machine of half what the profile needs: refused before the skew pass.
     shape = json.loads((tiny_dataset / "meta.json").read_text())

@@ -320,7 +320,7 @@ def estimate_profile(cardinalities: list[int], samples: int, batch_size: int, ke
 def estimate_simulate(cardinalities: list[int], iterations: int, cfg: Any,
                       specs: list[SystemSpec]) -> Process:
     """`bagpipe simulate`'s process (torch imported): the planner's per-row state, the
-    trace lru/lfu/fae plan over, every system's volumes (about ten int64 counts per
+    trace the fixed-capacity caches plan over, every system's volumes (about ten int64 counts per
     iteration and server), and the batches in flight."""
     rounds = any(s.rounds for s in specs)
     trace = (TRACE_BYTES_PER_ACCESS * iterations * unique_rows(cardinalities, cfg.batch_size)

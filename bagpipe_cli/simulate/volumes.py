@@ -127,13 +127,14 @@ def _admit(cfg: TraceConfig, cardinalities: list[int], iterations: int,
            specs: list[SystemSpec]) -> None:
     """Refuse a trace whose estimate (`engine/memory.py`) exceeds this machine's memory."""
     rows = sum(cardinalities)
+    cached = [s.name for s in specs if s.capacity_from_peak]
     leads = {"planner": f"planning the trace over the {rows:,} embedding rows of {cfg.data}",
              "trace": f"--iterations {iterations} --batch-size {cfg.batch_size}: the trace "
-                      "lru/lfu/fae plan over",
+                      f"{', '.join(cached)} plan over",
              "volumes": f"--iterations {iterations}: {len(specs)} systems' volumes per iteration",
              "inputs": f"--batch-size {cfg.batch_size}: the batches in flight",
              "processes": "simulate"}
-    fixes = {"planner": DATASET_FIX, "trace": "lower --iterations, or leave lru, lfu and fae "
+    fixes = {"planner": DATASET_FIX, "trace": f"lower --iterations, or leave {', '.join(cached)} "
              "out of --systems", "volumes": "lower --iterations", "inputs": "lower --batch-size",
              "processes": "use a machine with more memory"}
     refuse_over([estimate_simulate(cardinalities, iterations, cfg, specs)], leads.__getitem__,
