@@ -522,6 +522,14 @@ def test_no_compute_is_a_prediction_not_a_traceback(tiny_dataset, tmp_path):
     assert np.isfinite(pred["speedup"]).all()
 
 
+def test_without_sync_there_is_no_speed_up_to_show(tiny_dataset, tmp_path):
+    r = CliRunner().invoke(cli, ["simulate", str(tiny_dataset), "--compute-ms", "1", "--batch-size",
+                                 "256", "--iterations", "6", "--warmup", "1", "--systems",
+                                 "hotline,fae", "--out", str(tmp_path / "s")])
+    assert r.exit_code == 0, r.output
+    assert "nan" not in r.output.lower() and re.search(r"│ hotline .* │ +- │ ", r.output), r.output
+
+
 @pytest.mark.parametrize("args, needle", [
     (["--systems", "sync,nosuch", "--compute-ms", "1"], "unknown system 'nosuch'"),
     (["--systems", "sync,slipstream", "--compute-ms", "1"], "--systems: slipstream has no performance model yet"),

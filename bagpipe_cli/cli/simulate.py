@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 
@@ -146,7 +147,9 @@ def _print_result(result) -> None:
         v = result.volumes[p.system]
         tab.add_row(p.system, f"{p.compute_ms:.2f}", f"{p.exposed_fetch_ms:.2f}",
                     f"{p.exposed_sync_ms:.2f}", f"{p.exposed_plan_ms:.2f}", f"{p.mean_ms:.2f}",
-                    f"{p.median_ms:.2f}", f"{p.speedup:.2f}x", f"{p.oracle_ms_per_iter:.2f}",
+                    f"{p.median_ms:.2f}",
+                    f"{p.speedup:.2f}x" if math.isfinite(p.speedup) else "-",
+                    f"{p.oracle_ms_per_iter:.2f}",
                     f"{p.oracle_mb_per_iter:.3f}", f"{v['rows_fetched']:,.0f}")
     console.print(tab)
     src = result.compute_source

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
 
-from bagpipe_cli.engine.registry import color, role
+from bagpipe_cli.engine.registry import REFERENCE, color, role
 
 if TYPE_CHECKING:
     from bagpipe_cli.simulate import SimulateResult
@@ -50,6 +50,9 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
     ax_s.axhline(1.0, color="#bbbbbb", lw=1)
     ax_s.set_ylabel("predicted speed-up over sync (x)")
     ax_s.set_ylim(bottom=0)
+    if REFERENCE not in cfg.systems:
+        ax_s.text(0.5, 0.5, "sync is not among --systems:\nno speed-up over it to show",
+                  transform=ax_s.transAxes, ha="center", va="center", fontsize=10, color="#555555")
     ax_s.set_title("speed-up over sync")
     ax_t.set_yscale("log")
     lo, hi = ax_t.get_ylim()
@@ -72,7 +75,7 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
                 f"{cl.net_latency_us:g} us")
     if cl.trainer_gbps is not None:
         net += f"; trainers' links {cl.trainer_gbps:g} Gbit/s"
-    fixed = net if sweep == "trainers" else f"{cl.trainers} trainers"
+    fixed = net if sweep == "trainers" else f"{cl.trainers} trainer" + ("s" if cl.trainers != 1 else "")
     servers = f"{cl.servers} server" + ("s" if cl.servers != 1 else "")
     batch = (f"batch {cfg.batch_size:,}" if sweep != "trainers" or cfg.sweep_scaling == "strong"
              else f"batch {cfg.batch_size // cfg.trainers:,} x N")
