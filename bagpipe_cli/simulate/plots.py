@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
@@ -18,6 +18,17 @@ DPI = 120
 
 def _num(x: float, _pos: object = None) -> str:
     return f"{x:g}"
+
+
+def _speedup_axes(ax: Any, with_sync: bool) -> None:
+    """The speed-up panel's frame (and why it is empty when sync was not simulated)."""
+    ax.axhline(1.0, color="#bbbbbb", lw=1)
+    ax.set_ylabel("predicted speed-up over sync (x)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("speed-up over sync")
+    if not with_sync:
+        ax.text(0.5, 0.5, "sync is not among --systems:\nno speed-up over it to show",
+                transform=ax.transAxes, ha="center", va="center", fontsize=10, color="#555555")
 
 
 def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str, log2: bool) -> None:
@@ -47,13 +58,7 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
         ax.set_xticks(sorted(df[xcol].unique()))
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
-    ax_s.axhline(1.0, color="#bbbbbb", lw=1)
-    ax_s.set_ylabel("predicted speed-up over sync (x)")
-    ax_s.set_ylim(bottom=0)
-    if REFERENCE not in cfg.systems:
-        ax_s.text(0.5, 0.5, "sync is not among --systems:\nno speed-up over it to show",
-                  transform=ax_s.transAxes, ha="center", va="center", fontsize=10, color="#555555")
-    ax_s.set_title("speed-up over sync")
+    _speedup_axes(ax_s, REFERENCE in cfg.systems)
     ax_t.set_yscale("log")
     lo, hi = ax_t.get_ylim()
     if hi / lo > 10:  # over decades: 1, 2, 5 of each, labelled; else every minor tick labelled
