@@ -76,8 +76,11 @@ class PolicyPlanner:
         self.free.extend(slots.tolist())
         return slots
 
-    def _warm(self) -> tuple[np.ndarray, np.ndarray]:
-        """Replay the decisions on batches 0..start-1; (keys, slots) then resident."""
+    def _warm(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """Replay the decisions on batches 0..start-1; (keys, slots) then resident (None at
+        the run's start: nothing is)."""
+        if not self.start:
+            return None
         for b in range(self.start):
             d = self.decisions.step(b, np.sort(self.trace.batch(b)))
             self._release(d.before)
@@ -112,7 +115,7 @@ class PolicyPlanner:
                           no_sync_owner_rows=np.zeros(1, np.int64))
             rp = RoundPlan(i, d.fetch, fetch_slots, [it], resident_after_insert=resident,
                            pre_evict_keys=d.before, pre_evict_slots=pre_slots)
-            if i == 0 and self.start:
+            if i == 0:
                 rp.warm = warm
             self.seconds += time.perf_counter() - t0
             self.iterations_planned += 1

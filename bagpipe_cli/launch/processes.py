@@ -64,10 +64,9 @@ class _Job:
     def __init__(self, command: list[str], world: int, on_line: Callable[[str], None] | None,
                  shaped: ShapedNetwork | None = None, machine: Machine | None = None):
         m = machine or Machine("127.0.0.1", free_port(), 0, world)
-        self.first = m.first
         self.errors: list[tuple[int, str]] = []  # (rank, message) in the order they came
         self.stopped: set[int] = set()  # ranks this job ended (SIGTERM, then SIGKILL)
-        self.procs: list[subprocess.Popen | ForkedProcess] = []
+        self.procs: dict[int, subprocess.Popen | ForkedProcess] = {}  # by rank: this machine's
         self.readers: list[threading.Thread] = []
         for rank in range(m.first, m.first + m.procs):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
@@ -79,7 +78,7 @@ class _Job:
                 p = ForkedProcess(server, cmd[2], ["-c", *cmd[3:]], env, out)
             else:
                 p = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.PIPE, text=True)
-            self.procs.append(p)
+            self.procs[rank] = p
             self.readers.append(threading.Thread(target=self._relay, args=(rank, p.stderr), daemon=True))
         if on_line is not None and m.first == 0:
             self.readers.append(threading.Thread(
@@ -102,8 +101,8 @@ class _Job:
         deadline = None
         end = None if run_timeout_s is None else time.monotonic() + run_timeout_s
         try:
-            while any(p.poll() is None for p in self.procs):
-                for rank, p in enumerate(self.procs, self.first):
+            while any(p.poll() is None for p in self.procs.values()):
+                for rank, p in self.procs.items():
                     if p.poll() not in (None, 0) and failed is None:
                         failed = (rank, p.returncode)
                         deadline = time.monotonic() + grace_s
@@ -117,20 +116,20 @@ class _Job:
             for t in self.readers:
                 t.join(timeout=5)
         if failed is None:
-            failed = next(((r, p.returncode) for r, p in enumerate(self.procs, self.first) if p.returncode), None)
+            failed = next(((r, p.returncode) for r, p in self.procs.items() if p.returncode), None)
         return failed
 
     def _stop(self) -> None:
         """End the processes still running: SIGTERM first, so that each removes its
         temporaries and exits, then SIGKILL for any still there after STOP_GRACE_S."""
-        running = [p for p in self.procs if p.poll() is None]
-        self.stopped = {r for r, p in enumerate(self.procs, self.first) if p in running}
+        running = [p for p in self.procs.values() if p.poll() is None]
+        self.stopped = {r for r, p in self.procs.items() if p in running}
         for p in running:
             p.terminate()
         end = time.monotonic() + STOP_GRACE_S
         while any(p.poll() is None for p in running) and time.monotonic() < end:
             time.sleep(0.02)
-        for p in self.procs:
+        for p in self.procs.values():
             if p.poll() is None:
                 p.kill()
             p.wait()
@@ -140,16 +139,16 @@ class _Job:
         crashed) and what another rank saw; else the first error a rank gave of its own (not
         "lost contact with ...")."""
         said = {r for r, _ in self.errors}
-        silent = [r for r, p in enumerate(self.procs, self.first)
+        silent = [r for r, p in self.procs.items()
                   if p.returncode and r not in said and r not in self.stopped]
         if silent:
             rank = failed[0] if failed[0] in silent else silent[0]
             seen = next(((r, m) for r, m in self.errors if r != rank), None)
-            return RankFailure(f"{name_of(rank)} exited with code {self.procs[rank - self.first].returncode}"
+            return RankFailure(f"{name_of(rank)} exited with code {self.procs[rank].returncode}"
                                + (f"; {name_of(seen[0])}: {seen[1]}" if seen else ""))
         rank, message = next(((r, m) for r, m in self.errors if not m.startswith("lost contact with")),
                              self.errors[0])
-        return RankError(message, self.procs[rank - self.first].returncode)
+        return RankError(message, self.procs[rank].returncode)
 
 
 def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], timeout_s: float,

@@ -108,7 +108,7 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
              ) -> ValidationResult:
     """Predict every readable run under `paths` from its own trace and calibration (runs
     that cannot be read are skipped: `results.read_runs`, and so are runs of a system the
-    model has no traffic of: hotline, slipstream)."""
+    model has no traffic of: `SYSTEMS` lacks it)."""
     runs, skipped = read_measured_runs(*paths)
     unmodelled = Counter(r.system for r in runs if r.system not in SYSTEMS)
     runs = [r for r in runs if r.system in SYSTEMS]
