@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy
 
-from bagpipe_cli import __version__
+from bagpipe_cli import OMP_WAIT_POLICY, OMP_WAIT_POLICY_APPLIED, __version__
 
 
 def peak_rss_mb() -> float:
@@ -51,6 +51,9 @@ def environment() -> dict[str, Any]:
         "cpu": cpu,
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        # OpenMP's wait policy (bagpipe_cli/__init__.py), None where torch had loaded before
+        # bagpipe_cli set it (so the policy the run got is not known)
+        "omp_wait_policy": OMP_WAIT_POLICY if OMP_WAIT_POLICY_APPLIED else None,
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "git_revision": _git("rev-parse", "HEAD"),
         "git_dirty": None if status is None else bool(status),

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +70,27 @@ def bagpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 120)
                           text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
+class Hung(BaseException):
+    """Raised by `hang_guard`: a BaseException, so that no `except Exception` on the way (a
+    launcher's) turns it into an ordinary error, while every `finally` still runs."""
+
+
+@contextlib.contextmanager
+def hang_guard(seconds: float, what: str) -> Iterator[None]:
+    """Fail with `Hung` if the block (in this process: `run_cli`'s launcher) runs longer than
+    `seconds`: a guard against a hang, never a speed limit. SIGALRM, main thread only."""
+    def hung(signum, frame):
+        raise Hung(f"{what}: still running after {seconds:g} s (hung?)")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
 def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple[str, str]]:
     """Each process's (stdout, stderr); any left running (a failed test) is killed."""
     try:
@@ -89,3 +113,11 @@ def one_per_volumes(systems: dict[str, Any] | None = None) -> tuple[str, ...]:
         if not s.external and s.volumes:
             seen.setdefault(s.volumes, s.name)
     return tuple(seen.values())
+
+
+def user_warnings(output: str) -> list[str]:
+    """The `Warning:` lines of a command's output, less the one a busy machine adds to any
+    run (launch/contention.py): a test that asserts on warnings must pass on a loaded
+    machine too."""
+    return [line for line in output.splitlines()
+            if "Warning" in line and "Ran on a busy machine" not in line]

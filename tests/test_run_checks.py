@@ -4,6 +4,7 @@ too few batches, a thin held-out AUC."""
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from helpers import user_warnings
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import open_dataset, table_offsets
@@ -58,14 +59,16 @@ def test_train_warns_of_too_few_batches_and_a_thin_auc(tiny_dataset, tmp_path):
                                  "--iterations", "6", "--eval-rows", "40", "--out",
                                  str(tmp_path / "o")])
     assert r.exit_code == 0, r.output
-    warnings = [ln for ln in r.stderr.splitlines() if ln.startswith("Warning:")]
+    warnings = user_warnings(r.stderr)
     assert len(warnings) == 2, r.stderr
     assert "gives 4 batches of 4,096, fewer than the lookahead (16) and 10" in warnings[0]
     assert "the held-out AUC rests on" in warnings[1] and "fewer than 30 of one class" in warnings[1]
     # sync does not read the lookahead: only the count of batches is short
     res = train(TrainConfig(data=str(tiny_dataset), system="sync", batch_size=4096, iterations=6))
-    assert len(res.warnings) == 1 and "fewer than 10:" in res.warnings[0]
-    assert not train(TrainConfig(data=str(tiny_dataset), system="sync", **SMALL)).warnings
+    got = user_warnings("\n".join(f"Warning: {w}" for w in res.warnings))
+    assert len(got) == 1 and "fewer than 10:" in got[0]
+    res = train(TrainConfig(data=str(tiny_dataset), system="sync", **SMALL))
+    assert not user_warnings("\n".join(f"Warning: {w}" for w in res.warnings))
 
 
 def test_the_memory_a_run_needs_is_checked_before_it_starts(tiny_dataset):

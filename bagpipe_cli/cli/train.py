@@ -122,8 +122,14 @@ def _write_outputs(result, cfg: TrainConfig, out: Path, overwrite: bool,
 
 def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
     t = Table(title=f"{cfg.system} / {cfg.model} -> {out}", show_header=False)
-    t.add_row("samples/s (measured iterations)", f"{s['samples_per_s']:,.0f}")
-    t.add_row("median iteration", f"{s['median_iter_ms']:.1f} ms")
+    # samples/s is --batch-size over the mean iteration (summary.json's definitions): the
+    # median beside it differs where some iterations are slow (a round's first, a busy core)
+    t.add_row("samples/s (measured iterations)",
+              f"{s['samples_per_s']:,.0f} ({cfg.batch_size:,} samples / {s['mean_iter_ms']:.1f} ms "
+              "mean iteration)")
+    t.add_row("median iteration (p10-p90)", f"{s['median_iter_ms']:.1f} ms "
+              f"({s['p10_iter_ms']:.1f}-{s['p90_iter_ms']:.1f})")
+    t.add_row("wall", f"{s['wall_s']:.2f} s (training, evaluations left out)")
     t.add_row("time split (median ms)", ", ".join(f"{k} {v:.1f}" for k, v in s["median_time_ms"].items()))
     t.add_row("rows fetched / written back", f"{s['rows_fetched']:,} / {s['rows_written_back']:,}")
     if s["peak_resident_rows"] is not None:

@@ -119,7 +119,9 @@ SUMMARY_KEYS = {
     "model": "the dense model",
     "iterations": "iterations recorded",
     "measured_iterations": "iterations after --warmup (the speed figures' sample)",
-    "samples_per_s": "global-batch samples per second over the measured iterations",
+    "samples_per_s": "global-batch samples per second over the measured iterations: "
+                     "--batch-size / mean_iter_ms",
+    "mean_iter_ms": "mean iteration time (the measured iterations' seconds / their count)",
     "median_iter_ms": "median iteration time", "p10_iter_ms": "10th percentile",
     "p90_iter_ms": "90th percentile",
     "median_time_ms": "median of every time column (ms)",
@@ -164,6 +166,10 @@ SUMMARY_KEYS = {
              "_overlapped_s; the oracle of a distributed run bytes_per_iteration; in a "
              "distributed run every role's traffic: bytes sent and received by kind (plan, "
              "samples, rows, gradients, collective, control), in total and per iteration",
+    "contention": "how much of the machine the run had (launch/contention.py): cores, "
+                  "load_per_core (other runnable tasks per core at the start), loadavg (1-min, "
+                  "start and end), run_queue_wait_share (of its compute threads' runnable "
+                  "time, the share spent waiting for a CPU), steal_share, loaded, note",
     "process_peak_rss_mb": "peak resident memory (MiB) of the process that wrote the summary: "
                            "every role in-process, rank 0 (the oracle) in a distributed run",
     "memory": "estimate_bytes: the memory the run was admitted on (engine/memory.py), every "
@@ -192,6 +198,7 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "system": system, "model": model, "iterations": int(len(metrics)),
         "measured_iterations": int(len(m)),
         "samples_per_s": float(batch_size * len(it) / it.sum()) if len(it) and it.sum() > 0 else math.nan,
+        "mean_iter_ms": 1e3 * float(it.mean()) if len(it) else math.nan,
         "median_iter_ms": 1e3 * float(np.median(it)) if len(it) else math.nan, "p10_iter_ms": pct(10), "p90_iter_ms": pct(90),
         "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
         **{k: int(metrics[k].sum()) for k in ("rows_fetched", "rows_written_back", "cache_hits",

@@ -75,13 +75,19 @@ def held_out_classes(s: RunSetup) -> dict[str, Any]:
     return {"eval_positives": pos, "eval_negatives": s.eval_rows - pos}
 
 
+def contention_warning(c: dict[str, Any] | None) -> str | None:
+    """A run made on a busy machine says so (launch/contention.py)."""
+    return c["note"] if c and c.get("loaded") else None
+
+
 def run_warnings(s: RunSetup, summary: dict[str, Any]) -> list[str]:
     """What the user should know about a run's figures: too few batches, a thin AUC."""
     cfg = s.cfg
     reads_lookahead = "lookahead" not in s.spec.ignored_settings(cfg.cache_rows)
     out = [small_data_warning(f"dataset {cfg.data}", s.train_rows // cfg.batch_size,
                               cfg.batch_size, cfg.lookahead if reads_lookahead else None),
-           auc_warning(summary.get("eval_positives"), summary.get("eval_negatives"))]
+           auc_warning(summary.get("eval_positives"), summary.get("eval_negatives")),
+           contention_warning(summary.get("contention"))]
     return [w for w in out if w]
 
 

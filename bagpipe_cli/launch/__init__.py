@@ -5,4 +5,5 @@
     forkserver  fork the ranks from one process that imported torch once (a test session's)
     netshape    `--net-shape`: each rank in a network namespace behind a rate-limited link
     placement   which cores the trainer's torch threads get, and which the helpers get
+    contention  how much of the machine a run had (load, waits for a CPU), in its summary
 """

@@ -29,17 +29,26 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
+from bagpipe_cli.launch.contention import usable_core_count
+
 # torch is imported where it is used: the run's options (engine/config.py) read PLACEMENTS
 # before anything runs, and must not wait for torch.
 PLACEMENTS = ("auto", "off")
 GPU_TRAINER_CORES = 2  # a GPU trainer's cores: its main thread and a helper
 
 
-def available_cores() -> tuple[int, ...]:
+def affinity() -> tuple[int, ...]:
     """The cores this process may run on."""
     if hasattr(os, "sched_getaffinity"):
         return tuple(sorted(os.sched_getaffinity(0)))
     return tuple(range(os.cpu_count() or 1))
+
+
+def available_cores() -> tuple[int, ...]:
+    """The cores this run may keep busy: its affinity, the first round(q) of them under a
+    cgroup quota of q CPUs (a container limited to 2 CPUs on a 64-core host gets 2)."""
+    cores = affinity()
+    return cores[:usable_core_count(len(cores))]
 
 
 def reserved_cores(n: int) -> int:
@@ -134,7 +143,7 @@ class Pinned:
         import torch
 
         p = self.placement
-        self._saved = available_cores()
+        self._saved = affinity()
         pinned = p.policy != "off" and pin(p.compute)
         torch.set_num_threads(p.torch_threads)
         self.placement = replace(p, pinned=pinned)

@@ -43,6 +43,8 @@ from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer, trace_document,
 from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.launch.contention import ContentionMeter
+from bagpipe_cli.launch.placement import available_cores
 from bagpipe_cli.models import build_model
 
 
@@ -91,6 +93,8 @@ class DistributedLoader:
         if s.cfg.checkpoint_every:
             self.ckpt = Checkpointer(s.cfg, dataset_identity(s.ds), start)
         cpu = time.process_time()  # the feed's, not the planning pass's
+        here = [p["pid"] for p in self.placements if p["host"] == self.placements[0]["host"]]
+        self.meter = ContentionMeter(len(available_cores()), here)
         try:
             self._feed(planning, start)
         finally:
@@ -214,7 +218,9 @@ class DistributedLoader:
                   "trainer_devices": self.devices, "devices": [o["device_info"] for o in outs],
                   "backend": s.cfg.backend,
                   "placement": self.placements}
+        # this machine's load; the trainers' own waits for a CPU, wherever they ran
         facts = {"runner": "distributed", "transport": "torch", "roles": roles,
+                 "contention": self.meter.figures([o["sched"] for o in outs]),
                  "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}
         trace = None
         if self.tracer.enabled:

@@ -144,7 +144,8 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     # rank 0 also records every placement.
     facts: list[Any] = [None] * layout.world
     comm(layout, ALL_RANKS, dist.all_gather_object, facts,
-         {**rank_facts(), "placement": placement.to_json(), "dataset": dataset_fact(cfg.data)})
+         {**rank_facts(), "placement": placement.to_json(), "dataset": dataset_fact(cfg.data),
+          "pid": os.getpid()})
     check_datasets(cfg, layout, facts)
     shape, memory = estimate(cfg)  # every machine's ranks fit its memory, before any allocates
     check_hosts(cfg, shape, memory, [f["host"] for f in facts], [f["memory"] for f in facts])
@@ -163,7 +164,8 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     tracer = _tracer(cfg, layout, rank)
     s = prepare(cfg)
     if role == "oracle":
-        placements = [{"rank": r, "host": f["host"], **f["placement"]} for r, f in enumerate(facts)]
+        placements = [{"rank": r, "host": f["host"], "pid": f["pid"], **f["placement"]}
+                      for r, f in enumerate(facts)]
         return DistributedLoader(s, layout, devices, placements, faults, plans, progress, tracer).run()
     if role == "server":
         server_main(s, layout, idx, faults, tracer)

@@ -36,6 +36,7 @@ from bagpipe_cli.engine.traffic import Traffic
 from bagpipe_cli.engine.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import RankFailure
+from bagpipe_cli.launch.contention import sched_times, wait_delta
 
 
 def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCollective, plans: Any,
@@ -62,7 +63,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
                         tracer=tracer)
     make = RoundMaker(SliceReader(s.ds, cfg, s.train_rows, s.offsets, i, layout.trainers), i,
                       s.total_rows)
-    cpu = time.process_time()
+    cpu, sched = time.process_time(), sched_times()
     try:
         records = loop.run(PlanFeed(layout, plans, i, make, traffic))
     except RuntimeError as e:  # a background sum failed (DDP re-raises it): its error says why
@@ -83,7 +84,8 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
            "device_info": describe(device), **figures, "traffic": traffic,
-           "written_back_at_end": system.written_back_at_end, "trace": tracer.export()}
+           "written_back_at_end": system.written_back_at_end, "trace": tracer.export(),
+           "sched": wait_delta(sched, sched_times())}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())
     send_obj(out, 0, layout)  # (the result itself is not counted: it is sent after the count)

@@ -56,6 +56,7 @@ from bagpipe_cli.engine.trace import (
     trainer_role,
 )
 from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.launch.contention import ContentionMeter
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 from bagpipe_cli.models import build_model
 
@@ -140,6 +141,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     feed = LocalLoader(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
                                      loader_workers(cfg, placement)), on_start=pinned.helper,
                       tracer=tracer)
+    meter = ContentionMeter(len(set(placement.compute) | set(placement.helpers)))
     t_start = time.perf_counter()
     try:
         records = loop.run(feed)
@@ -160,7 +162,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
               "trainer_devices": [str(device)] * cfg.trainers, "devices": [describe(device)],
               "backend": None, "placement": [placement.to_json()]}
-    facts = {"runner": "inproc", "transport": "inproc", "roles": roles,
+    facts = {"runner": "inproc", "transport": "inproc", "roles": roles, "contention": meter.figures(),
              "rows_written_back_at_end": system.written_back_at_end}
     parts = [tracer.export()]
     trace = trace_document(parts, trace_meta(cfg, "in-process: one clock", parts)) \
