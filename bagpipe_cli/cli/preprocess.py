@@ -7,12 +7,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
     InputPath,
     check_outputs,
     console,
+    err_console,
     format_si,
     list_option,
     out_option,
@@ -26,6 +28,14 @@ if TYPE_CHECKING:
     from bagpipe_cli.data.preprocess import PreprocessResult
 
 _PHASES = {"read": "read + count", "write": "write ids", "encode": "read + encode"}
+_OPS = ">=, >, <=, <, ==, !="
+
+
+def _threshold_option(column: str, implies: str) -> Callable[..., Any]:
+    """--label-threshold: the label is 1 where a comparison of `column` holds, else 0."""
+    return click.option("--label-threshold", default=None, metavar="EXPR",
+                        help=f"Derive the 0/1 label from {column}: EXPR is COLUMN OP NUMBER (OP: "
+                             f"{_OPS}), the label 1 where it holds, else 0; e.g. {implies}.")
 
 
 def _common_options(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -69,6 +79,8 @@ def _run(fmt: str, inputs: tuple[Path, ...], out: Path, overwrite: bool, block_m
 
     result = run_preprocess(cfg, out, overwrite=overwrite, progress=progress)
     _summary(result, out)
+    for w in result.warnings:
+        err_console.print(f"[yellow]Warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
 
 
 def _summary(r: PreprocessResult, out: Path) -> None:
@@ -94,7 +106,9 @@ def _summary(r: PreprocessResult, out: Path) -> None:
         table.add_row("ids", f"by popularity, vocabularies in {out}/vocab{note}")
     table.add_row("dense features", str(meta.num_dense))
     if meta.label is not None:
-        table.add_row("label", meta.label)
+        rule = (meta.extra.get("label") or {}).get("rule")
+        table.add_row("label", meta.label + (f" ({rule})" if rule and meta.options.get(
+            "label_threshold") else ""))
     bad = meta.extra["bad_lines"]
     if bad["count"]:
         first = bad["first"][0]
@@ -122,6 +136,8 @@ def preprocess() -> None:
 @click.argument("inputs", nargs=-1, required=True, type=InputPath())
 @click.option("--no-label", is_flag=True,
               help="The files have no label column (Kaggle's test.txt).")
+@_threshold_option("the label column, 'label'", "'label>=1' for files whose first column "
+                   "counts clicks")
 @_common_options
 @translate_errors
 def criteo(inputs: tuple[Path, ...], out: Path, overwrite: bool, no_label: bool, **kw: Any) -> None:
@@ -137,6 +153,7 @@ def criteo(inputs: tuple[Path, ...], out: Path, overwrite: bool, no_label: bool,
 @click.argument("inputs", nargs=-1, required=True, type=InputPath())
 @click.option("--hour", type=click.Choice(["split", "keep"]), default="split", show_default=True,
               help="split: YYMMDDHH -> hour_of_day and day_of_week tables; keep: one raw `hour` table.")
+@_threshold_option("the label column, 'click'", "'click>=1' for a file of click counts")
 @_common_options
 @translate_errors
 def avazu(inputs: tuple[Path, ...], out: Path, overwrite: bool, **kw: Any) -> None:
@@ -145,9 +162,14 @@ def avazu(inputs: tuple[Path, ...], out: Path, overwrite: bool, **kw: Any) -> No
 
 
 @preprocess.command(epilog="Example: bagpipe preprocess csv clicks.parquet --out data/mine --label "
-                           "clicked --categorical user,item,shop --dense price,age")
+                           "clicked --categorical user,item,shop --dense price,age\n\n"
+                           "Example: bagpipe preprocess csv ratings.csv --out data/ml "
+                           "--label-threshold 'rating>=4' --categorical user,item")
 @click.argument("inputs", nargs=-1, required=True, type=InputPath())
-@click.option("--label", required=True, help="Label column (values 0 or 1).")
+@click.option("--label", default=None,
+              help="Label column (values 0 or 1); or derive it with --label-threshold.")
+@_threshold_option("a numeric column, which becomes the label column (--label may be left out)",
+                   "'rating>=4' on 1..5 star ratings")
 @click.option("--categorical", required=True, help="Comma-separated categorical columns.")
 @click.option("--dense", default=None, help="Comma-separated numeric columns.")
 @click.option("--sep", default=",", show_default=True, help="Field separator (text input).")

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import click
+from rich.markup import escape
 from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
@@ -152,36 +153,87 @@ def _print_result(result) -> None:
                     f"{p.oracle_ms_per_iter:.2f}",
                     f"{p.oracle_mb_per_iter:.3f}", f"{v['rows_fetched']:,.0f}")
     console.print(tab)
-    src = result.compute_source
-    if src.get("kind") == "calibrated":
-        console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
-                      f"(x{src['scale']:.3g} for {cfg.batch_size // cl.trainers:,} samples per trainer)")
-        warn_skipped(src.get("skipped", []))
+    _print_calibration(result)
     ref = next((p for p in result.predictions if role(p.system) == "reference"), None)
     if ref is not None and ref.mean_ms > 0:
         share = (ref.exposed_fetch_ms + ref.exposed_sync_ms) / ref.mean_ms
         note = cfg.reported.get("embedding_share") if cfg.reported else None
         console.print(f"{ref.system} waits for embedding rows and synchronisation {share:.0%} of its "
                       f"iteration" + (f" (reported: {note})" if note else ""))
+    _print_comparison(result)
+    line = _fastest_line(result.predictions)
+    if line:
+        console.print(line, highlight=False)
+
+
+def _print_calibration(result) -> None:
+    """Where the compute came from: the runs, the one forward+backward every system uses (and
+    each system's own, measured), and `Warning:` lines on stderr where they disagree."""
+    src, cfg = result.compute_source, result.config
+    if src.get("kind") != "calibrated":
+        return
+    console.print(f"compute calibrated from {src['runs']} run(s) at batch {src['batch_size']:,} "
+                  f"(x{src['scale']:.3g} for {cfg.batch_size // cfg.cluster.trainers:,} samples "
+                  "per trainer)", highlight=False)
+    fb = src.get("fwd_bwd") or {}
+    if fb.get("systems"):
+        mine = ", ".join(f"{s} {fb['measured_ms'][s]:.2f}" for s in fb["systems"])
+        own = "".join(f"; {s} its own, {fb['measured_ms'][s]:.2f} ms ({why})"
+                      for s, why in fb.get("own", {}).items() if s in cfg.systems)
+        console.print(f"forward+backward measured once: {fb['ms']:.2f} ms at batch "
+                      f"{src['batch_size']:,}, the median over the runs (each system's: {mine} "
+                      f"ms), for every system{own}", highlight=False, soft_wrap=True)
+    for w in src.get("warnings", []):
+        err_console.print(f"[yellow]Warning:[/] {escape(w)}", highlight=False, soft_wrap=True)
+    warn_skipped(src.get("skipped", []))
+
+
+def _print_comparison(result) -> None:
+    """bagpipe's predicted speed-up over every other system simulated (the bound `local`
+    included), next to the published figures where the scenario has them."""
     bag = next((p for p in result.predictions if role(p.system) == "ours"), None)
-    if bag is not None:
-        rep = cfg.reported or {}
-        t = Table(title="predicted speed-up of bagpipe over each baseline"
-                  + (f" (reported: {rep.get('source', 'published')})" if rep else ""))
-        t.add_column("baseline")
-        t.add_column("bagpipe speed-up", justify="right")
+    if bag is None:
+        return
+    rep = result.config.reported or {}
+    t = Table(title="predicted speed-up of bagpipe over each other system"
+              + (f" (reported: {rep.get('source', 'published')})" if rep else ""),
+              caption="its mean iteration / bagpipe's (below 1x: faster than bagpipe)")
+    t.add_column("system")
+    t.add_column("bagpipe speed-up", justify="right")
+    if rep:
+        t.add_column("reported", justify="right")
+    for p in result.predictions:
+        if p is bag:
+            continue
+        row = [p.system, _ratio(p.mean_ms, bag.mean_ms)]
         if rep:
-            t.add_column("reported", justify="right")
-        for p in result.predictions:
-            if role(p.system) in ("ours", "bound"):
-                continue
-            row = [p.system, f"{p.mean_ms / bag.mean_ms:.2f}x" if bag.mean_ms > 0 else "-"]
-            if rep:
-                per = rep.get("speedup") or {}
-                row.append(str(per.get(p.system, f"up to {rep.get('speedup_max', '?')}x")
-                               if isinstance(per, dict) else per))
-            t.add_row(*row)
-        console.print(t)
+            per = rep.get("speedup") or {}
+            # "up to" a paper's best is over its baselines, not over the bound
+            best = "-" if role(p.system) == "bound" else f"up to {rep.get('speedup_max', '?')}x"
+            row.append(str(per.get(p.system, best) if isinstance(per, dict) else per))
+        t.add_row(*row)
+    console.print(t)
+
+
+def _ratio(slow_ms: float, fast_ms: float) -> str:
+    r = slow_ms / fast_ms if fast_ms > 0 else math.nan
+    return f"{r:.2f}x" if math.isfinite(r) else "-"
+
+
+def _fastest_line(preds) -> str:
+    """In words: the fastest system (mean iteration time) and its speed-up over the next
+    fastest (the best other) and over the reference (sync) where simulated; "" for fewer
+    than two systems."""
+    ok = sorted((p for p in preds if math.isfinite(p.mean_ms)), key=lambda p: p.mean_ms)
+    if len(ok) < 2:
+        return ""
+    best, runner = ok[0], ok[1]
+    line = (f"fastest: {best.system}, {_ratio(runner.mean_ms, best.mean_ms)} over "
+            f"{runner.system} (the best other)")
+    ref = next((p for p in ok[2:] if role(p.system) == "reference"), None)
+    if ref is not None:
+        line += f", {_ratio(ref.mean_ms, best.mean_ms)} over {ref.system}"
+    return line
 
 
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:

@@ -134,7 +134,10 @@ def _compute(cfg: SimulateConfig) -> tuple[dict[str, ComputeTimes], dict[str, An
     # here computes batch_size / trainers samples; compute scales with the samples.
     factor = (cfg.batch_size / cfg.cluster.trainers) / src["batch_size"]
     src = {"kind": "calibrated", **src, "scale": factor,
-           "note": "per-sample compute of the runs x samples per trainer"}
+           "note": "per-sample compute of the runs x samples per trainer; forward+backward "
+                   "measured once (fwd_bwd: ms at the runs' batch, ms_used here, each "
+                   "system's measured_ms), the other phases each system's own"}
+    src["fwd_bwd"] = {**src["fwd_bwd"], "ms_used": src["fwd_bwd"]["ms"] * factor}
     return {s: per.get(s, per["*"]).scaled(factor) for s in cfg.systems}, src
 
 

@@ -10,12 +10,18 @@ median over the measured iterations (after warm-up) of
   bookkeeping.
 
 `prefetch_wait` and `sync` are left out: they are the communication the model predicts.
+
+`calibrate` (for `simulate --calibrate`) measures the model's forward + backward once: every
+system the engine runs in one pass computes the same dense model on the same batch, so their
+runs measure one quantity, and each system's own figure differs from it by noise alone
+(`shared_compute`). The phases that depend on the system (data per round, optimizer and cache
+updates, untimed work, fetch CPU) stay each system's own.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +74,8 @@ class MeasuredRun:
     # The plan bytes per iteration rank 0 counted (summary roles.oracle.traffic); None for
     # a run that did not count them (in-process, or from before the count)
     counted_plan_bytes: float | None = None
+    device: str = ""  # where its trainers computed (a GPU's name, or "cpu"; "" unrecorded)
+    phased: bool = False  # computed some batch in two passes (hotline's popular samples first)
 
     def twin_key(self) -> tuple:
         """Runs equal in everything but the network are twins."""
@@ -152,7 +160,19 @@ def read_measured(folder: Path) -> MeasuredRun:
         network_emulated=emulated,
         model=mcfg.name,
         counted_plan_bytes=counted_plan_bytes(summary),
+        device=_device(config), phased=_phased(m, trace.batch_size),
     )
+
+
+def _device(config: dict[str, Any]) -> str:
+    d = ((config.get("layout") or {}).get("devices") or [{}])[0] or {}
+    return str(d.get("gpu") or str(d.get("device") or "").split(":")[0])
+
+
+def _phased(m: pd.DataFrame, batch_size: int) -> bool:
+    """Whether some measured batch was split: 0 < popular samples < the batch."""
+    p = m["popular_samples"] if "popular_samples" in m else pd.Series(dtype=float)
+    return bool(((p > 0) & (p < batch_size)).any())
 
 
 def counted_plan_bytes(summary: dict[str, Any]) -> float | None:
@@ -254,45 +274,87 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     """Compute times per system from stored runs, for `--calibrate RESULTS`.
 
     Runs without an emulated network are preferred (their timers are least disturbed);
-    `model` keeps only runs of that model. Per system: the phases of its least disturbed
-    run (the lowest total compute: on a shared machine, slower repeats are other load,
-    as pyperf's minimum); a system without runs gets the median over the systems ("*").
-    Returns the
-    compute per system and what it came from (batch size, trainers, model, runs used, and
-    `skipped`: the runs left out as unreadable, each {path, reason}).
+    `model` keeps only runs of that model. Of those, the runs of the most common model,
+    device, batch size and trainer count (in turn) are used: what changes the compute. Each
+    phase of a system is the median over its runs, but forward + backward, which is
+    `shared_compute`'s one figure for every system that runs the model in one pass; a system
+    without runs gets the median over the systems ("*"). Returns the compute per system and
+    what it came from (batch size, trainers, model, device, runs used, the shared figure and
+    each system's own, `warnings` (`shared_compute`'s) and `skipped`: the runs left out as
+    unreadable, each {path, reason}).
     """
     runs, skipped = read_measured_runs(*paths)
     if model:
-        runs = [r for r in runs if _model_of(r) == model]
+        runs = [r for r in runs if r.model == model]
         if not runs:
             raise DataError(f"--calibrate: no runs of model {model!r} under "
                             f"{', '.join(map(str, paths))}")
     quiet = [r for r in runs if not r.network_emulated]
     use = quiet or runs
-    batches = sorted({r.trace.batch_size for r in use})
-    # The most common batch size (and trainer count) among the runs decides the reference.
-    ref_b = max(batches, key=lambda b: sum(r.trace.batch_size == b for r in use))
-    use = [r for r in use if r.trace.batch_size == ref_b]
-    ref_n = max({r.cluster.trainers for r in use}, key=lambda n: sum(r.cluster.trainers == n for r in use))
-    use = [r for r in use if r.cluster.trainers == ref_n]
-
-    def least_disturbed(rs: list[MeasuredRun]) -> ComputeTimes:
-        return min(rs, key=lambda r: r.compute.total_ms).compute
-
-    out = {}
-    for s in sorted({r.system for r in use}):
-        out[s] = least_disturbed([r for r in use if r.system == s])
-    def med(f: str) -> float:
-        return float(np.median([getattr(c, f) for c in out.values()]))
-
-    out["*"] = ComputeTimes(data_ms=med("data_ms"), fwd_bwd_ms=med("fwd_bwd_ms"),
-                            backward_ms=med("bwd_ms"), optimizer_ms=med("optimizer_ms"),
-                            other_ms=med("other_ms"), fetch_cpu_ms=med("fetch_cpu_ms"))
-    source = {"batch_size": ref_b, "trainers": ref_n, "runs": len(use),
-              "network_emulated_runs": not quiet, "models": sorted({_model_of(r) for r in use}),
+    ref = {}
+    for key, of in (("model", lambda r: r.model), ("device", lambda r: r.device),
+                    ("batch_size", lambda r: r.trace.batch_size),
+                    ("trainers", lambda r: r.cluster.trainers)):
+        values = [of(r) for r in use]  # the most common value (the first of equals) decides
+        ref[key] = max(dict.fromkeys(values), key=values.count)
+        use = [r for r in use if of(r) == ref[key]]
+    by_system = {s: [r for r in use if r.system == s] for s in sorted({r.system for r in use})}
+    own = {s: _median_compute([r.compute for r in rs]) for s, rs in by_system.items()}
+    shared = shared_compute(by_system, ref["model"])
+    fb, bwd, warnings = shared["ms"], shared["backward_ms"], shared.pop("warnings")
+    out = {s: replace(c, fwd_bwd_ms=fb, backward_ms=bwd) if s in shared["systems"] else c
+           for s, c in own.items()}
+    out["*"] = replace(_median_compute(list(own.values())), fwd_bwd_ms=fb, backward_ms=bwd,
+                       sync_ms=0.0, server_ms=0.0, cpu_bound_ms=0.0)
+    source = {**ref, "device": ref["device"] or None, "runs": len(use), "network_emulated_runs": not quiet,
+              "models": [ref["model"]], "fwd_bwd": shared, "warnings": warnings,
               "paths": [str(p) for p in paths], "skipped": [s.to_dict() for s in skipped]}
     return out, source
 
 
-def _model_of(run: MeasuredRun) -> str:
-    return run.model
+DISAGREEMENT = 1.5  # systems' forward + backward further apart than this ratio: not noise
+
+
+def shared_compute(by_system: dict[str, list[MeasuredRun]], model: str) -> dict[str, Any]:
+    """The model's forward + backward, one figure for every system that computes it in one
+    pass: the median over their runs (each run's own figure is its median over its measured
+    iterations); the backward its median share of it. A system whose runs split a batch in
+    two passes (hotline), or that simulate has no model of (it skips samples, or runs
+    another library), keeps its own figure. Returns {ms, backward_ms, systems (those that
+    share it), measured_ms (each system's median), own (system: why it keeps its own),
+    spread (slowest / fastest sharing system), disagreement, warnings}: one warning when
+    the spread is above DISAGREEMENT, more than noise between runs of one model."""
+    own: dict[str, str] = {}
+    for s, rs in by_system.items():
+        if not getattr(SYSTEMS.get(s), "volumes", None):
+            own[s] = "simulate has no model of it"
+        elif any(r.phased for r in rs):
+            own[s] = "computes a batch in two passes"
+    sharing = [s for s in by_system if s not in own]
+    # Without such a system, "*" (a system without runs) takes the median over them all.
+    pool = [r.compute for s in sharing or by_system for r in by_system[s]]
+    fb = float(np.median([c.fwd_bwd_ms for c in pool]))
+    shares = [c.bwd_ms / c.fwd_bwd_ms for c in pool if c.fwd_bwd_ms > 0]
+    measured = {s: float(np.median([r.compute.fwd_bwd_ms for r in rs])) for s, rs in by_system.items()}
+    figures = {s: measured[s] for s in sharing}
+    lo, hi = min(figures.values(), default=0.0), max(figures.values(), default=0.0)
+    spread = hi / lo if lo > 0 else (1.0 if hi == 0 else math.inf)
+    warnings = []
+    if spread > DISAGREEMENT:
+        listed = ", ".join(f"{s} {x:.2f} ms" for s, x in sorted(figures.items(), key=lambda i: -i[1]))
+        warnings.append(
+            f"--calibrate: the runs of model {model} disagree on its forward+backward beyond "
+            f"noise ({listed}: the slowest {spread:.2f}x the fastest, over {DISAGREEMENT:g}x); "
+            "a loaded machine or oversubscribed threads slowed some of them: rerun them with "
+            f"the machine idle, or with --threads 1. Every system uses the median, {fb:.2f} ms")
+    return {"ms": fb, "backward_ms": fb * float(np.median(shares)) if shares else None,
+            "systems": sharing, "measured_ms": measured, "own": own,
+            "spread": spread, "disagreement": DISAGREEMENT, "warnings": warnings}
+
+
+def _median_compute(cs: list[ComputeTimes]) -> ComputeTimes:
+    """Each phase's median over `cs` (the backward: its median share of forward + backward)."""
+    med = {f.name: float(np.median([getattr(c, f.name) for c in cs])) for f in fields(ComputeTimes)
+           if f.name != "backward_ms"}
+    shares = [c.bwd_ms / c.fwd_bwd_ms for c in cs if c.fwd_bwd_ms > 0]
+    return ComputeTimes(**med, backward_ms=med["fwd_bwd_ms"] * float(np.median(shares)) if shares else None)

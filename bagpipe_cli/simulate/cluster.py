@@ -97,9 +97,11 @@ class SimulateConfig:
     compute_ms: float | None = setting(None, "Compute per iteration on one trainer (forward, "
                                              "backward, optimizer), in ms.",
                                        section="cluster and network")
-    calibrate: tuple[str, ...] = setting((), "Instead of --compute-ms: the compute per system "
-                                             "from measured runs under RESULTS (no-network runs "
-                                             "preferred), scaled to the samples per trainer "
+    calibrate: tuple[str, ...] = setting((), "Instead of --compute-ms: the compute from "
+                                             "measured runs under RESULTS (no-network runs "
+                                             "preferred): forward+backward once, the median "
+                                             "over every system's runs; the other phases each "
+                                             "system's own; scaled to the samples per trainer "
                                              "(repeatable).", multiple=True,
                                          section="cluster and network", path="input")
     runtime: str = setting("distributed", "distributed: a process per trainer, each fetching and "

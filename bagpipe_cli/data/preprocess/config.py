@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from bagpipe_cli.data.preprocess.layout import AVAZU_LABEL, LabelThreshold
 from bagpipe_cli.data.preprocess.sniff import is_parquet
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import check_int, check_memory, check_table_rows
@@ -14,14 +15,15 @@ FORMATS = ("criteo", "avazu", "csv")
 BLOCKS_IN_FLIGHT = 8  # input blocks' worth of memory a pass holds at once (raw, parsed, decoded)
 
 
-def _check_roles(label: str, categorical: tuple[str, ...], dense: tuple[str, ...]) -> None:
+def _check_roles(label: str, categorical: tuple[str, ...], dense: tuple[str, ...],
+                 label_option: str = "--label") -> None:
     """Refuse a column named twice: in one option, in two, or as the label and a feature.
 
     A column is read once and means one thing; a second mention would become a second table
     (or feature) holding the same values, or feed the label to the model.
     """
     seen: dict[str, str] = {"": ""}
-    for opt, names in (("--label", (label,)), ("--categorical", categorical), ("--dense", dense)):
+    for opt, names in ((label_option, (label,)), ("--categorical", categorical), ("--dense", dense)):
         for n in names:
             if n == "":
                 raise ConfigError(f"{opt}: an empty column name (two commas in a row?)")
@@ -39,6 +41,9 @@ class PreprocessConfig:
     format: str  # "criteo", "avazu" or "csv" (csv also reads .parquet)
     inputs: tuple[Path, ...]  # input files, read in this order (.gz is decompressed)
     label: str | None = "label"  # label column (csv); criteo: "label" or None for --no-label
+    # The label is 1 where "COLUMN OP NUMBER" holds (e.g. "rating>=4"), else 0; csv: COLUMN is
+    # the label column (`label` None or the same), criteo/avazu: their label column only.
+    label_threshold: str | None = None
     categorical: tuple[str, ...] = ()  # csv: categorical columns
     dense: tuple[str, ...] = ()  # csv: dense (numeric) columns
     sep: str = ","  # csv: field separator
@@ -61,12 +66,15 @@ class PreprocessConfig:
                 raise ConfigError(f"INPUT {p}: no such file")
             if not p.is_file():
                 raise ConfigError(f"INPUT {p}: not a file")
+        self._check_threshold()
         if self.format == "csv":
             if not self.label:
-                raise ConfigError("--label: give the label column")
+                raise ConfigError("--label: give the label column, or derive a 0/1 label from a "
+                                  "numeric column with --label-threshold (e.g. 'rating>=4')")
             if not self.categorical:
                 raise ConfigError("--categorical: give at least one categorical column")
-            _check_roles(self.label, self.categorical, self.dense)
+            _check_roles(self.label, self.categorical, self.dense,
+                         "--label-threshold" if self.label_threshold else "--label")
             if len(self.sep) != 1:
                 raise ConfigError(f"--sep must be one character (got {self.sep!r})")
             if self.sep in '"\r\n':
@@ -92,6 +100,34 @@ class PreprocessConfig:
         if self.on_bad_line not in ("error", "skip"):
             raise ConfigError(f"--on-bad-line {self.on_bad_line!r}: choose error or skip")
         self._check_block()
+
+    def _check_threshold(self) -> None:
+        """Parse --label-threshold (kept as written back: 'rating >= 4' -> 'rating>=4'); its
+        column is the label column: csv's --label (given or implied), Criteo's or Avazu's own."""
+        if self.label_threshold is None:
+            return
+        given = f"--label-threshold {self.label_threshold!r}"
+        thr = LabelThreshold.parse(self.label_threshold)
+        object.__setattr__(self, "label_threshold", str(thr))
+        if self.format == "csv":
+            if self.label and self.label != thr.column:
+                raise ConfigError(f"{given} derives the label from column {thr.column!r}, but "
+                                  f"--label is {self.label!r}; give one of them (the threshold's "
+                                  "column is the label column)")
+            object.__setattr__(self, "label", thr.column)
+            return
+        fixed = AVAZU_LABEL if self.format == "avazu" else "label"
+        if self.label is None:
+            raise ConfigError(f"{given} cannot be combined with --no-label: the files have no "
+                              "label column to derive a label from")
+        if thr.column != fixed:
+            raise ConfigError(f"{given}: the label of {self.format} input is its {fixed!r} column; "
+                              f"a threshold can only derive the label from it (e.g. '{fixed}>=1')")
+
+    @property
+    def threshold(self) -> LabelThreshold | None:
+        """The parsed --label-threshold, or None."""
+        return LabelThreshold.parse(self.label_threshold) if self.label_threshold else None
 
     def _check_block(self) -> None:
         """A block size in bytes (the command line gives MiB, maybe fractional) whose few

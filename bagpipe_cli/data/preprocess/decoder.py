@@ -1,9 +1,9 @@
 """Decoding blocks of input: checks, the dense transform and per-table factorisation.
 
 `decoded_blocks` turns one file's parsed blocks (`reader`) into `DecodedBlock`s: labels
-checked to be 0 or 1, dense features as log(1 + max(x, 0)), and each table's values
-factorised into a `CatColumn` (distinct keys, see `vocab`, and each row's index into
-them). Bad lines are found by vectorised checks and handed to `BadLines`, which raises on
+checked to be 0 or 1 (or derived by a `--label-threshold`), dense features as
+log(1 + max(x, 0)), and each table's values factorised into a `CatColumn` (distinct keys,
+see `vocab`, and each row's index into them). Bad lines are found by vectorised checks and handed to `BadLines`, which raises on
 the first one (`FILE:LINE: problem`) or, with `--on-bad-line skip`, records them while
 the block is decoded again without them.
 """
@@ -30,11 +30,19 @@ from bagpipe_cli.data.preprocess.reader import (
     iter_text_blocks,
     prefetch,
 )
-from bagpipe_cli.data.preprocess.values import fmt_value, not_finite, numbers
+from bagpipe_cli.data.preprocess.values import (
+    fmt_value,
+    not_finite,
+    numbers,
+    threshold_hint,
+    threshold_label,
+)
 from bagpipe_cli.data.preprocess.vocab import hex_bad, value_keys
 from bagpipe_cli.errors import DataError
 
 _BAD_LINES_KEPT = 10
+# A bad line: (line, problem, cause, what would fix it: asked only when it stops the run).
+_Found = tuple[int, str, str, Callable[[], str | None] | None]
 _DAYS = np.array(["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"], dtype=object)
 _HOURS = np.array([f"{h:02d}" for h in range(24)], dtype=object)
 
@@ -57,17 +65,19 @@ class BadLines:
     per_file: dict[str, int] = field(default_factory=dict)
     causes: dict[str, int] = field(default_factory=dict)
 
-    def take(self, block: Block, found: list[tuple[int, str, str]]) -> None:
-        """Handle (line, problem, cause) triples of one block: raise, or record them."""
+    def take(self, block: Block, found: list[_Found]) -> None:
+        """Handle the (line, problem, cause, fix) of one block's bad lines: raise, or record them."""
         if not found:
             return
         found.sort(key=lambda x: x[0])  # stable: a line's problems stay in the order listed
         if self.mode == "error":
-            line, problem, _ = found[0]
-            raise DataError(f"{block.where(line)}: {problem} (pass --on-bad-line skip to skip "
-                            "bad lines)")
+            line, problem, _, fix = found[0]
+            how = fix() if fix is not None else None
+            raise DataError(f"{block.where(line)}: {problem}" + (
+                f"; {how}, or pass --on-bad-line skip to drop such lines" if how
+                else " (pass --on-bad-line skip to skip bad lines)"))
         by_line: dict[int, list[tuple[str, str]]] = {}
-        for line, problem, cause in found:
+        for line, problem, cause, _ in found:
             by_line.setdefault(line, []).append((problem, cause))
         self.count += len(by_line)
         key = str(block.path)
@@ -104,8 +114,9 @@ class DecodedBlock:
 
 
 # An issue: bad row positions, how to describe one of them, and its cause for the counts
-# (`BadLines.causes`: "COLUMN: what is wrong").
-_Issue = tuple[np.ndarray, Callable[[int], str], str]
+# (`BadLines.causes`: "COLUMN: what is wrong"); maybe what would fix one of them.
+_Issue = tuple[np.ndarray, Callable[[int], str], str] | tuple[
+    np.ndarray, Callable[[int], str], str, Callable[[int], str | None]]
 
 
 def _dict_encode(col: pa.ChunkedArray) -> tuple[np.ndarray, pa.Array]:
@@ -229,7 +240,6 @@ def _label(layout: Layout, t: pa.Table, empty_rows: Callable[[], np.ndarray],
     name = layout.label
     raw = t.column(name)
     lab, bad, missing = numbers(raw, integer=False)
-    wrong = ~missing & (lab != 0) & (lab != 1)  # nan, inf and a bad value too (NaN)
     if missing.any():
         empty = empty_rows()
         for rows, what, cause in ((missing & empty, "empty line", "empty line"),
@@ -237,14 +247,18 @@ def _label(layout: Layout, t: pa.Table, empty_rows: Callable[[], np.ndarray],
                                    f"{name}: missing label")):
             if rows.any():
                 issues.append((np.flatnonzero(rows), lambda r, what=what: what, cause))
+    if layout.threshold is not None:
+        return threshold_label(layout.threshold, raw, lab, bad, missing, issues)
+    wrong = ~missing & (lab != 0) & (lab != 1)  # nan, inf and a bad value too (NaN)
     if wrong.any():
         issues.append((np.flatnonzero(wrong), lambda r: (
-            f"{name} = {fmt_value(raw[int(r)].as_py())} is not 0 or 1"), f"{name}: not 0 or 1"))
+            f"{name} = {fmt_value(raw[int(r)].as_py())} is not 0 or 1"), f"{name}: not 0 or 1",
+            lambda r: threshold_hint(name, float(lab[r]))))
     return np.where(wrong | missing, 0, lab).astype(np.float32)
 
 
 def _decode(block: Block, layout: Layout,
-            pool: ThreadPoolExecutor) -> tuple[DecodedBlock, list[tuple[int, str]]]:
+            pool: ThreadPoolExecutor) -> tuple[DecodedBlock, list[_Found]]:
     """Validate and transform one block; returns the decoded rows and its bad (line, problem)."""
     t = block.table
     n = t.num_rows
@@ -331,12 +345,13 @@ def _gather_cats(jobs: list[Future[tuple[CatColumn | None, _Issue | None]]],
     return cats  # type: ignore[return-value]
 
 
-def _located(block: Block, issues: list[_Issue]) -> list[tuple[int, str, str]]:
-    """(line, problem, cause) of every bad row named by `issues`."""
-    found: list[tuple[int, str, str]] = []
-    for rows, msg, cause in issues:
+def _located(block: Block, issues: list[_Issue]) -> list[_Found]:
+    """(line, problem, cause, fix) of every bad row named by `issues`."""
+    found: list[_Found] = []
+    for rows, msg, cause, *fix in issues:
         lines = block.lines(rows)
-        found += [(int(ln), msg(int(r)), cause) for r, ln in zip(rows, lines, strict=True)]
+        found += [(int(ln), msg(int(r)), cause, functools.partial(fix[0], int(r)) if fix else None)
+                  for r, ln in zip(rows, lines, strict=True)]
     return found
 
 
@@ -354,11 +369,11 @@ def decoded_blocks(path: Path, layout: Layout, block_size: int, bad: BadLines,
     """Decoded blocks of one file, bad lines reported or dropped (and recorded)."""
     for block in _blocks(path, layout, block_size, hasher):
         dec, found = _decode(block, layout, pool)
-        found = block.bad + found
+        found = [(ln, p, c, None) for ln, p, c in block.bad] + found
         if found:
             bad.take(block, found)  # raises unless --on-bad-line skip
             # Drop the bad rows (the parser already dropped the wrong-length lines).
-            bad_lines = np.array(sorted({ln for ln, _, _ in found}), dtype=np.int64)
+            bad_lines = np.array(sorted({ln for ln, *_ in found}), dtype=np.int64)
             lines = block.lines(np.arange(block.table.num_rows))
             keep = ~np.isin(lines, bad_lines)
             block = Block(block.table.filter(pa.array(keep)), block.path, block.first_line,

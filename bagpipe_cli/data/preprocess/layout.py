@@ -2,14 +2,18 @@
 
 A layout maps input columns to the label, the dense features and the categorical tables,
 and says which pyarrow type each column is parsed as (numbers typed so that pyarrow's
-parser validates them; categorical values as raw bytes).
+parser validates them; categorical values as raw bytes). A label may be derived from its
+column by a `LabelThreshold` (`--label-threshold 'rating>=4'`).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 
 from bagpipe_cli.data.preprocess.sniff import TextFormat, is_parquet, read_header
@@ -22,6 +26,52 @@ CRITEO_CATS = [f"C{i}" for i in range(1, 27)]
 AVAZU_LABEL = "click"
 AVAZU_ID = "id"
 AVAZU_HOUR = "hour"
+THRESHOLD_OPS = (">=", ">", "<=", "<", "==", "!=")  # two-character ones first: `>=` is not `>`
+_COMPARE = {">=": np.greater_equal, ">": np.greater, "<=": np.less_equal, "<": np.less,
+            "==": np.equal, "!=": np.not_equal}
+_NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
+# Greedy COLUMN: the operator is the one right before the number (`a<b>=4` is `a<b` >= 4).
+_THRESHOLD = re.compile(rf"(?P<column>.*)(?P<op>{'|'.join(map(re.escape, THRESHOLD_OPS))})"
+                        rf"\s*(?P<number>{_NUMBER})\s*", re.S)
+
+
+def shown_number(v: float) -> str:
+    """4.0 -> '4', 0.5 -> '0.5': a threshold as a user writes it."""
+    return str(int(v)) if v.is_integer() and abs(v) < 2**53 else repr(v)
+
+
+@dataclass(frozen=True)
+class LabelThreshold:
+    """A 0/1 label derived from a numeric column: 1 where `column op value` holds, else 0."""
+
+    column: str
+    op: str  # one of THRESHOLD_OPS
+    value: float
+
+    @classmethod
+    def parse(cls, text: str) -> LabelThreshold:
+        """'rating>=4' -> LabelThreshold('rating', '>=', 4.0); a ConfigError naming the option."""
+        m = _THRESHOLD.fullmatch(text)
+        column = m.group("column").strip() if m else ""
+        if not m or not column or column[-1] in "<>=!":
+            raise ConfigError(f"--label-threshold {text!r}: expected COLUMN OP NUMBER, OP one of "
+                              f"{', '.join(THRESHOLD_OPS)} (e.g. 'rating>=4')")
+        value = float(m.group("number"))
+        if not math.isfinite(value):
+            raise ConfigError(f"--label-threshold {text!r}: {m.group('number')} is beyond the range "
+                              "of a 64-bit float; give a finite number")
+        return cls(column, m.group("op"), value)
+
+    def __str__(self) -> str:
+        return f"{self.column}{self.op}{shown_number(self.value)}"
+
+    @property
+    def rule(self) -> str:
+        return f"1 where {self.column} {self.op} {shown_number(self.value)}, else 0"
+
+    def apply(self, x: np.ndarray) -> np.ndarray:
+        """Per value: whether the comparison holds."""
+        return _COMPARE[self.op](x, self.value)
 
 
 @dataclass(frozen=True)
@@ -50,6 +100,7 @@ class Layout:
     parquet: bool = False
     field_hints: tuple[tuple[int, str], ...] = ()  # (fields found, what it means) for messages
     other_sep: str = "pass --sep '{sep}'"  # what to do when lines use another separator
+    threshold: LabelThreshold | None = None  # the label is derived from its column by this
 
     def types(self) -> dict[str, pa.DataType]:
         """pyarrow type of every column that is read."""
@@ -81,7 +132,8 @@ class Layout:
 
     def signature(self) -> tuple:
         """What must agree between several input files."""
-        return (self.label, self.dense, tuple((c.name, c.kind) for c in self.cats))
+        return (self.label, str(self.threshold), self.dense,
+                tuple((c.name, c.kind) for c in self.cats))
 
 
 def criteo_layout(label: bool) -> Layout:
@@ -119,7 +171,7 @@ def avazu_layout(path: Path, hour: str) -> Layout:
 
 
 def csv_layout(path: Path, sep: str, label: str, categorical: tuple[str, ...],
-               dense: tuple[str, ...]) -> Layout:
+               dense: tuple[str, ...], label_option: str = "--label") -> Layout:
     parquet = is_parquet(path)
     fmt = TextFormat(delimiter=sep, quoting=True, header=True)
     header = read_header(path, fmt)
@@ -130,7 +182,7 @@ def csv_layout(path: Path, sep: str, label: str, categorical: tuple[str, ...],
             shown = "\\t" if other == "\t" else other
             raise ConfigError(f"--sep {sep!r}: the header of {path} has no {sep!r} but has "
                               f"{SEPARATORS[other]} ({header[0]!r}); pass --sep '{shown}'")
-    for opt, names in (("--label", [label]), ("--categorical", categorical), ("--dense", dense)):
+    for opt, names in ((label_option, [label]), ("--categorical", categorical), ("--dense", dense)):
         for n in names:
             if n not in header:
                 raise ConfigError(f"{opt}: column {n!r} not in {path} {where} "

@@ -17,7 +17,9 @@ previous one is encoded):
 
 The input is parsed once. With `--max-rows-per-table` or `--vocab-from` ids are final in
 pass 1 and pass 2 is skipped. Memory is the vocabularies plus a block or two, whatever
-the input size. What the dataset records about its encoding is written by `manifest`.
+the input size. What the dataset records about its encoding is written by `manifest`;
+what its rows hold (label classes, dense ranges: `manifest.Observed`) is gathered as the
+blocks pass, for meta.json and the result's warnings (the library never prints).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +41,12 @@ from bagpipe_cli.data.format import META_FILE, DatasetMeta, TableSpec, sparse_fi
 from bagpipe_cli.data.preprocess.config import PreprocessConfig
 from bagpipe_cli.data.preprocess.decoder import BadLines, CatColumn, DecodedBlock, decoded_blocks
 from bagpipe_cli.data.preprocess.layout import Layout, avazu_layout, criteo_layout, csv_layout
-from bagpipe_cli.data.preprocess.manifest import load_saved_vocabs, write_meta
+from bagpipe_cli.data.preprocess.manifest import (
+    Observed,
+    dataset_warnings,
+    load_saved_vocabs,
+    write_meta,
+)
 from bagpipe_cli.data.preprocess.sniff import check_text, is_parquet
 from bagpipe_cli.data.preprocess.vocab import Vocab, VocabCounter, hash_bucket
 from bagpipe_cli.data.writer import DatasetWriter
@@ -67,6 +74,9 @@ class PreprocessResult:
     tables: list[TableStats]
     bad_lines: int
     seconds: float
+    # For the user (the CLI prints them): one class of label, most rows dropped, constant
+    # dense features (`manifest.dataset_warnings`).
+    warnings: list[str] = field(default_factory=list)
 
     @property
     def rows(self) -> int:
@@ -86,24 +96,34 @@ class _Inputs:
     bad: BadLines  # bad lines so far, over all files
     hashers: list  # per file: sha256 of its bytes as they are read (None: hashed at the end)
     pool: ThreadPoolExecutor  # two threads for a block's tables and dense columns
+    seen: Observed = field(default_factory=Observed)  # what the blocks so far hold
 
     def files(self) -> Iterator[tuple[Path, Iterator[DecodedBlock]]]:
         """Each input file and its decoded blocks, bad lines reported or dropped."""
         for path, lay, h in zip(self.cfg.inputs, self.layouts, self.hashers, strict=True):
-            yield path, decoded_blocks(path, lay, self.cfg.block_size, self.bad, h, self.pool)
+            yield path, self._observed(decoded_blocks(path, lay, self.cfg.block_size, self.bad,
+                                                      h, self.pool))
+
+    def _observed(self, blocks: Iterator[DecodedBlock]) -> Iterator[DecodedBlock]:
+        for dec in blocks:
+            self.seen.add(dec)
+            yield dec
 
 
 def _layouts(cfg: PreprocessConfig) -> list[Layout]:
     out = []
+    thr = cfg.threshold
     for p in cfg.inputs:
         if not is_parquet(p):
             check_text(p)  # a zstd file or binary junk is named as such, not parsed
         if cfg.format == "criteo":
-            out.append(criteo_layout(cfg.label is not None))
+            lay = criteo_layout(cfg.label is not None)
         elif cfg.format == "avazu":
-            out.append(avazu_layout(p, cfg.hour))
+            lay = avazu_layout(p, cfg.hour)
         else:
-            out.append(csv_layout(p, cfg.sep, cfg.label or "", cfg.categorical, cfg.dense))
+            lay = csv_layout(p, cfg.sep, cfg.label or "", cfg.categorical, cfg.dense,
+                             "--label-threshold" if thr else "--label")
+        out.append(replace(lay, threshold=thr))
     for p, lay in zip(cfg.inputs[1:], out[1:], strict=True):
         if lay.signature() != out[0].signature():
             raise DataError(f"{p}: its columns differ from those of {cfg.inputs[0]}; all inputs "
@@ -177,7 +197,8 @@ def preprocess(cfg: PreprocessConfig, out: Path, overwrite: bool = False,
     stats = [TableStats(s.name, s.cardinality,
                         v.distinct if (v is not None and cfg.mode == "vocab") else None)
              for s, v in zip(specs, vocabs or [None] * len(specs), strict=True)]
-    return PreprocessResult(meta, stats, bad.count, time.perf_counter() - t0)
+    return PreprocessResult(meta, stats, bad.count, time.perf_counter() - t0,
+                            dataset_warnings(layouts[0], inputs.seen, bad))
 
 
 def _count_then_remap(inputs: _Inputs, tmp: Path,
@@ -193,7 +214,8 @@ def _count_then_remap(inputs: _Inputs, tmp: Path,
     try:
         vocabs, files = _count_pass(inputs, w, progress)
         specs = [TableSpec(c.name, v.cardinality) for c, v in zip(lay0.cats, vocabs, strict=True)]
-        meta = write_meta(inputs.cfg, w, tmp, lay0, vocabs, None, files, inputs.bad, inputs.hashers)
+        meta = write_meta(inputs.cfg, w, tmp, lay0, vocabs, None, files, inputs.bad, inputs.hashers,
+                          inputs.seen)
     except BaseException:
         w.abort()
         raise
@@ -270,7 +292,7 @@ def _encode_once(inputs: _Inputs, tmp: Path, progress: Progress, vocabs: list[Vo
                     advance(dec.n)
                 files.append(_file_entry(path, start, w.rows, inputs.bad))
         return write_meta(inputs.cfg, w, tmp, lay0, vocabs, hash_rows, files, inputs.bad,
-                          inputs.hashers)
+                          inputs.hashers, inputs.seen)
     except BaseException:
         w.abort()
         raise

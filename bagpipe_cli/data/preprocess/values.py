@@ -4,17 +4,23 @@
 path) into float64 values with masks of the bad (not a number) and missing (empty) rows;
 a value written `nan` or `inf`, or one beyond a float64 (1e400), is neither: the caller
 decides. `not_finite` says why such a value cannot be used; `fmt_value` shows a value in
-a message, cut short when it is long.
+a message, cut short when it is long. `threshold_label` derives 0/1 labels from a numeric
+column (`--label-threshold`), and `threshold_hint` suggests one for a label that is not 0/1.
 """
 
 from __future__ import annotations
 
+import math
 import re
+import shlex
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from bagpipe_cli.data.preprocess.layout import LabelThreshold, shown_number
 
 _SHOWN = 40  # characters of a bad value a message shows
 
@@ -68,3 +74,30 @@ def not_finite(name: str, col: pa.ChunkedArray, r: int) -> str:
                     "(about 1.8e308)")
         return f"{name} = {text.strip()!r} is not a finite number; an empty field is a missing value"
     return f"{name} = {v!r} is not a finite number; a null is a missing value"
+
+
+def threshold_label(thr: LabelThreshold, raw: pa.ChunkedArray, vals: np.ndarray, bad: np.ndarray,
+                    missing: np.ndarray,
+                    issues: list[tuple[np.ndarray, Callable[[int], str], str]]) -> np.ndarray:
+    """The 0/1 labels `thr` derives from its column (`numbers(raw)`: vals, bad, missing); a
+    value that is not a finite number is an issue, like a dense one (missing: the caller's)."""
+    name = thr.column
+    if bad.any():
+        issues.append((np.flatnonzero(bad), lambda r: (f"{name} = {fmt_value(raw[r].as_py())} is "
+                                                        "not a number"), f"{name}: not a number"))
+    inf_or_nan = ~bad & ~missing & ~np.isfinite(vals)
+    if inf_or_nan.any():
+        issues.append((np.flatnonzero(inf_or_nan), lambda r: not_finite(name, raw, r),
+                       f"{name}: not finite"))
+    with np.errstate(invalid="ignore"):
+        holds = thr.apply(vals)
+    return np.where(bad | missing | inf_or_nan, False, holds).astype(np.float32)
+
+
+def threshold_hint(name: str, v: float) -> str | None:
+    """How a label value `v` that is not 0 or 1 becomes one: a --label-threshold on its column
+    (None for a value that is not a finite number)."""
+    if not math.isfinite(v):
+        return None
+    expr = f"{name}>0" if v < 0 else f"{name}>={shown_number(v)}"
+    return f"derive a 0/1 label with --label-threshold {shlex.quote(expr)}"
