@@ -8,6 +8,7 @@ functions, so `bagpipe --help` and `bagpipe CMD --help` start at once.
 from __future__ import annotations
 
 import importlib
+import sys
 from collections.abc import Iterator, MutableMapping
 from typing import Any
 
@@ -88,6 +89,28 @@ class LazyGroup(click.Group):
                         else self.commands[name]).get_short_help_str(limit)) for name in names]
         with formatter.section("Commands"):
             formatter.write_dl(rows)
+
+    def main(self, *args: Any, standalone_mode: bool = True, **kwargs: Any) -> Any:
+        """As click's, but a usage error (an option's bad value, a missing argument) is one
+        line, `Error: ... (see 'bagpipe CMD --help')`, exit 2, like every other error."""
+        if not standalone_mode:
+            return super().main(*args, standalone_mode=False, **kwargs)
+        try:
+            rv = super().main(*args, standalone_mode=False, **kwargs)
+        except click.exceptions.NoArgsIsHelpError as e:  # `bagpipe` alone: the help
+            click.echo(e.ctx.get_help())
+            sys.exit(e.exit_code)
+        except click.UsageError as e:
+            cmd = e.ctx.command_path if e.ctx is not None else "bagpipe"
+            click.echo(f"Error: {e.format_message()} (see '{cmd} --help')", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
         with _interrupts_as_errors():

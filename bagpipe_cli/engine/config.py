@@ -350,6 +350,8 @@ def _check_number(f: Field, v: Any) -> None:
     if isinstance(v, float) and not math.isfinite(v):
         raise ConfigError(f"{field_option(f)} must be a finite number (got {v})")
     high, why = f.metadata.get("at_most") or (MAX_SEED if f.name == "seed" else INT32_MAX, "")
+    if f.name == "seed" and v < 0:  # numpy's generators take none
+        raise ConfigError(f"{field_option(f)} {v}: a seed is a non-negative integer (0 to {high:,})")
     if abs(v) > high and (isinstance(v, int) or f.metadata.get("at_most")):
         raise ConfigError(f"{field_option(f)} {v}: at most {high:,}" + (f" ({why})" if why else ""))
 
