@@ -26,6 +26,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
+from bagpipe_cli.engine.config import EMB_OPTIMIZERS
 from bagpipe_cli.outputs import Input
 from bagpipe_cli.policies.table import POLICIES
 
@@ -52,17 +53,23 @@ def _int(v: str) -> int:
 @click.option("--policies", default=",".join(POLICIES), show_default=True,
               help="Policies to simulate, comma-separated.")
 @click.option("--dim", type=int, default=64, show_default=True,
-              help="Embedding dimension, for the fp32 bytes fetched.")
+              help="Embedding dimension, for the fp32 bytes fetched and the tables' size.")
+@click.option("--optimizer", type=click.Choice(EMB_OPTIMIZERS), default="sgd", show_default=True,
+              help="Embedding optimizer, for the tables' size (adagrad keeps one float of "
+                   "state a row).")
 @out_option("profile", required=False, help="Output directory, written atomically "
                                  "[default: results/profile-<dataset directory name>].")
 @overwrite_option
 @translate_errors
 def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None, policies: str,
-            dim: int, out: Path | None, overwrite: bool) -> None:
+            dim: int, optimizer: str, out: Path | None, overwrite: bool) -> None:
     """Profile DATA: access skew and every cache policy simulated on the exact batch trace.
 
     Writes profile.json, CSV tables (profile.csv, skew_tables.csv, access_cdf.csv,
-    per_batch.csv, bagpipe_vs_belady.csv) and PNG plots to --out, and prints a summary.
+    per_batch.csv, bagpipe_vs_belady.csv) and PNG plots to --out, and prints a summary: with
+    the size of the embedding tables (--dim floats a row, and --optimizer's state) against
+    this machine's memory, and, when they fit many times over, that `local` (every table on
+    the trainer) is the answer for this data.
     """
     from bagpipe_cli.data.format import open_dataset
     from bagpipe_cli.profile import ProfileConfig, run_profile
@@ -82,7 +89,7 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     with _Stages() as progress:
         result = run_profile(cfg, progress)
     write_profile(result, out, overwrite)
-    _summary(result, out)
+    _summary(result, out, optimizer)
     for w in result.warnings:
         err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
 
@@ -109,7 +116,8 @@ class _Stages:
         self.progress.__exit__(*exc)
 
 
-def _summary(result: ProfileResult, out: Path) -> None:
+def _summary(result: ProfileResult, out: Path, optimizer: str) -> None:
+    from bagpipe_cli.guidance import table_fit
     from bagpipe_cli.profile.skew import share_label
 
     t, s = result.trace, result.skew
@@ -122,7 +130,15 @@ def _summary(result: ProfileResult, out: Path) -> None:
     head.add_row("batches", f"{t.batches:,} of {t.batch_size:,} (last: {t.last_batch_rows:,} samples); "
                  f"unique rows per batch: max {t.max_batch_unique_rows:,}, "
                  f"mean {t.unique_accesses / max(t.batches, 1):,.0f}")
+    fit = table_fit([x["cardinality"] for x in result.dataset["tables"]], result.config.dim,
+                    optimizer, dataset=str(result.dataset.get("name") or ""))
+    head.add_row("tables' size", f"{_bytes(fit.table_bytes)} ({result.config.dim}-dim fp32"
+                 + (f", {optimizer} state" if fit.state_dim else "") + "): "
+                 + (f"1/{fit.times:,.0f} of" if fit.times >= 1 else f"{1 / fit.times:,.1f}x")
+                 + f" this machine's {_bytes(fit.memory_bytes)}")
     console.print(head)
+    if fit.sentence():
+        console.print(fit.sentence(), soft_wrap=True, highlight=False, markup=False)
     tab = Table(title=f"rows fetched from the embedding servers ({result.config.dim}-dim fp32)")
     for col in ["policy", "L", "cache rows", "fetched rows", "hit rate", "peak resident", "fetched"]:
         tab.add_column(col, justify="left" if col == "policy" else "right")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
+from rich.markup import escape
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
@@ -20,6 +21,7 @@ from bagpipe_cli.cli.common import (
 from bagpipe_cli.outputs import Input
 
 if TYPE_CHECKING:
+    from bagpipe_cli.report.verdict import Verdict
     from bagpipe_cli.results import SkippedRun
 
 # Files that make a folder stored results (a run, a bench, a dataset): an --out holding one
@@ -50,6 +52,12 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     iteration, the timeline and the overlap of communication with compute (when runs carry
     a trace), held-out AUC over time (when runs evaluated during training) and the dataset's
     access-skew CDF, with a summary table (median, p10-p90) and time to the target AUC.
+
+    The page and this output lead with the verdict in words: per setting, the fastest system,
+    its lead over the best other system and over sync and whether each is outside the noise
+    of the repeats; warnings first when runs ran under load or systems computed the same
+    model at very different speeds; and, when the tables fit a trainer many times over, that
+    `local` is the answer.
     """
     from bagpipe_cli.report import ReportConfig, build_report
     from bagpipe_cli.report.noise import legend
@@ -61,6 +69,7 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     check_outputs(_inputs(cfg.results, cfg.out_dir), out=cfg.out_dir)
     res = build_report(cfg)
     warn_skipped(res.skipped)
+    print_verdict(res.verdict)
     s = res.summary
     t = Table(title=f"{len(res.runs)} runs: median over repeats", title_justify="left")
     for col in ("setting", "system", "runs", "iteration ms", "samples/s", "speed-up vs sync"):
@@ -78,6 +87,17 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     pages = [p for p in res.files if p.suffix in (".html", ".md")]
     console.print(f"{len(res.figures)} figures; report: {', '.join(map(str, pages)) or res.out}",
                   soft_wrap=True)
+
+
+def print_verdict(verdict: Verdict) -> None:
+    """The verdict's words on the console (`report.verdict.Verdict`): the flags as warnings
+    first, then per setting the fastest system, Bagpipe's line and the small-data guidance."""
+    for f in verdict.flags:
+        console.print(f"[yellow]warning:[/yellow] {escape(f.text)}", soft_wrap=True,
+                      highlight=False)
+    for line in [s for v in verdict.settings for s in v.sentences] + (
+            [verdict.bagpipe] if verdict.bagpipe else []) + verdict.guidance:
+        console.print(line, soft_wrap=True, highlight=False, markup=False)
 
 
 def _inputs(results: tuple[Path, ...], out: Path) -> list[Input]:

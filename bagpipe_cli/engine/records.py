@@ -175,7 +175,8 @@ SUMMARY_KEYS = {
     "memory": "estimate_bytes: the memory the run was admitted on (engine/memory.py), every "
               "rank's summed; peak_bytes: the measured peak RSS, every rank's summed; processes; "
               "parts: the estimate by part (tables, planner, caches, dense model, inputs, "
-              "activations, evaluation, processes)",
+              "activations, evaluation, processes); machine_bytes: the memory of the machine "
+              "that wrote the summary (its cgroup's limit where lower)",
     "checkpoints": "checkpoints written", "checkpoint_every": "--checkpoint-every",
     "checkpoint_ms": "milliseconds of each checkpoint", "checkpoint_ms_median": "their median",
     "checkpoint_overhead_pct": "median checkpoint / (every x median iteration), in %",

@@ -24,6 +24,7 @@ from bagpipe_cli.engine.records import auc_warning, complete_summary, merge_reco
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.shards import Shard, assemble_tables
 from bagpipe_cli.environment import peak_rss_mb
+from bagpipe_cli.limits import machine_memory
 
 
 @dataclass
@@ -126,10 +127,12 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
 
 def memory_summary(s: RunSetup, roles: dict[str, Any]) -> dict[str, Any]:
     """The estimate the run was admitted on beside the measured peak: the sum of every rank's
-    peak RSS (a process per role), or this process's."""
+    peak RSS (a process per role), or this process's; and the memory of the machine that
+    wrote the summary (its own, or its cgroup's limit)."""
     peaks = [r["peak_rss_mb"] for r in roles.values() if r.get("peak_rss_mb") is not None]
     peak = sum(peaks) if peaks else peak_rss_mb()
-    return {**s.memory.to_json(), "peak_bytes": int(peak * 2**20)}
+    return {**s.memory.to_json(), "peak_bytes": int(peak * 2**20),
+            "machine_bytes": machine_memory()}
 
 
 def trainer_records(frames: list[pd.DataFrame]) -> pd.DataFrame | None:

@@ -19,7 +19,6 @@ and the access profiles a bench stored in `<bench>/profiles/<dataset>/`, and wri
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,15 +27,13 @@ import numpy as np
 import pandas as pd
 
 from bagpipe_cli.engine.records import MIN_AUC_CLASS, auc_warning
-from bagpipe_cli.engine.registry import role
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
 from bagpipe_cli.outputs import Output, check_output
+from bagpipe_cli.records import read_record
 from bagpipe_cli.report import plots
-from bagpipe_cli.report.accuracy import display_accuracy
 from bagpipe_cli.report.analysis import (
     BASELINE,
-    TRAFFIC_TEXT,
     annotate,
     context,
     summary_table,
@@ -44,34 +41,16 @@ from bagpipe_cli.report.analysis import (
     time_breakdown,
     traffic_table,
 )
-from bagpipe_cli.report.noise import NOISE_MARK, UNKNOWN_MARK, noise_mark
 from bagpipe_cli.report.over_time import draw_accuracy, draw_timeline
-from bagpipe_cli.report.page import (
-    Block,
-    display_summary,
-    display_traffic,
-    render_html,
-    render_markdown,
-    table_with_legend,
-)
+from bagpipe_cli.report.page import Block, page_blocks, render_html, render_markdown
+from bagpipe_cli.report.verdict import Verdict, build_verdict
 from bagpipe_cli.results import SkippedRun, is_run, load_runs
 
 FORMATS = ("png", "svg", "html", "md")
 IMAGE_FORMATS = ("png", "svg")
 REPORT_SCHEMA_VERSION = 1
 _Figure = tuple[str, Any, str, str]  # name, matplotlib figure, heading, caption
-ACCURACY_TEXT = (
-    "Held-out AUC from the evaluations during training (`metrics_eval.csv`), medians over "
-    "repeats. Time to target: seconds of training (evaluations left out) to the first "
-    "evaluation whose AUC reaches the target AUC: the median and range (min–max) over the "
-    "repeats that reached it, and how many did. Time-to-accuracy speed-up = sync's median "
-    "time to target / the system's, in the same setting, with its range over every pair of "
-    "repeats; throughput speed-up as in the summary, with its range likewise. A system that "
-    "trains faster but stalls below the target has no time to target: its extra throughput "
-    "is lost to accuracy. Parameters: \"= sync\" trains sync's parameters bitwise, \"= sync up "
-    "to rounding\" the same sums in another order, \"approximate\" another computation (it "
-    "skips work or reads stale rows): only time to target compares it fairly, and its AUC "
-    "curves say (approximate).")
+
 
 
 @dataclass(frozen=True)
@@ -115,6 +94,7 @@ class ReportResult:
     accuracy: pd.DataFrame = field(default_factory=pd.DataFrame)  # time to target, per group
     overlap: pd.DataFrame = field(default_factory=pd.DataFrame)  # transfers hidden, per group
     traffic: pd.DataFrame = field(default_factory=pd.DataFrame)  # MB per iteration by role and kind
+    verdict: Verdict = field(default_factory=Verdict)  # the words: fastest, flags, guidance
 
 
 def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str, pd.DataFrame, dict]]:
@@ -137,7 +117,7 @@ def find_profiles(paths: tuple[Path, ...], runs: pd.DataFrame) -> list[tuple[str
         prof = {}
         if (c.parent / "profile.json").is_file():
             try:
-                prof = json.loads((c.parent / "profile.json").read_text())
+                prof = read_record(c.parent / "profile.json", "profile")  # limited; a bad one: {}
             except ValueError:
                 prof = {}
         out.append((name, pd.read_csv(c), prof))
@@ -186,7 +166,7 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     check_output(Output("--out", out, "report"), cfg.overwrite)
     loaded = load_runs(*cfg.results)
     runs, metrics = annotate(loaded.runs), loaded.metrics
-    summary = summary_table(runs, metrics)
+    summary = summary_table(runs)
     bd = time_breakdown(runs, metrics)
     sub = context(runs)
     figures: list[_Figure] = []
@@ -200,9 +180,11 @@ def build_report(cfg: ReportConfig) -> ReportResult:
     _draw_access_cdf(cfg, runs, figures, notes)
     notes += auc_notes(runs)
     traffic = traffic_table(runs, loaded.traffic)
-    blocks = _page(cfg, runs, summary, figures, notes, sub, loaded.skipped, acc, traffic)
+    verdict = build_verdict(runs, summary)
+    blocks = page_blocks(cfg.results, runs, summary, figures, notes, sub, loaded.skipped, acc,
+                         traffic, verdict)
     result = ReportResult(out, [], runs, summary, bd, [f[0] for f in figures], notes,
-                          loaded.skipped, acc, overlap, traffic)
+                          loaded.skipped, acc, overlap, traffic, verdict)
     result.files = _write_report(cfg, result, figures, blocks)
     return result
 
@@ -251,7 +233,8 @@ def _draw_breakdown(bd: pd.DataFrame, sub: str, figures: list[_Figure]) -> None:
                         "Mean time per measured iteration spent in each stage, stacked (means, so "
                         "that costs paid once per round, such as Bagpipe's prefetch wait at a "
                         "round's start, are amortised over the round); `other` is iteration time "
-                        "outside the six timed stages. The black tick is the median iteration time."))
+                        "outside the six timed stages. The black tick is the median iteration time "
+                        "(the median over repeats of each run's median, as in the summary)."))
 
 
 def _draw_sweeps(runs: pd.DataFrame, sub: str, figures: list[_Figure], notes: list[str]) -> None:
@@ -339,62 +322,6 @@ def _write_report(cfg: ReportConfig, res: ReportResult, figures: list[_Figure],
             "kind": "bagpipe-report", "schema_version": REPORT_SCHEMA_VERSION,
             "results": [str(p) for p in cfg.results], "runs": len(res.runs),
             "formats": list(cfg.formats), "figures": [f[0] for f in figures], "notes": res.notes,
-            "skipped": [s.to_dict() for s in res.skipped],
+            "skipped": [s.to_dict() for s in res.skipped], "verdict": res.verdict.to_json(),
         })
     return files
-
-
-def _page(cfg: ReportConfig, runs: pd.DataFrame, summary: pd.DataFrame,
-          figures: list[_Figure], notes: list[str], sub: str,
-          skipped: list[SkippedRun], accuracy: pd.DataFrame,
-          traffic: pd.DataFrame) -> list[Block]:
-    benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
-    title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
-    n_runs = len(runs)
-    inputs = ", ".join(f"`{p}`" for p in cfg.results)
-    emulated = runs["network_emulated"].fillna(False).astype(bool) if "network_emulated" in runs \
-        else pd.Series([False] * n_runs)
-    rev = [r for r in dict.fromkeys(runs.get("env_git_revision", pd.Series(dtype=object)).dropna())]
-    dirty = bool(runs.get("env_git_dirty", pd.Series(dtype=object)).fillna(False).astype(bool).any())
-    intro = (f"{n_runs} runs from {inputs}: {sub}. Network emulated in {int(emulated.sum())} of "
-             f"{n_runs} runs. Code: "
-             + (", ".join(f"`{r[:10]}`" for r in rev) if rev else "unknown revision")
-             + (" (with uncommitted changes)" if dirty else "") + ". "
-             "Speed figures exclude warm-up iterations; every number is a median with its "
-             "p10–p90 spread.")
-    blocks = [Block("h1", title), Block("p", intro), Block("h2", "Summary"),
-              Block("p", "One row per system and setting. Iteration time: every measured iteration "
-                         "of every repeat; samples/s and speed-up: over repeats (speed-up = median "
-                         "samples/s / median samples/s of sync in the same setting)."),
-              *table_with_legend(display_summary(summary), "speed-up vs sync: median (p10–p90)")]
-    best = summary[(summary["system"].map(role) == "ours") & summary["speedup"].notna()]
-    if len(best):
-        b = best.loc[best["speedup"].idxmax()]
-        mark = noise_mark(b["speedup"], b["speedup_low"], b["speedup_high"])
-        blocks.append(Block("p", f"Largest Bagpipe speed-up: {b['speedup']:.2f}× over sync "
-                                 f"({b['variant']}, {b['setting']})"
-                                 + {NOISE_MARK: ", within the noise of the repeats.",
-                                    UNKNOWN_MARK: ", from one repeat (its noise unknown)."}
-                                 .get(mark, ".")))
-    if len(accuracy):
-        blocks += [Block("h2", "Accuracy and time to target"), Block("p", ACCURACY_TEXT),
-                   *table_with_legend(display_accuracy(accuracy), "time-to-accuracy speed-up (range)",
-                                 "throughput speed-up (range)")]
-    if len(traffic):
-        blocks += [Block("h2", "Bytes per iteration by role"), Block("p", TRAFFIC_TEXT),
-                   Block("table", table=display_traffic(traffic))]
-    for name, _, heading, caption in figures:
-        blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
-    if notes:
-        blocks += [Block("h2", "Notes")] + [Block("p", n) for n in notes]
-    if skipped:
-        blocks += [Block("h2", "Skipped runs"),
-                   Block("p", "Unreadable, left out of every figure and table: "
-                              + "; ".join(f"`{s.path}`: {s.reason}" for s in skipped))]
-    env_cols = [c for c in ("env_cpu", "env_torch", "env_torch_threads", "env_cuda", "env_hostname")
-                if c in runs]
-    if env_cols:
-        env = runs[env_cols].astype(str).drop_duplicates()
-        env.columns = [c.removeprefix("env_") for c in env_cols]
-        blocks += [Block("h2", "Environment"), Block("table", table=env)]
-    return blocks

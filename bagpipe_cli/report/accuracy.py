@@ -31,6 +31,18 @@ ACCURACY_COLUMNS = [
     "iterations_to_target", "tta_speedup", "tta_speedup_low", "tta_speedup_high", "speedup",
     "speedup_low", "speedup_high",
 ]
+ACCURACY_TEXT = (
+    "Held-out AUC from the evaluations during training (`metrics_eval.csv`), medians over "
+    "repeats. Time to target: seconds of training (evaluations left out) to the first "
+    "evaluation whose AUC reaches the target AUC: the median and range (min–max) over the "
+    "repeats that reached it, and how many did. Time-to-accuracy speed-up = sync's median "
+    "time to target / the system's, in the same setting, with its range over every pair of "
+    "repeats; throughput speed-up as in the summary, with its range likewise. A system that "
+    "trains faster but stalls below the target has no time to target: its extra throughput "
+    "is lost to accuracy. Parameters: \"= sync\" trains sync's parameters bitwise, \"= sync up "
+    "to rounding\" the same sums in another order, \"approximate\" another computation (it "
+    "skips work or reads stale rows): only time to target compares it fairly, and its AUC "
+    "curves say (approximate).")
 
 
 def _median(x: pd.Series) -> float:

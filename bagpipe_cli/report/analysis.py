@@ -11,8 +11,10 @@ Definitions:
   same setting; its spread is the p10-p90 of (each repeat's samples/s / that sync median);
   `speedup_low`-`speedup_high`: its range over every pair of repeats of the two systems,
   which holds 1 when it is within their noise (`report.noise`).
-- iteration time: the per-iteration `time` of every measured (non-warm-up) iteration of
-  every repeat, pooled: median, p10, p90.
+- samples/s and iteration time of a group: `results.config_figures`, the one definition
+  `bench`'s closing table shares: medians over repeats of each run's `samples_per_s` and
+  `median_iter_ms` (p10/p90: of samples/s over repeats; of iteration time, the median over
+  repeats of each run's `p10_iter_ms`/`p90_iter_ms`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ import math
 from dataclasses import fields
 from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
@@ -30,6 +31,7 @@ from bagpipe_cli.engine.records import TIME_KEYS
 from bagpipe_cli.engine.registry import REFERENCE
 from bagpipe_cli.engine.traffic import KINDS
 from bagpipe_cli.report.noise import ratio_range
+from bagpipe_cli.results.figures import config_figures, percentile
 
 BASELINE = REFERENCE
 TIME_COLUMNS = TIME_KEYS
@@ -133,12 +135,6 @@ def ordered_groups(runs: pd.DataFrame):
     return sorted(groups, key=key)
 
 
-def _pct(x: np.ndarray, q: float) -> float:
-    x = np.asarray(x, dtype=float)
-    x = x[~np.isnan(x)]
-    return float(np.percentile(x, q)) if len(x) else math.nan
-
-
 def speedups(runs: pd.DataFrame) -> pd.DataFrame:
     """Per run: `speedup` = its samples/s / the median samples/s of sync in its setting."""
     runs = runs.copy()
@@ -148,16 +144,14 @@ def speedups(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
-def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
+def summary_table(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per group (setting, variant), in the order the runs were made (see module doc)."""
     runs = speedups(runs)
-    measured = metrics[metrics["measured"]]
-    times = measured.groupby("run_path")["time"].apply(lambda s: s.to_numpy())
     sync_sps = runs[runs["system"] == BASELINE].groupby("setting_key")["samples_per_s"]
     rows = []
     for _, g in ordered_groups(runs):
         r0 = g.iloc[0]
-        it = np.concatenate([times.get(p, np.array([])) for p in g["run_path"]]) * 1e3
+        fig = config_figures(g)
         sps = g["samples_per_s"].to_numpy(dtype=float)
         sp = g["speedup"].to_numpy(dtype=float)
         base = r0["sync_samples_per_s"]
@@ -166,15 +160,13 @@ def summary_table(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
                      else (math.nan, math.nan))
         rows.append({
             "setting": r0["setting"], "system": r0["system"], "variant": r0["variant"],
-            "runs": len(g),
-            "iter_ms_median": _pct(it, 50), "iter_ms_p10": _pct(it, 10), "iter_ms_p90": _pct(it, 90),
-            "samples_per_s_median": _pct(sps, 50), "samples_per_s_p10": _pct(sps, 10),
-            "samples_per_s_p90": _pct(sps, 90),
-            "speedup": _pct(sps, 50) / base if base and not math.isnan(base) else math.nan,
-            "speedup_p10": _pct(sp, 10), "speedup_p90": _pct(sp, 90),
+            "runs": len(g), **fig,
+            "speedup": (fig["samples_per_s_median"] / base if base and not math.isnan(base)
+                        else math.nan),
+            "speedup_p10": percentile(sp, 10), "speedup_p90": percentile(sp, 90),
             "speedup_low": low, "speedup_high": high,
-            "final_loss": _pct(g["final_loss"].to_numpy(dtype=float), 50),
-            "eval_auc": _pct(g["eval_auc"].to_numpy(dtype=float), 50) if "eval_auc" in g else math.nan,
+            "final_loss": percentile(g["final_loss"].to_numpy(dtype=float), 50),
+            "eval_auc": percentile(g["eval_auc"].to_numpy(dtype=float), 50) if "eval_auc" in g else math.nan,
         })
     return pd.DataFrame(rows, columns=SUMMARY_COLUMNS)
 
@@ -184,7 +176,9 @@ def time_breakdown(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
     (iteration time not in any component) and the median iteration time.
 
     Means, not medians: Bagpipe's data and prefetch wait fall on a round's first iteration
-    only, and a median would hide them; the means add up to the mean iteration time.
+    only, and a median would hide them; the means add up to the mean iteration time. The
+    median iteration is the group's `results.config_figures` (the summary table's and the
+    bench's: the median over repeats of each run's median), not the pooled iterations'.
     """
     m = metrics[metrics["measured"]].merge(runs[["run_path", "group"]], on="run_path")
     rows = []
@@ -197,7 +191,7 @@ def time_breakdown(runs: pd.DataFrame, metrics: pd.DataFrame) -> pd.DataFrame:
         total = 1e3 * float(mm["time"].mean()) if len(mm) else math.nan
         row["other"] = max(total - sum(row[c] for c in TIME_COLUMNS if not math.isnan(row[c])), 0.0)
         row["mean_iter_ms"] = total
-        row["median_iter_ms"] = 1e3 * float(mm["time"].median()) if len(mm) else math.nan
+        row["median_iter_ms"] = config_figures(g)["iter_ms_median"]
         rows.append(row)
     return pd.DataFrame(rows)
 

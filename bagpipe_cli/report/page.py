@@ -5,12 +5,17 @@ from __future__ import annotations
 import base64
 import html
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.report.analysis import BASELINE
+from bagpipe_cli.report.accuracy import ACCURACY_TEXT, display_accuracy
+from bagpipe_cli.report.analysis import BASELINE, TRAFFIC_TEXT
 from bagpipe_cli.report.noise import legend, noise_mark
+from bagpipe_cli.report.verdict import Verdict
 
 
 @dataclass
@@ -138,3 +143,74 @@ def _inline(text: str) -> str:
     """Escape, then turn `code` spans into <code>."""
     parts = html.escape(text).split("`")
     return "".join(f"<code>{p}</code>" if i % 2 else p for i, p in enumerate(parts))
+
+
+VERDICT_TEXT = (
+    "Per setting: the fastest system (median samples/s over repeats) and its lead over the best "
+    "other system and over sync, each said to be outside the noise of the repeats only when the "
+    "two systems' ranges over repeats (min–max) do not overlap; the fastest to the target AUC "
+    "where runs evaluated. Warnings first: a setting whose runs ran under load, or whose systems "
+    "computed the same model at very different speeds, has figures that say more about the "
+    "machine than about the systems.")
+
+
+def verdict_blocks(verdict: Verdict) -> list[Block]:
+    """The verdict section: the flags, the sentences per setting, Bagpipe's line, the guidance."""
+    blocks = [Block("h2", "Verdict"), Block("p", VERDICT_TEXT)]
+    blocks += [Block("p", f"Warning: {f.text}") for f in verdict.flags]
+    blocks += [Block("p", s) for v in verdict.settings for s in v.sentences]
+    blocks += [Block("p", s) for s in ([verdict.bagpipe] if verdict.bagpipe else [])]
+    return blocks + [Block("p", s) for s in verdict.guidance]
+
+
+def _intro(inputs: Sequence[Path], runs: pd.DataFrame, sub: str) -> str:
+    n_runs = len(runs)
+    emulated = runs["network_emulated"].fillna(False).astype(bool) if "network_emulated" in runs \
+        else pd.Series([False] * n_runs)
+    rev = [r for r in dict.fromkeys(runs.get("env_git_revision", pd.Series(dtype=object)).dropna())]
+    dirty = bool(runs.get("env_git_dirty", pd.Series(dtype=object)).fillna(False).astype(bool).any())
+    return (f"{n_runs} runs from {', '.join(f'`{p}`' for p in inputs)}: {sub}. Network emulated "
+            f"in {int(emulated.sum())} of {n_runs} runs. Code: "
+            + (", ".join(f"`{r[:10]}`" for r in rev) if rev else "unknown revision")
+            + (" (with uncommitted changes)" if dirty else "") + ". "
+            "Speed figures exclude warm-up iterations; every number is a median with its "
+            "p10–p90 spread.")
+
+
+def page_blocks(inputs: Sequence[Path], runs: pd.DataFrame, summary: pd.DataFrame,
+                figures: list[tuple[str, Any, str, str]], notes: list[str], sub: str,
+                skipped: Sequence[Any], accuracy: pd.DataFrame, traffic: pd.DataFrame,
+                verdict: Verdict) -> list[Block]:
+    """The whole page: the verdict first, then the tables, the figures and the notes."""
+    benches = [b for b in dict.fromkeys(runs["bench"].dropna())] if "bench" in runs else []
+    title = f"Benchmark report: {', '.join(benches)}" if benches else "Benchmark report"
+    blocks = [Block("h1", title), *verdict_blocks(verdict), Block("p", _intro(inputs, runs, sub)),
+              Block("h2", "Summary"),
+              Block("p", "One row per system and setting. Samples/s and iteration time: medians "
+                         "over repeats of each run's samples/s and median iteration (the "
+                         "iteration's p10–p90: the median over repeats of each run's own; "
+                         "samples/s's: over repeats), as `bench` shows them; speed-up = median "
+                         "samples/s / median samples/s of sync in the same setting."),
+              *table_with_legend(display_summary(summary), "speed-up vs sync: median (p10–p90)")]
+    if len(accuracy):
+        blocks += [Block("h2", "Accuracy and time to target"), Block("p", ACCURACY_TEXT),
+                   *table_with_legend(display_accuracy(accuracy), "time-to-accuracy speed-up (range)",
+                                      "throughput speed-up (range)")]
+    if len(traffic):
+        blocks += [Block("h2", "Bytes per iteration by role"), Block("p", TRAFFIC_TEXT),
+                   Block("table", table=display_traffic(traffic))]
+    for name, _, heading, caption in figures:
+        blocks += [Block("h2", heading), Block("figure", caption, figure=name, alt=heading)]
+    if notes:
+        blocks += [Block("h2", "Notes")] + [Block("p", n) for n in notes]
+    if skipped:
+        blocks += [Block("h2", "Skipped runs"),
+                   Block("p", "Unreadable, left out of every figure and table: "
+                              + "; ".join(f"`{s.path}`: {s.reason}" for s in skipped))]
+    env_cols = [c for c in ("env_cpu", "env_torch", "env_torch_threads", "env_cuda", "env_hostname")
+                if c in runs]
+    if env_cols:
+        env = runs[env_cols].astype(str).drop_duplicates()
+        env.columns = [c.removeprefix("env_") for c in env_cols]
+        blocks += [Block("h2", "Environment"), Block("table", table=env)]
+    return blocks

@@ -15,6 +15,8 @@ Every file is written atomically and read back checked: JSON files carry a schem
   `LoadResult` (runs, metrics, evaluations, skipped), `load_results` (one row per run) and
   `load_metrics` (one row per iteration). A run inside a given folder that cannot be
   read is skipped with its reason; the library never prints, the CLI warns.
+- `figures`: a configuration's speed figures over its repeats (`config_figures`): the one
+  definition of its median samples/s and median iteration, which bench and report share.
 """
 
 from bagpipe_cli.results.bench import (
@@ -29,6 +31,7 @@ from bagpipe_cli.results.bench import (
     write_environment,
     write_index,
 )
+from bagpipe_cli.results.figures import FIGURES, config_figures
 from bagpipe_cli.results.loader import (
     LoadResult,
     SkippedRun,
@@ -56,8 +59,9 @@ from bagpipe_cli.results.run import (
 from bagpipe_cli.results.schema import BENCH_SCHEMA_VERSION, RUN_SCHEMA_VERSION
 
 __all__ = [
-    "BENCH_KIND", "BENCH_SCHEMA_VERSION", "INDEX_COLUMNS", "RUN_SCHEMA_VERSION", "LoadResult",
-    "SkippedRun", "StoredBench", "StoredRun", "find_runs", "is_bench", "is_run", "load_metrics",
+    "BENCH_KIND", "BENCH_SCHEMA_VERSION", "FIGURES", "INDEX_COLUMNS", "RUN_SCHEMA_VERSION",
+    "LoadResult", "SkippedRun", "StoredBench", "StoredRun", "config_figures", "find_runs",
+    "is_bench", "is_run", "load_metrics",
     "load_results", "load_runs", "open_bench", "open_run", "read_bench_file", "read_config",
     "read_eval_metrics", "read_index", "read_metrics", "read_runs", "read_summary", "read_trace",
     "read_trainer_metrics", "run_row", "trace_of", "write_bench", "write_environment",

@@ -129,6 +129,7 @@ def run_row(run: StoredRun) -> dict[str, Any]:
         "dataset_rows": ds.get("rows"),
         "dataset_tables": len(cards),
         "embedding_rows": int(sum(cards)),
+        "row_dim": config.get("row_dim"),  # floats of a stored row (emb_dim, +1 for wdl/deepfm)
         **train,
     }
     for k, v in summary.items():
@@ -142,6 +143,8 @@ def run_row(run: StoredRun) -> dict[str, Any]:
             row[f"{k}_summary"] = v
         elif not isinstance(v, (dict, list)):
             row[k] = v
+    row.update(contention_row(summary.get("contention")))
+    row.update(memory_row(summary.get("memory")))
     devices = (config.get("layout") or {}).get("devices") or [{}]
     row["trainer_device"] = devices[0].get("device")  # where trainer 0 computed (and its GPU)
     row["trainer_gpu"] = devices[0].get("gpu")
@@ -154,6 +157,38 @@ def run_row(run: StoredRun) -> dict[str, Any]:
     trace = trace_of(folder, config)
     row["trace_path"] = str(trace) if trace is not None else None
     return row
+
+
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
+
+
+CONTENTION_COLUMNS = ("contention_cores", "contention_load_start", "contention_load_end",
+                      "contention_load_per_core", "contention_queue_wait_share",
+                      "contention_loaded", "contention_note")
+
+
+def contention_row(c: Any) -> dict[str, Any]:
+    """summary.json's `contention` (what else ran on the machine during the run) as columns;
+    every one None when the run did not record it (runs written before it) or recorded a
+    value of the wrong type: unknown, not unloaded."""
+    c = c if isinstance(c, dict) else {}
+    load = c.get("loadavg")
+    load = load if isinstance(load, list | tuple) and len(load) == 2 else (None, None)
+    loaded, note = c.get("loaded"), c.get("note")
+    return dict(zip(CONTENTION_COLUMNS, (
+        _number(c.get("cores")), _number(load[0]), _number(load[1]),
+        _number(c.get("load_per_core")), _number(c.get("run_queue_wait_share")),
+        loaded if isinstance(loaded, bool) else None,
+        note if isinstance(note, str) and note.strip() else None), strict=True))
+
+
+def memory_row(m: Any) -> dict[str, Any]:
+    """summary.json's `memory` figures as columns (None where not recorded): the run's
+    estimate and measured peak, and the memory a trainer had where the run recorded it."""
+    m = m if isinstance(m, dict) else {}
+    return {f"memory_{k}": _number(m.get(k))
+            for k in ("estimate_bytes", "peak_bytes", "machine_bytes")}
 
 
 def metrics_rows(run: StoredRun) -> pd.DataFrame:
