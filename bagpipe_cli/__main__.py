@@ -1,19 +1,27 @@
-"""`python -m bagpipe_cli` (and the `bagpipe` script): the command line, with an interrupt
-during start-up (before the command line has loaded) one line too."""
+"""`python -m bagpipe_cli` (and the `bagpipe` script, setup.cfg's console_scripts entry
+`bagpipe_cli.__main__:main`): the command line, with an interrupt during start-up (before
+the command line has loaded) one line too.
+
+The signal handlers are the first thing `main` sets up, inside the `try` (a signal during
+`install` itself is one line too): this module imports only `sys`, and `signals` only light
+standard modules, so the handlers are in place before click, the command modules or torch
+load. What a signal before that does is in `bagpipe_cli/signals.py`'s docstring."""
 
 import sys
 
 
 def main() -> None:
-    from bagpipe_cli import signals
-
-    signals.install()
-    signals.defer_heavy_imports()
     try:
+        from bagpipe_cli import signals  # the standard library's light modules only
+
+        signals.install()
+        signals.defer_heavy_imports()
         from bagpipe_cli.cli import main as cli_main
 
         cli_main()
-    except KeyboardInterrupt as e:  # while the command line loads
+    except KeyboardInterrupt as e:  # while the command line loads (install's own lines too)
+        from bagpipe_cli import signals
+
         sys.stderr.write(f"Error: {signals.describe(e)}\n")
         _exit(signals.exit_code(e))
     except SystemExit as e:

@@ -16,17 +16,34 @@ raised in a weakref callback or a `__del__` (the import system's module-lock cal
 start-up) is printed as "Exception ignored" and dropped. The interrupt would be lost and the
 run go on to exit 0; `install` hooks `sys.unraisablehook` so that such a dropped interrupt is
 sent to the main thread again (`_redeliver`), where it raises at the next ordinary line.
+
+What is guaranteed, and from when: `bagpipe` (`bagpipe_cli.__main__.main`, the console
+script's and `python -m bagpipe_cli`'s entry) calls `install` first, before click, the
+command line or torch load; this module imports only `signal`, `threading` and what the
+interpreter has loaded at start-up (tests/test_interrupts.py holds both). From the moment
+`install` has set SIGTERM's handler (visible from outside as the SIGTERM bit of `SigCgt`
+in /proc/PID/status; SIGHUP's follows on the next line), a SIGTERM or SIGHUP ends the
+process with one `Error:` line and 143 or 129 (a second one while the first is being
+cleaned up is ignored). One that arrives earlier, while the interpreter itself starts
+(and, for the `bagpipe` script, imports `re` and `bagpipe_cli/__init__.py`), meets the
+default action: the process dies by the signal (a Popen returncode of -15 or -1; a shell's
+$? is 143 or 129 either way) without a line, before any command has read its options or
+created anything, so nothing is left behind. A Ctrl-C that early is Python's own
+KeyboardInterrupt and traceback (once the interpreter has installed its SIGINT handler) or
+a death by SIGINT (before).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.abc
 import signal
 import sys
 import threading
-from collections.abc import Iterator
-from types import FrameType
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (a few ms at start-up)
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from types import FrameType
 
 HANDLED = (signal.SIGTERM, signal.SIGHUP)
 EXIT_CODES = (130, 143, 129)  # what `exit_code` gives: SIGINT, SIGTERM, SIGHUP
@@ -50,13 +67,14 @@ def _raise(signum: int, frame: FrameType | None) -> None:
 
 def install() -> None:
     """Turn SIGTERM and SIGHUP into `Terminated` in this (main) thread. A signal the parent
-    ignores stays ignored (`nohup bagpipe ...` keeps running when its terminal closes)."""
-    for s in HANDLED:
-        if signal.getsignal(s) is not signal.SIG_IGN:
-            signal.signal(s, _raise)
+    ignores stays ignored (`nohup bagpipe ...` keeps running when its terminal closes).
+    The hook for dropped interrupts goes in first, so that it is there for the first signal."""
     if sys.unraisablehook is not _unraisable:
         _unraisable.inner = sys.unraisablehook  # type: ignore[attr-defined]
         sys.unraisablehook = _unraisable
+    for s in HANDLED:
+        if signal.getsignal(s) is not signal.SIG_IGN:
+            signal.signal(s, _raise)
 
 
 REDELIVER_AFTER_S = 0.02  # the main thread has left the callback that dropped the interrupt
@@ -109,10 +127,12 @@ def deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-class _DeferredLoader(importlib.abc.Loader):
-    """A heavy module's loader, run with the signals held."""
+class _DeferredLoader:
+    """A heavy module's loader, run with the signals held. (A loader as importlib reads one:
+    `create_module` and `exec_module`; not derived from `importlib.abc.Loader`, whose import
+    costs more than the rest of this module, before the handlers are in place.)"""
 
-    def __init__(self, inner: importlib.abc.Loader):
+    def __init__(self, inner):
         self.inner = inner
 
     def create_module(self, spec):
@@ -126,9 +146,10 @@ class _DeferredLoader(importlib.abc.Loader):
         return getattr(self.inner, name)
 
 
-class _DeferredImports(importlib.abc.MetaPathFinder):
-    """Imports of the HEAVY packages (their top modules, where their C parts load) run with
-    the signals held: Ctrl-C while torch loads is one line, not an abort."""
+class _DeferredImports:
+    """A meta path finder: imports of the HEAVY packages (their top modules, where their C
+    parts load) run with the signals held: Ctrl-C while torch loads is one line, not an
+    abort."""
 
     def find_spec(self, name, path, target=None):
         if name not in HEAVY:

@@ -2,9 +2,17 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 
 # Plots are written headless, and rich must not try to drive a terminal in tests.
 os.environ.setdefault("MPLBACKEND", "Agg")
+
+# Property tests check results, never speed: no per-example deadline and no "too slow" health
+# check, which a loaded machine (the suite shares 2 cores) would trip. A test's own
+# @settings inherits these (they are the default when the test modules are imported).
+settings.register_profile("shared-machine", deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("shared-machine")
 
 # Small real click logs (Criteo, Avazu, TalkingData), in the repository with their provenance
 # and licences (tests/data/real/README.md), so no test skips for want of them.

@@ -37,7 +37,7 @@ SKIPPED = {
     "bagpipe bench benchmarks/paper.yaml --repeat 3 --out results/paper": "hours of runs",
     "bagpipe bench --resume --out results/paper": "continues results/paper, of the line above",
     "bagpipe bench benchmarks/successors.yaml --out results/successors":
-        "42 runs, 2 minutes (a small bench of the same systems stands in for its folder)",
+        "42 runs, minutes (a small bench of the same systems stands in for its folder)",
     "bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario":
         "generates an 8M-row dataset (1.3 GB) and traces 488 batches of 16,384: minutes",
 }

@@ -232,6 +232,10 @@ CODE_SUBSETS = {
         "the progress bar's traces: one without a cache, one planned, one retraced per trainer count",
     ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "lru", "local"})):
         "a cluster file's systems, and the predictions made of it",
+    ("tests/test_simulate_calibrate.py", frozenset({"bagpipe", "het", "local", "sync"})):
+        "the fabricated runs' one-pass systems, which share one compute figure",
+    ("tests/test_simulate_calibrate.py", frozenset({"het", "hotline", "local", "sync"})):
+        "the systems of the fabricated runs that bagpipe's table compares with",
     ("tests/test_checkpoint.py", frozenset({"lru", "hotline", "local"})):
         "resumed over torch.distributed: victims written back, a split batch, whole tables",
     ("benchmarks/bench_feed.py", frozenset({"local", "sync", "bagpipe"})):

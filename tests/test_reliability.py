@@ -25,6 +25,7 @@ from bagpipe_cli.engine.checkpoint import list_checkpoints
 
 # --------------------------------------------------------------------------- kill and resume
 
+HANG_S = 120  # a hang guard, not a speed limit: each run here takes seconds on an idle machine
 DIST = dict(batch_size=256, iterations=30, lookahead=4, optimizer="adagrad", trainers=2, servers=1,
             eval_rows=2000, seed=5, dense_optimizer="adam", dense_lr=0.01)
 
@@ -55,17 +56,19 @@ def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_datas
                      "--checkpoint-dir", str(ck))
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
     try:
-        deadline = time.monotonic() + 60
-        while not list_checkpoints(ck) and p.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + HANG_S
+        while not list_checkpoints(ck):
+            assert p.poll() is None, f"the run ended ({p.returncode}) before a checkpoint was seen"
+            assert time.monotonic() < deadline, f"no checkpoint after {HANG_S} s (hung?)"
             time.sleep(0.02)
         p.send_signal(signal.SIGKILL)
     finally:
         p.kill()
         p.wait()
-    assert p.returncode == -signal.SIGKILL
+    assert p.returncode == -signal.SIGKILL, f"the run ended ({p.returncode}) before the kill"
     assert not (tmp_path / "run").exists()
     stopped_at = list_checkpoints(ck)[0].name
-    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=_env())
+    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=HANG_S, env=_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))
@@ -87,13 +90,13 @@ def test_sigkill_of_a_server_then_a_trainer_rank_then_resume_gives_the_same_para
     for rank, n, newest in [(1, 2, "ckpt-00000012"), (3, 1, "ckpt-00000018")]:
         fault = {"BAGPIPE_FAULT": f"rank={rank},after_checkpoints={n},delay_s=0.05"}
         extra = ["--resume", str(ck)] if rank == 3 else []
-        r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=120,
+        r = subprocess.run(cmd + extra, capture_output=True, text=True, timeout=HANG_S,
                            env=_env(**fault))
         assert r.returncode != 0 and f"(rank {rank}) exited with code -9" in r.stderr, r.stderr[-2000:]
         assert "Traceback" not in r.stderr
         assert list_checkpoints(ck)[0].name == newest
         assert not (tmp_path / "run").exists()
-    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=120, env=_env())
+    r = subprocess.run(cmd + ["--resume", str(ck)], capture_output=True, text=True, timeout=HANG_S, env=_env())
     assert r.returncode == 0, r.stderr[-2000:]
     assert "resuming from" in r.stderr and "ckpt-00000018" in r.stderr
     ref = train(TrainConfig(data=str(tiny_dataset), **kw))
