@@ -2,40 +2,39 @@
 
 Everything is written to a temporary sibling (`.NAME.tmp-*`) and renamed into place, so a
 crash, an error, Ctrl-C, SIGTERM or SIGHUP never leaves a half-written dataset, result or
-file. While a process writes a temporary it holds an flock on it; the kernel drops the lock
-when the process dies, however it dies, so a temporary nobody holds is a leftover of a run
-that was killed (`stale_temporaries`). What may be written at all is one rule's
-(`outputs.check_output`), checked before any work.
+file. The output is claimed while it is written (`claims`: the command's own claim, held for
+its life, or one for the write): one process writes a path at a time, and the claim lists
+every temporary made beside it. While a process writes a temporary it also holds an flock on
+it. A temporary that a killed run's claim lists is that run's leftover, removed by the next
+claim (`stale_temporaries`); nothing is removed by its name alone. What may be written at all
+is one rule's (`outputs.check_output`), checked before any work.
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
+import errno
 import json
 import math
 import os
 import shutil
 import stat
-import tempfile
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bagpipe_cli import claims
+from bagpipe_cli.claims import Claim
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.outputs import _real, check_output_dir, special
+from bagpipe_cli.temporaries import (  # (stale_temporaries: io's name for it, as before)
+    StaleTemporary,
+    rename_noreplace,
+    stale_temporaries,
+    temporary,
+)
 
-STARTED = time.time()  # about when this process started (the CLI imports io before any work)
-
-
-
-def _lock(path: Path) -> int:
-    """Hold an exclusive flock on `path` (a folder or file) until the returned fd is closed."""
-    fd = os.open(path, os.O_RDONLY)
-    fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
+__all__ = ["StaleTemporary", "stale_temporaries"]  # and the functions below
 
 
 def _renamed(e: OSError, tmp: Path, final: Path) -> OSError:
@@ -54,70 +53,102 @@ def _renamed(e: OSError, tmp: Path, final: Path) -> OSError:
 def atomic_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """Yield a temporary directory next to `out`; on success it replaces `out` by rename.
 
+    An existing `out` is replaced only with `overwrite` and only if the claim on it allows
+    it (the command's --overwrite); else the rename replaces nothing (an empty folder aside).
     On any exception (KeyboardInterrupt, SIGTERM and SIGHUP included: see `signals`) the
     temporary directory is removed and `out` is left exactly as it was.
     """
     out = Path(out)
     check_output_dir(out, overwrite)
     parent = _real(out).parent
+    c = None
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=parent))
-    except OSError as e:
-        raise ConfigError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
-    lock = _lock(tmp)
+        c = claims.claim(out, "--out", overwrite)  # the command's, when it claimed `out`
+        tmp, lock = temporary(out, "tmp", c, directory=True)
+    except BaseException as e:
+        if c is not None:
+            c.release()
+        if isinstance(e, OSError):
+            raise ConfigError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
+        raise
     try:
         try:
             yield tmp
         except OSError as e:
             raise _renamed(e, tmp, out) from None
-        _replace(tmp, out, parent)
+        _replace(tmp, out, c, overwrite and c.overwrite)
     finally:
         os.close(lock)
         shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+        c.release()
 
 
-def _replace(tmp: Path, out: Path, parent: Path) -> None:
-    """Rename `tmp` over `out`; an earlier `out` is moved aside first and removed after."""
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=parent))
-        os.rename(out, old / "x")
+def _replace(tmp: Path, out: Path, c: Claim, replace: bool) -> None:
+    """Rename `tmp` to `out`. With `replace`, an earlier `out` is moved aside first (into a
+    listed `.NAME.old-*` temporary) and removed after; without, the rename replaces nothing
+    but an empty folder, and an `out` another program made meanwhile is left as it is."""
+    if not (replace and os.path.lexists(out)):
+        try:
+            os.rename(tmp, out)  # a folder over a folder that holds anything, or a file, fails
+        except OSError as e:
+            if e.errno in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                raise _appeared(out, c) from None
+            raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
+                          str(out)) from None
+        return
+    old, lock = temporary(out, "old", c, directory=True)
     try:
-        os.rename(tmp, out)
-    except OSError as e:
-        if old is not None:
+        os.rename(out, old / "x")
+        try:
+            os.rename(tmp, out)
+        except OSError as e:
             os.rename(old / "x", out)
-        raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
-                      str(out)) from None
-    except BaseException:
-        if old is not None:
+            raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
+                          str(out)) from None
+        except BaseException:
             os.rename(old / "x", out)
-        raise
+            raise
     finally:
-        if old is not None:
+        os.close(lock)
+        if os.path.lexists(out) or not os.path.lexists(old / "x"):  # never the only copy
             shutil.rmtree(old, ignore_errors=True)
+
+
+def _appeared(out: Path, c: Claim) -> ConfigError:
+    return ConfigError(f"{c.option + ' ' if c.option else ''}{out} appeared while this run "
+                       "wrote it (another program made it); it is left as it is and nothing "
+                       "was written there: move it, or pass --overwrite")
 
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
-    """Open a temporary file next to `path` for writing; rename it over `path` on success.
-    An error names `path`, never the temporary file."""
+    """Open a temporary file next to `path` for writing; rename it to `path` on success: over
+    an existing file only if the claim on `path` allows it (the command's --overwrite; a
+    write of the library's own replaces), else with a rename that replaces nothing. An error
+    names `path`, never the temporary file."""
     path = Path(path)
     what = special(path)
     if what is not None:  # (the commands refuse it before any work: `check_output`)
         raise ConfigError(f"{path} is {what}, which bagpipe never replaces")
+    c = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+        c = claims.claim(path)
+        tmp, fd = temporary(path, "tmp", c, directory=False)
     except OSError as e:
+        if c is not None:
+            c.release()
         raise OSError(e.errno, f"cannot write: {e.strerror or e}", str(path)) from None
-    fcntl.flock(fd, fcntl.LOCK_EX)
+    except BaseException:
+        if c is not None:
+            c.release()
+        raise
     try:
         with os.fdopen(fd, mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        _publish_file(tmp, path, c)
     except OSError as e:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -126,6 +157,18 @@ def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+    finally:
+        c.release()
+
+
+def _publish_file(tmp: Path, path: Path, c: Claim) -> None:
+    if c.overwrite:
+        os.replace(tmp, path)
+        return
+    try:
+        rename_noreplace(tmp, path)
+    except FileExistsError:
+        raise _appeared(path, c) from None
 
 
 class _Recording:
@@ -165,65 +208,6 @@ def torch_save(obj: Any, target: Path | Any) -> None:
         e = rec.error
         name = getattr(target, "name", None)  # (an int: a file opened from a descriptor)
         raise OSError(e.errno, e.strerror, name if isinstance(name, str) else None) from None
-
-
-NEWER = "made since this run started"
-
-
-@dataclass(frozen=True)
-class StaleTemporary:
-    """A temporary of an earlier write next to an output, and what was done with it."""
-
-    path: Path
-    removed: bool
-    why: str  # why it was kept, or "" when removed
-
-
-def stale_temporaries(out: Path, remove: bool = True) -> list[StaleTemporary]:
-    """The temporaries (`.NAME.tmp-*`, `.NAME.old-*`, `.NAME.probe-*`) of earlier writes of
-    `out`, each removed (with `remove`) when safe: no process holds its lock and it is older
-    than this process. A temporary held by a running process is named and left alone, and so
-    is a `.old-*` folder holding the only copy of an earlier output (a run killed between two
-    renames). Those made since this process started are another live run's: not listed."""
-    out = Path(out)
-    parent = _real(out).parent
-    if not parent.is_dir():
-        return []
-    found = []
-    kinds = ("tmp", "old", "probe")
-    for p in [q for k in kinds for q in sorted(parent.glob(f".{out.name}.{k}-*"))]:
-        why = _why_kept(p, out)
-        if why == NEWER:
-            continue
-        if why or not remove:
-            found.append(StaleTemporary(p, False, why))
-            continue
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p, ignore_errors=True)
-        else:
-            with contextlib.suppress(FileNotFoundError):
-                p.unlink()
-        gone = not p.exists()
-        found.append(StaleTemporary(p, gone, "" if gone else "could not be removed"))
-    return found
-
-
-def _why_kept(p: Path, out: Path) -> str:
-    try:
-        if p.lstat().st_mtime >= STARTED:
-            return NEWER
-        if ".old-" in p.name and (p / "x").exists() and not out.exists():
-            return f"it holds the earlier {out}: move {p / 'x'} back to {out}"
-        fd = os.open(p, os.O_RDONLY | os.O_NOFOLLOW)
-    except OSError:
-        return "cannot be read"
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return "a running process is writing it"
-    finally:
-        os.close(fd)
-    return ""
 
 
 def read_yaml(path: Path, what: str | None = None) -> Any:

@@ -2,9 +2,11 @@
 
 Nothing of the user's is replaced without --overwrite; a symbolic link, device, FIFO or
 socket never is, nor an input, nor a bagpipe folder of another kind (known by the file it
-holds: FOLDER_MARKS). The writes themselves (to a temporary, renamed into place) are
-`io.atomic_dir` and `io.atomic_file`. `cli.common.check_outputs` applies the rule to every
-parameter a command declares an output (`OutputPath`).
+holds: FOLDER_MARKS). One process writes a path at a time: the command claims it before the
+checks that depend on what is there (`claim_output`; `claims`), and an input another process
+is writing is refused (`check_inputs_free`). The writes themselves (to a temporary, renamed
+into place) are `io.atomic_dir` and `io.atomic_file`. `cli.common.check_outputs` applies the
+rule to every parameter a command declares an output (`OutputPath`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from bagpipe_cli import claims
+from bagpipe_cli.claims import Claim
 from bagpipe_cli.errors import ConfigError
 
 
@@ -113,13 +117,17 @@ def special(path: Path) -> str | None:
 
 
 def check_output(out: Output, overwrite: bool = False, inputs: Iterable[Input] = (),
-                 grow: bool = False, fix: str = "pass --overwrite to replace it") -> None:
+                 grow: bool = False, fix: str = "pass --overwrite to replace it",
+                 claim: bool = False) -> Claim | None:
     """The one rule for every path a command writes, checked before any work (the error
     names the option):
 
     - a symbolic link, device, FIFO or socket is never replaced;
     - it is not, does not hold and does not lie inside an input (`check_not_input`), nor is
       it the working directory or a folder above it;
+    - with `claim`, it is claimed for this process (`claim_output`: no other process writes
+      it, or a folder it lies inside or holds), and the claim returned; the checks below
+      then hold until the claim is released;
     - an existing file, or a non-empty folder, is replaced only with `overwrite`; a folder
       that holds a bagpipe folder of another kind (`folder_kind`) never is;
     - a folder written into and kept (CHECKPOINTS, or `grow`: a bench --resume continues)
@@ -129,7 +137,21 @@ def check_output(out: Output, overwrite: bool = False, inputs: Iterable[Input] =
     `fix` says how to replace an existing output (the command's own way).
 
     Writes then go to a temporary sibling renamed into place (`atomic_dir`, `atomic_file`).
-    Nothing is touched but a missing parent folder, which is made."""
+    Nothing is touched but a missing parent folder, which is made (and the claim's file)."""
+    check_where(out, inputs)
+    c = claim_output(out, overwrite) if claim else None
+    try:
+        check_what(out, overwrite, grow, fix, probe=c is None)
+    except BaseException:
+        if c is not None:
+            c.release()
+        raise
+    return c
+
+
+def check_where(out: Output, inputs: Iterable[Input] = ()) -> None:
+    """The part of `check_output` that does not depend on what is at the path: not a link,
+    device, FIFO or socket; not an input, the working directory or a folder above it."""
     path, option, makes = Path(out.path), out.option, out.makes
     try:
         what = special(path)
@@ -141,12 +163,19 @@ def check_output(out: Output, overwrite: bool = False, inputs: Iterable[Input] =
     if makes != FILE:
         _check_cwd(path, option)
     check_not_input(path, inputs, option)
+
+
+def check_what(out: Output, overwrite: bool = False, grow: bool = False,
+               fix: str = "pass --overwrite to replace it", probe: bool = True) -> None:
+    """The part of `check_output` that depends on what is at the path (checked under its
+    claim): replaced only with `overwrite`, never a folder of another kind; can be written."""
+    path, option, makes = Path(out.path), out.option, out.makes
     if makes == FILE:
         if path.is_dir():
             raise ConfigError(f"{option} {path} is a directory; give a file name")
         if path.exists() and not overwrite:
             raise ConfigError(f"{option} {path} exists; {fix}")
-        _check_parent(path, option)
+        _check_parent(path, option, probe)
         return
     if path.exists() and not path.is_dir():
         raise ConfigError(f"{option} {path} exists and is not a directory")
@@ -162,7 +191,31 @@ def check_output(out: Output, overwrite: bool = False, inputs: Iterable[Input] =
             return
         if not overwrite:
             raise ConfigError(f"{option} {path} exists and is not empty; {fix}")
-    _check_parent(path, option)
+    _check_parent(path, option, probe)
+
+
+def claim_output(out: Output, overwrite: bool = False) -> Claim:
+    """Claim `out` for this process (`claims.claim`), its missing folder made first: a path
+    another process writes, or one inside or holding another process's output, is refused
+    in one line naming that process. Release the claim when the command ends."""
+    path = Path(out.path)
+    _make_parent(path, out.option)
+    try:
+        return claims.claim(path, out.option, overwrite, nested=True)
+    except OSError as e:
+        raise ConfigError(f"{out.option} {path}: cannot write in {_real(path).parent}: "
+                          f"{os_error_words(e)}") from None
+
+
+def check_inputs_free(inputs: Iterable[Input]) -> None:
+    """Refuse an input that another process is writing (a bench folder a bench still fills,
+    checkpoints a run still writes), or that lies inside one."""
+    for inp in inputs:
+        for p in (_real(inp.path), *_real(inp.path).parents):
+            text = claims.holder(p) if p != p.parent else None
+            if text is not None:
+                where = "" if p == _real(inp.path) else f" lies inside {p}, which"
+                raise ConfigError(claims.busy_words(inp.option, inp.path, text, where))
 
 
 def _check_cwd(out: Path, option: str) -> None:
@@ -184,7 +237,7 @@ def check_output_dir(out: Path, overwrite: bool, option: str = "--out",
     check_output(Output(option, Path(out)), overwrite, inputs)
 
 
-def _check_parent(out: Path, option: str) -> None:
+def _make_parent(out: Path, option: str) -> Path:
     parent = _real(out).parent
     if not parent.exists():
         # Creating missing parents is what a user expects of `--out a/b/c`.
@@ -195,7 +248,13 @@ def _check_parent(out: Path, option: str) -> None:
                               f"{e.strerror or e}") from None
     if not parent.is_dir():
         raise ConfigError(f"{option} {out}: {parent} is not a directory")
-    _probe(parent, out, option)
+    return parent
+
+
+def _check_parent(out: Path, option: str, probe: bool = True) -> None:
+    parent = _make_parent(out, option)
+    if probe:  # (a claim's file made there was the probe)
+        _probe(parent, out, option)
 
 
 def _probe(folder: Path, out: Path, option: str) -> None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -66,7 +67,9 @@ def main(argv: list[str] | None = None) -> int:
                             "criteo-kaggle", "--scale", "0.01", "--rows", "300000", "--out",
                             str(data)], check=True, capture_output=True)
         for load in args.loads.split(","):
-            busy = start_load(cores * args.load_per_core, 3600) if load == "busy" else []
+            # the load ends by itself when this script would have (a killed script's too)
+            busy = start_load(cores * args.load_per_core, 60 * args.repeat * len(systems)
+                              * len(variants)) if load == "busy" else []
             try:
                 got: dict[tuple[str, str], list[float]] = {}
                 for r in range(args.repeat):
@@ -98,4 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    # a SIGTERM or SIGHUP ends the load too (the `finally` above runs)
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: sys.exit(128 + s))
     sys.exit(main())

@@ -246,7 +246,7 @@ CASES: list[tuple[str, str, int]] = [
      "over 1,024 samples of 8 rows", 2),
     ("train {tiny} --cache-rows 2000000000 --emb-dim 4096", "with --cache-rows 2,000,000,000 needs", 2),
     ("train {tiny} --cache-rows 100000000000", "--cache-rows 100000000000: at most 2,147,483,647", 2),
-    ("train {tiny} --seed 99999999999999999999999", "--seed 99999999999999999999999: at most", 2),
+    ("train {tiny} --seed 99999999999999999999999", "--seed 99999999999999999999999: a seed is 0 to 9,223,372,036,854,775,807", 2),
     ("train {tiny} --timeout inf", "--timeout must be a finite number", 2),
     ("train {tiny} --threads 100000", "--threads 100000: at most 1,024", 2),
     ("train {tiny} --trainers 100000 --batch-size 100000", "--trainers 100000: at most 4,096", 2),

@@ -15,8 +15,14 @@ from helpers import bagpipe, run_cli
     (["train", "{data}", "--no-such-option"], "No such option '--no-such-option'"),
     (["train"], "Missing argument 'DATA'"),
     (["no-such-command"], "No such command 'no-such-command'"),
-    (["train", "{data}", "--seed", "-1", "--out", "{tmp}/o"], "--seed -1: a seed is a non-negative"),
+    (["train", "{data}", "--seed", "-1", "--out", "{tmp}/o"], "--seed -1: a seed is 0 to"),
     (["synth", "--out", "{tmp}/s", "--seed", "-1"], "--seed"),
+    # a drop target that skips every sample of a share would train nothing (and say loss 0)
+    (["train", "{data}", "--system", "slipstream", "--drop-target", "1", "--out", "{tmp}/o"],
+     "--drop-target 1 skips all 1024 samples of a trainer's share: nothing would train; use at "
+     "most 0.999"),
+    (["train", "{data}", "--system", "slipstream", "--drop-target", "0.99", "--batch-size", "50",
+      "--trainers", "2", "--out", "{tmp}/o"], "skips all 25 samples"),
 ])
 def test_an_option_error_is_one_line(tiny_dataset, tmp_path, args, says):
     r = run_cli(*(a.format(data=tiny_dataset, tmp=tmp_path) for a in args))

@@ -31,20 +31,27 @@ and the runs are planned by `bagpipe_cli.bench.plan`.
 from __future__ import annotations
 
 import re
-import tomllib
 import typing
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
 from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
-from bagpipe_cli.bench.plan import ignored_settings, plan_runs, slugify, train_fields, value_label
+from bagpipe_cli.bench.plan import (
+    check_size,
+    count_runs,
+    ignored_settings,
+    plan_runs,
+    slugify,
+    train_fields,
+    value_label,
+)
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import read_text, read_yaml
 from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import POLICIES
+from bagpipe_cli.records import read_record
 
 BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", "base", "matrix",
               "profile", "trace")
@@ -54,6 +61,9 @@ _EXPONENT = re.compile(r"[-+]?([0-9]+\.?[0-9]*|\.[0-9]+)[eE][-+]?[0-9]+")
 NULL_WORDS = ("none", "null")  # a YAML string that means "not set" for an optional setting
 # Set by `datasets`, `systems` and `models`, never by `base` or `matrix`.
 RESERVED_FIELDS = ("data", "system", "model")
+# A bench of at most this many runs a repeat is planned (every run validated) when loaded; a
+# larger one when it is run, before any work (so --repeat applies before its planning).
+PLAN_ON_LOAD = 10_000
 
 
 def load_bench_config(path: Path) -> BenchConfig:
@@ -62,14 +72,8 @@ def load_bench_config(path: Path) -> BenchConfig:
     if not path.is_file():
         raise ConfigError(f"bench config {path} does not exist" if not path.exists()
                           else f"bench config {path} is not a file")
-    if path.suffix.lower() == ".toml":
-        try:
-            raw = tomllib.loads(read_text(path))
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: not valid TOML: {e}") from None
-    else:
-        raw = read_yaml(path)
-    return parse_bench_config(raw, str(path))
+    # YAML (TOML for a .toml file), with the limits of records.KINDS["bench file"].
+    return parse_bench_config(read_record(path, "bench file"), str(path))
 
 
 def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
@@ -106,7 +110,10 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
     cfg = BenchConfig(name=name, source=source, datasets=datasets, models=models, systems=systems,
                       repeat=repeat, base=base, matrix=matrix, profile=prof, system_axes=system_axes,
                       description=str(raw.get("description") or ""), trace=trace)
-    plan_runs(cfg)  # every run's TrainConfig is validated now, before any work
+    if (runs := count_runs(cfg)) <= PLAN_ON_LOAD:
+        plan_runs(cfg)  # every run's TrainConfig is validated now, before any work
+    else:  # a bench too large is refused now; a large one is planned (validated) by its run
+        check_size(cfg, runs)
     return cfg
 
 

@@ -8,12 +8,13 @@ changes its run id: runs are deduplicated by the hash of their effective config
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import re
 import typing
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from bagpipe_cli.bench.matrix import BenchConfig
@@ -43,6 +44,11 @@ def ignored_settings(system: str, cache_rows: int | None = None) -> set[str]:
 
 def train_fields() -> dict[str, Any]:
     """Every `TrainConfig` field: name -> (type hint, default)."""
+    return dict(_train_fields())
+
+
+@functools.cache
+def _train_fields() -> dict[str, Any]:  # (type hints are slow to resolve: once per process)
     hints = typing.get_type_hints(TrainConfig)
     return {f.name: (hints[f.name], f.default) for f in fields(TrainConfig)}
 
@@ -85,15 +91,19 @@ def value_label(name: str, v: Any) -> str:
 
 
 def config_key(cfg: Any) -> str:
-    """8 hex digits of the SHA-1 of the effective config (sorted JSON)."""
-    blob = json.dumps(asdict(cfg), sort_keys=True, default=str)
+    """8 hex digits of the SHA-1 of the effective config (sorted JSON; its fields are scalars
+    and tuples, so this is `asdict`'s JSON, made without its deep copy)."""
+    blob = json.dumps({f.name: getattr(cfg, f.name) for f in fields(cfg)}, sort_keys=True,
+                      default=str)
     return hashlib.sha1(blob.encode()).hexdigest()[:8]
 
 
 def effective_config(cfg: Any) -> Any:
     """`cfg` with the settings its system ignores reset to their defaults."""
-    defaults = {k: d for k, (_, d) in train_fields().items()}
+    defaults = {k: d for k, (_, d) in _train_fields().items()}
     reset = {k: defaults[k] for k in ignored_settings(cfg.system, cfg.cache_rows) if k in defaults}
+    if all(getattr(cfg, k) == v for k, v in reset.items()):
+        return cfg  # (already so: no second validation)
     return replace(cfg, **reset)
 
 
@@ -101,7 +111,22 @@ def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
     """Every distinct effective configuration, in the order one repeat runs them.
 
     Comparable runs are adjacent: for each dataset, model and matrix choice, every system.
+    A bench too large to run is refused first, from its matrix's sizes (`count_runs`). The
+    last plan is kept: loading a bench file plans it (to validate every run), running it
+    plans it again (another --repeat aside, the same plan).
     """
+    check_size(cfg, count_runs(cfg))
+    key = json.dumps({**cfg.to_json(), "repeat": None}, sort_keys=True, default=str)
+    if key not in _LAST_PLAN:
+        _LAST_PLAN.clear()
+        _LAST_PLAN[key] = _plan(cfg)
+    return list(_LAST_PLAN[key])
+
+
+_LAST_PLAN: dict[str, list[PlannedRun]] = {}
+
+
+def _plan(cfg: BenchConfig) -> list[PlannedRun]:
     varying = [a for a in cfg.matrix if len(a.choices) > 1]
     seen: dict[str, PlannedRun] = {}
     for ds, model, combo in itertools.product(cfg.datasets, cfg.models,
@@ -144,11 +169,29 @@ def plan_runs(cfg: BenchConfig) -> list[PlannedRun]:
                 parts.append(ds.name)
             parts += [slugify(x.split("=")[-1]) for x in [*variant.values(), *setting.values()]]
             seen[key] = PlannedRun(eff, ds.name, setting, variant, slugify("-".join(parts)), key)
-    _check_size(cfg, len(seen))
     return list(seen.values())
 
 
-def _check_size(cfg: BenchConfig, runs: int) -> None:
+def count_runs(cfg: BenchConfig) -> int:
+    """The runs of one repeat, counted from the matrix's sizes without building any: per
+    system, the product of its distinct choices of every axis (choices that differ only in
+    settings the system does not read are one) and of its own axes; times the datasets and
+    models. At least `plan_runs`'s count (which may find a few more alike), so a bench this
+    allows is one `plan_runs` allows."""
+    per_system = 0
+    for system in cfg.systems:
+        ignored = ignored_settings(system)
+        n = 1
+        for axis in cfg.matrix:
+            n *= len({json.dumps({k: v for k, v in s.items() if k not in ignored},
+                                 sort_keys=True, default=str) for _, s in axis.choices})
+        for axis in cfg.system_axes.get(system, ()):
+            n *= len(axis.choices)
+        per_system += n
+    return per_system * len(cfg.datasets) * len(cfg.models)
+
+
+def check_size(cfg: BenchConfig, runs: int) -> None:
     """A bench that can finish: at most MAX_REPEAT repeats and MAX_RUNS runs in all."""
     if cfg.repeat > MAX_REPEAT:
         raise ConfigError(f"{cfg.source}: repeat {cfg.repeat:,} (the file's, or --repeat): at "

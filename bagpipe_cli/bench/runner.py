@@ -16,7 +16,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -29,7 +29,9 @@ from bagpipe_cli.bench.plan import PlannedRun, plan_runs
 from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import run
+from bagpipe_cli.engine.checkpoint import dataset_identity
 from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile.report import write_profile
@@ -45,6 +47,7 @@ from bagpipe_cli.results import (
     write_run,
 )
 from bagpipe_cli.results.bench import now
+from bagpipe_cli.results.schema import read_json
 
 
 @dataclass
@@ -94,8 +97,13 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
     _prepare(out, resume, cfg)
     total = len(plan) * cfg.repeat
     result = BenchResult(out, pd.DataFrame(columns=INDEX_COLUMNS))
+    resumed = resume and is_bench(out)
     result.datasets_generated = _datasets(cfg, out, emit)
-    write_bench(out, cfg.to_json(), [p.run_id(r) for r in range(1, cfg.repeat + 1) for p in plan])
+    identities = {ds.name: dataset_identity(open_dataset(ds.path)) for ds in cfg.datasets}
+    if resumed:
+        _check_same_sources(out, cfg, identities)
+    write_bench(out, {**cfg.to_json(), IDENTITIES: identities},
+                [p.run_id(r) for r in range(1, cfg.repeat + 1) for p in plan])
     write_environment(out, keep=resume)
     if cfg.profile is not None:
         for ds in cfg.datasets:
@@ -122,7 +130,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
                 emit(BenchEvent("iteration", run=p, repeat=r, done=done, total=total,
                                 iteration=b, record=rec))
 
-            res = run(p.config, progress=on_iter)
+            res = run(_own_checkpoints(p.config, rid), progress=on_iter)
             write_run(folder, res.config, res.metrics, res.summary,
                       trainer_metrics=res.trainer_metrics, evals=res.evals, trace=res.trace,
                       bench={"name": cfg.name, "run_id": rid, "repeat": r, "dataset": p.dataset,
@@ -135,6 +143,18 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
             emit(BenchEvent("done", run=p, repeat=r, done=done, total=total, row=row))
     result.index = pd.DataFrame(rows, columns=INDEX_COLUMNS)
     return result
+
+
+def _own_checkpoints(c: Any, rid: str) -> Any:
+    """A run's checkpoints go to <checkpoint_dir>/<run-id>: one run's per folder
+    (engine/lineage.py). An unfinished earlier attempt's there (a bench killed mid-run, now
+    resumed: the run starts over) is removed first."""
+    if not (c.checkpoint_every and c.checkpoint_dir):
+        return c
+    d = Path(c.checkpoint_dir) / rid
+    if d.is_dir() and all(p.name.startswith(("ckpt-", ".ckpt-")) for p in d.iterdir()):
+        shutil.rmtree(d)
+    return replace(c, checkpoint_dir=str(d))
 
 
 def _prepare(out: Path, resume: bool, cfg: BenchConfig) -> None:
@@ -192,6 +212,50 @@ def _show(v: Any) -> str:
     if isinstance(v, list) and all(isinstance(x, (str, int, float)) for x in v):
         return f"[{', '.join(map(str, v))}]"
     return v if isinstance(v, str) else json.dumps(v)
+
+
+# bench.json's record (beside the config) of each dataset's identity when the bench started:
+# `engine.checkpoint.dataset_identity` (its shape and its arrays' checksums).
+IDENTITIES = "dataset_identities"
+
+
+def _check_same_sources(out: Path, cfg: BenchConfig, identities: dict[str, Any]) -> None:
+    """A resumed bench adds runs of the datasets and the code it was started with only: a
+    dataset that changed since (its shape or its arrays' checksums), or another bagpipe
+    version or git revision, is refused, naming what changed (a bench whose bench.json
+    predates these records is not compared)."""
+    stored = read_bench_file(out).get("config")
+    before = stored.get(IDENTITIES) if isinstance(stored, dict) else None
+    for ds in cfg.datasets:
+        was, now = (before if isinstance(before, dict) else {}).get(ds.name), identities[ds.name]
+        changed = [_change(k, was.get(k), now.get(k)) for k in ("rows", "cardinalities",
+                   "dense_features", "checksums") if isinstance(was, dict) and was.get(k) != now.get(k)]
+        if changed:
+            raise ConfigError(f"--resume: dataset {ds.name} ({ds.path}) changed since {out} was "
+                              f"started: {'; '.join(changed)}; its runs would mix two datasets in "
+                              "one table: restore the dataset, or start the bench afresh in "
+                              "another --out")
+    env_path = out / "environment.json"
+    if not env_path.is_file():
+        return
+    was_env, now_env = read_json(env_path, None), environment()
+    for key, what in (("bagpipe_version", "bagpipe version"), ("git_revision", "git revision")):
+        a, b = was_env.get(key), now_env.get(key)
+        if a and b and a != b:
+            raise ConfigError(f"--resume: {out} was started by {what} {a} ({env_path}), this is "
+                              f"{b}; its runs would mix two versions of the code in one table: "
+                              "resume with that code, or start the bench afresh in another --out")
+
+
+def _change(key: str, was: Any, now: Any) -> str:
+    """What changed in a dataset's identity, in words."""
+    if key == "checksums" and isinstance(was, dict) and isinstance(now, dict):
+        differ = sorted(f for f in {*was, *now} if was.get(f) != now.get(f))
+        return (f"the checksums of {', '.join(differ[:3])}{' ...' if len(differ) > 3 else ''} "
+                "differ (re-created, or another dataset)")
+    if key == "cardinalities" and isinstance(was, list) and isinstance(now, list):
+        return f"its tables' rows were {_show(was)}, now {_show(now)}"
+    return f"{key} was {_show(was)}, now {_show(now)}"
 
 
 def _datasets(cfg: BenchConfig, out: Path, emit: ProgressFn) -> list[str]:

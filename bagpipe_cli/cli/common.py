@@ -22,9 +22,20 @@ from rich.progress import (
 )
 
 from bagpipe_cli import signals
-from bagpipe_cli.errors import BagpipeError
+from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.io import stale_temporaries
-from bagpipe_cli.outputs import CAUSES, FILE, Input, Output, check_output, os_error_words
+from bagpipe_cli.outputs import (
+    CAUSES,
+    FILE,
+    Input,
+    Output,
+    _real,
+    check_inputs_free,
+    check_what,
+    check_where,
+    claim_output,
+    os_error_words,
+)
 
 
 def _console(stderr: bool = False) -> Console:
@@ -119,12 +130,15 @@ class InputPath(click.Path):
 
 
 def check_outputs(inputs: list[Input] | tuple[Input, ...] = (), grow: bool = False,
-                  skip: tuple[str, ...] = (), **derived: Path | None) -> None:
+                  skip: tuple[str, ...] = (), claim: bool = True, **derived: Path | None) -> None:
     """Before any work: every path the current command writes, by the one rule
     (`outputs.check_output`): its OutputPath parameters as given (a default the command derives
     is passed as `derived`, by parameter name), with its --overwrite, against `inputs`
-    (and each output against the others); `skip`: parameters this run does not write. Names
-    the temporaries earlier killed runs left next to them, removing those that are safe to."""
+    (and each output against the others: a file is never another output, nor inside a
+    folder the command writes); `skip`: parameters this run does not write. Each output is
+    claimed for the command's life (`claim`: this process writes them; no other process can
+    until the command ends), and an input another process is writing is refused. Names the
+    temporaries earlier killed runs left next to them, removing those that are safe to."""
     ctx = click.get_current_context()
     overwrite = bool(ctx.params.get("overwrite"))
     names = {p.name for p in ctx.command.params}
@@ -138,12 +152,44 @@ def check_outputs(inputs: list[Input] | tuple[Input, ...] = (), grow: bool = Fal
             if value is not None:
                 outs.append(Output(param.opts[0] if param.opts[0].startswith("-") else param.name.upper(),
                                    Path(value), param.type.makes))
+    _check_files_apart(outs)
     for out in outs:
-        # A file may lie inside the run's folder (a trace next to its run); folders not.
-        others = [Input(o.option, o.path, may_hold_out=out.makes == FILE)
-                  for o in outs if o is not out and o.makes != FILE]
-        check_output(out, overwrite, [*inputs, *others], grow=grow, fix=fix)
+        others = [Input(o.option, o.path) for o in outs if o is not out and o.makes != FILE]
+        check_where(out, [*inputs, *others])
+    if claim:  # in one order (by path): of two commands on the same outputs, one wins
+        for out in sorted(outs, key=lambda o: str(_real(o.path))):
+            ctx.call_on_close(claim_output(out, overwrite).release)
+    for out in outs:
+        check_what(out, overwrite, grow=grow, fix=fix, probe=not claim)
         warn_stale(out.path)
+    check_inputs_free(inputs)
+
+
+def check_found_output(out: Output, inputs: list[Input] | tuple[Input, ...] = (),
+                       grow: bool = False) -> None:
+    """An output a command finds in an input rather than among its options (a bench file's
+    checkpoint_dir), by the one rule and claimed for the command's life, as `check_outputs`
+    does."""
+    check_where(out, inputs)
+    click.get_current_context().call_on_close(claim_output(out).release)
+    check_what(out, grow=grow, fix="choose another folder", probe=False)
+    warn_stale(out.path)
+
+
+def _check_files_apart(outs: list[Output]) -> None:
+    """A file output that is another output, or lies inside a folder the command writes (a
+    --save-model inside the run's --out, which the run replaces whole), in one line."""
+    for f in (o for o in outs if o.makes == FILE):
+        for o in outs:
+            if o is f:
+                continue
+            a, b = _real(f.path), _real(o.path)
+            if a == b:
+                raise ConfigError(f"{f.option} {f.path} and {o.option} {o.path} are one path; "
+                                  "give each its own")
+            if o.makes != FILE and b in a.parents:
+                raise ConfigError(f"{f.option} {f.path} lies inside {o.option} {o.path}, which "
+                                  "the command writes whole; write it outside that folder")
 
 
 def warn_stale(out: Path) -> None:

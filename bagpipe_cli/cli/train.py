@@ -93,26 +93,24 @@ def train(data: Path, out: Path, overwrite: bool, save_model: Path | None, **kw)
 def _write_outputs(result, cfg: TrainConfig, out: Path, overwrite: bool,
                    save_model: Path | None) -> None:
     """Each output written whole (atomically), the run folder last, so that its presence means
-    the run's outputs are complete; a write that fails removes what this command made before."""
+    the run's outputs are complete; a write that fails removes what this command made before,
+    and puts back a file it replaced (--overwrite): the earlier one is kept aside until every
+    output is written."""
     from bagpipe_cli.data import open_dataset
     from bagpipe_cli.engine import save_model as write_model
     from bagpipe_cli.results import write_run, write_trace
+    from bagpipe_cli.temporaries import kept_aside
 
-    made: list[Path] = []
-
-    def making(path: Path) -> None:
-        if not os.path.lexists(path):
-            made.append(path)
-
+    files = [p for p in (save_model, Path(cfg.trace) if result.trace is not None else None) if p]
+    made = [p for p in files if not os.path.lexists(p)]
     try:
-        if save_model is not None:
-            making(save_model)
-            write_model(result, save_model, [t.name for t in open_dataset(cfg.data).meta.tables])
-        if result.trace is not None:
-            making(Path(cfg.trace))
-            write_trace(Path(cfg.trace), result.trace)
-        write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
-                  trainer_metrics=result.trainer_metrics, evals=result.evals)
+        with kept_aside([p for p in files if p not in made]):
+            if save_model is not None:
+                write_model(result, save_model, [t.name for t in open_dataset(cfg.data).meta.tables])
+            if result.trace is not None:
+                write_trace(Path(cfg.trace), result.trace)
+            write_run(out, result.config, result.metrics, result.summary, overwrite=overwrite,
+                      trainer_metrics=result.trainer_metrics, evals=result.evals)
     except BaseException:
         for p in made:
             with contextlib.suppress(OSError):
@@ -186,7 +184,17 @@ def _check_outputs(cfg: TrainConfig) -> None:
         #                                           writing is continuing them)
     if ckpt is None and cfg.checkpoint_dir is not None:  # read (--resume's default), not written
         inputs.append(Input("--checkpoint-dir", Path(cfg.checkpoint_dir)))
-    check_outputs(inputs, checkpoint_dir=ckpt, skip=() if ckpt else ("checkpoint_dir",))
+    # Claimed by the process that writes them: not by another machine's (--node-rank > 0) or
+    # another torchrun rank's.
+    writes = (cfg.node_rank == 0 if cfg.master is not None else
+              os.environ.get("RANK", "0") == "0" if cfg.transport == "torch" and cfg.procs is None
+              else True)
+    check_outputs(inputs, checkpoint_dir=ckpt, skip=() if ckpt else ("checkpoint_dir",),
+                  claim=writes)
+    if ckpt is not None:  # one run lineage's checkpoints in a folder: another's are refused
+        from bagpipe_cli.engine.lineage import checkpoint_lineage
+
+        checkpoint_lineage(ckpt, cfg.resume)
 
 
 def _check_resume(cfg: TrainConfig) -> None:

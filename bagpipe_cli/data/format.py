@@ -23,12 +23,11 @@ This module holds the format's names and metadata and reads datasets (`open_data
 from __future__ import annotations
 
 import hashlib
-import json
 import mmap
 import os
 import stat
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ import numpy as np
 from bagpipe_cli import __version__
 from bagpipe_cli.data.checks import check_arrays
 from bagpipe_cli.errors import ConfigError, DataError
+from bagpipe_cli.records import KINDS, load_record, shown
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"
@@ -125,7 +125,8 @@ class DatasetMeta:
             if key not in d:
                 raise DataError(f"{where}: missing field {key!r}")
             if not isinstance(d[key], typ) or isinstance(d[key], bool) and typ is int:
-                raise DataError(f"{where}: field {key!r} has the wrong type")
+                raise DataError(f"{where}: field {key!r} has the wrong type ({shown(d[key])}, "
+                                f"expected {'an integer' if typ is int else 'a list'})")
             return d[key]
 
         rows = need("rows", int)
@@ -305,10 +306,8 @@ def read_meta(path: Path) -> DatasetMeta:
                         "`bagpipe synth` or `bagpipe preprocess`")
     if why is not None:
         raise DataError(f"{mpath}: {why}; expected the dataset's JSON description")
-    try:
-        raw = json.loads(mpath.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise DataError(f"{mpath}: corrupt JSON ({e})") from e
+    # Size and depth limited, schema_version checked (a newer one: which is needed).
+    raw = load_record(mpath, replace(KINDS["dataset"], version=SCHEMA_VERSION))
     return DatasetMeta.from_json(raw, str(mpath))
 
 

@@ -41,11 +41,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli import __version__
+from bagpipe_cli import __version__, claims
 from bagpipe_cli.engine.config import TrainConfig, option_name
+from bagpipe_cli.engine.lineage import checkpoint_lineage
+from bagpipe_cli.engine.resume_checks import (
+    dense_problem,
+    expected_shapes,
+    metrics_problem,
+    read_json,
+    state_problem,
+    tables_problem,
+)
 from bagpipe_cli.engine.shards import gather_shards
 from bagpipe_cli.errors import BagpipeError, ConfigError
-from bagpipe_cli.io import atomic_dir, json_default, torch_save
+from bagpipe_cli.io import atomic_dir, json_default, stale_temporaries, torch_save
 from bagpipe_cli.outputs import os_error_words
 
 FORMAT = "bagpipe-checkpoint"
@@ -121,8 +130,10 @@ def _fsync(path: Path) -> None:
 def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset: dict[str, Any],
                     weight: torch.Tensor, state: torch.Tensor, dense: dict[str, torch.Tensor],
                     dense_optimizer: dict[str, Any], rng: torch.Tensor,
-                    metrics: list[list[dict[str, Any]]], keep: int = 2) -> Path:
-    """Write `root/ckpt-<iteration>` atomically, then drop all but the newest `keep` ones."""
+                    metrics: list[list[dict[str, Any]]], keep: int = 2,
+                    lineage: str | None = None) -> Path:
+    """Write `root/ckpt-<iteration>` atomically, then drop all but the newest `keep` ones (and
+    never the one just written). `lineage`: the run lineage's id (`engine/lineage.py`)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     out = root / checkpoint_name(iteration)
@@ -133,7 +144,7 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
         (tmp / "metrics.json").write_text(json.dumps(metrics, default=json_default))
         (tmp / "state.json").write_text(json.dumps({
             "format": FORMAT, "version": VERSION, "iteration": int(iteration),
-            "config": config, "dataset": dataset,
+            "config": config, "dataset": dataset, "lineage": lineage,
             "created": datetime.now(UTC).isoformat(timespec="seconds"),
             "versions": {"bagpipe": __version__, "torch": torch.__version__}},
             indent=2, default=json_default))
@@ -143,7 +154,7 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
             sums[name] = _sha256(tmp / name)
         (tmp / CHECKSUMS).write_text(json.dumps({"sha256": sums}, indent=2))
         _fsync(tmp / CHECKSUMS)
-    prune(root, keep)
+    prune(root, keep, out)
     return out
 
 
@@ -156,19 +167,23 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: p.name, reverse=True)
 
 
-def prune(root: Path, keep: int) -> None:
-    """Keep the newest `keep` checkpoints; remove older ones and leftovers of killed writes."""
+def prune(root: Path, keep: int, protect: Path | None = None) -> None:
+    """Keep the newest `keep` checkpoints, and `protect` (the one just written, which a run
+    resumed from an older one writes below newer ones); remove older ones and leftovers of
+    killed writes."""
     for p in list_checkpoints(root)[max(1, keep):]:
-        shutil.rmtree(p, ignore_errors=True)
+        if protect is None or p.name != Path(protect).name:
+            shutil.rmtree(p, ignore_errors=True)
     clean_partial(root)
 
 
 def clean_partial(root: Path) -> None:
-    """Remove temporary directories of checkpoint writes that were killed midway."""
+    """Remove the temporaries of checkpoint writes that were killed midway: those their
+    claims list (`io.stale_temporaries`), never a folder by its name alone."""
     root = Path(root)
     if root.is_dir():
-        for p in root.glob(".ckpt-*.tmp-*"):
-            shutil.rmtree(p, ignore_errors=True)
+        for c in root.glob(f".ckpt-*{claims.SUFFIX}"):
+            stale_temporaries(root / c.name[1:-len(claims.SUFFIX)])
 
 
 def verify(path: Path) -> dict[str, Any]:
@@ -176,23 +191,38 @@ def verify(path: Path) -> dict[str, Any]:
     path = Path(path)
     if not (path / CHECKSUMS).is_file():
         raise CheckpointError(f"{path}: no {CHECKSUMS} (incomplete or not a checkpoint)")
-    try:
-        sums = json.loads((path / CHECKSUMS).read_text())["sha256"]
-    except (ValueError, KeyError, TypeError):
-        raise CheckpointError(f"{path}: {CHECKSUMS} is corrupt") from None
+    record, problem = read_json(path / CHECKSUMS, "checkpoint checksums")
+    if problem is not None:
+        raise CheckpointError(f"{path / CHECKSUMS}: {problem}")
+    sums = record["sha256"]
     for name in FILES:
         f = path / name
         if not f.is_file():
             raise CheckpointError(f"{path}: {name} is missing")
         if sums.get(name) != _sha256(f):
             raise CheckpointError(f"{path}: checksum mismatch in {name} (corrupt or partial)")
-    state = json.loads((path / "state.json").read_text())
-    if not isinstance(state, dict) or state.get("format") != FORMAT:
+    state, problem = read_json(path / "state.json", "checkpoint state", fields=False)
+    if problem is None and state.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a bagpipe checkpoint")
-    if state.get("version") != VERSION:
+    if problem is None and state.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {state.get('version')!r} is not supported "
                               f"(expects {VERSION})")
+    if (problem := problem or state_problem(state)) is not None:  # limits, then keys and types
+        raise _damaged(path, "state.json", problem)
     return state
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A checkpoint whose checksums match but that cannot be used: --resume stops at it."""
+
+
+def _damaged(path: Path, name: str, problem: str, option: str = "") -> DamagedCheckpoint:
+    """The one line for file `name` of checkpoint `path`: the problem, what to resume from."""
+    older = [p for p in list_checkpoints(path.parent) if NAME.match(path.name) and p < path]
+    then = (f"resume from the previous one: --resume {older[0]}" if older else
+            "no earlier checkpoint is kept: train from the start, without --resume")
+    return DamagedCheckpoint(f"{option} {path / name}: {problem}; the checkpoint cannot be "
+                             f"resumed; {then}".lstrip())
 
 
 def load_checkpoint(path: Path) -> Checkpoint:
@@ -202,9 +232,13 @@ def load_checkpoint(path: Path) -> Checkpoint:
     try:
         tables = torch.load(path / "tables.pt", weights_only=True)
         dense = torch.load(path / "dense.pt", weights_only=True)
-        metrics = json.loads((path / "metrics.json").read_text())
     except Exception as e:  # noqa: BLE001 - checksums matched, so this is a foreign writer
         raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+    metrics, unread = read_json(path / "metrics.json", "checkpoint metrics")
+    for name, problem in (("metrics.json", unread or metrics_problem(metrics)),
+                          ("tables.pt", tables_problem(tables)), ("dense.pt", dense_problem(dense))):
+        if problem:
+            raise _damaged(path, name, problem)
     return Checkpoint(path, int(state["iteration"]), state["config"], state["dataset"],
                       tables["weight"], tables["state"], dense["model"], dense["optimizer"],
                       dense["rng"], metrics)
@@ -233,6 +267,8 @@ def find_checkpoint(path: Path, option: str = "--resume") -> Checkpoint:
     for p in found:
         try:
             ck = load_checkpoint(p)
+        except DamagedCheckpoint as e:  # verified, yet unusable: not passed over
+            raise DamagedCheckpoint(f"{option} {e}") from None
         except CheckpointError as e:
             skipped.append(str(e))
             continue
@@ -266,6 +302,9 @@ def check_compatible(cfg: TrainConfig, ck: Checkpoint, dataset: dict[str, Any], 
                               f"same shape (the checksums of {', '.join(differ[:3])}"
                               f"{' ...' if len(differ) > 3 else ''} differ from {cfg.data}'s); "
                               "resume with the dataset it was made with")
+    problem = tables_problem({"weight": ck.weight, "state": ck.state}, expected_shapes(cfg, dataset))
+    if problem:
+        raise _damaged(ck.path, "tables.pt", problem, option)
     if ck.iteration >= cfg.iterations:
         raise CheckpointError(f"{option} {ck.path}: the checkpoint is at iteration {ck.iteration}, "
                               f"not below --iterations {cfg.iterations}; nothing left to train")
@@ -302,6 +341,8 @@ class Checkpointer:
             self.root = Path(self._tmp)
         else:
             self.root = Path(cfg.checkpoint_dir)
+        # One run lineage's checkpoints per folder: another run's are refused, never pruned.
+        self.lineage = checkpoint_lineage(self.root, cfg.resume) if self._tmp is None else None
         self._made_root = not self.root.exists()  # removed again if it stays empty
         self.config = asdict(cfg)
         self.dataset = dataset
@@ -314,7 +355,8 @@ class Checkpointer:
         earlier ones as they were and raises CheckpointWriteError saying which to resume from."""
         try:
             self.last = save_checkpoint(self.root, b, self.config, self.dataset, weight, state,
-                                        dense, dense_optimizer, rng, metrics, self.keep)
+                                        dense, dense_optimizer, rng, metrics, self.keep,
+                                        self.lineage)
         except OSError as e:
             if self._made_root and not any(self.root.iterdir()):
                 self.root.rmdir()
@@ -335,7 +377,8 @@ class Checkpointer:
                 "checkpoint_overhead_pct": 100 * med / (self.every * median_iter_ms)
                 if self.ms and median_iter_ms > 0 else float("nan"),
                 "checkpoint_dir": None if self._tmp else str(self.root),
-                "last_checkpoint": None if self._tmp or self.last is None else str(self.last)}
+                "last_checkpoint": None if self._tmp or self.last is None
+                or not self.last.is_dir() else str(self.last)}
 
     def close(self) -> None:
         if self._tmp:

@@ -5,10 +5,9 @@ grouped by section, a bench file's `base`/`matrix` keys are these fields, and th
 config is stored with every result. Another command's config (`bagpipe simulate`'s) takes
 a field that means the same thing from here with `shared`, so it has one default and help.
 
-This module imports without torch (the command line builds its options from it before it
-knows what will run): the systems come from the registry (`engine/registry.py`, which
-imports a system's builders only when they are called), the other choices from light
-constants, held equal to the heavy modules' own by tests/test_startup.py.
+It imports without torch (the command line builds its options from it first): the systems
+come from the registry (`engine/registry.py`, which imports builders only when called), the
+other choices from light constants, held equal to the heavy modules' by tests/test_startup.py.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from bagpipe_cli.limits import INT32_MAX
 
 # Why a distributed job needs the dataset on every machine (its errors say it).
 SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the trainers their own "
-               "samples), so it must be at the same path on every machine: a shared file "
-               "system, or a copy of the dataset folder on each")
+               "samples), so it must be at the same path on every machine: a shared file system, "
+               "or a copy of the dataset folder on each")
 
 MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
 EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/optim.py's RowOptimizer
@@ -107,10 +106,8 @@ class TrainConfig:
     round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].",
                                 section="system")
     cache_rows: int | None = setting(None, "Cache rows of bagpipe/lru/lfu/fae [default: "
-                                           "bagpipe's peak at --lookahead].", at_least=1,
-                                     section="system")
-    staleness: int = setting(0, "het: versions a cached row may lag behind the servers.",
-                             at_least=0, section="system")
+                                           "bagpipe's peak at --lookahead].", at_least=1, section="system")
+    staleness: int = setting(0, "het: versions a cached row may lag behind the servers.", at_least=0, section="system")
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
                                      "--cache-rows hot rows.", section="system")
     snapshot_every: int = setting(50, "slipstream: iterations K between snapshots of the hot rows "
@@ -124,8 +121,8 @@ class TrainConfig:
                                                     "(an output layer of E follows).", section="model")
     top_mlp: tuple[int, ...] = setting((64, 32), "Top (DLRM) / deep (WDL, DeepFM, DCN) MLP hidden "
                                                  "sizes, e.g. 1024,1024,1024,256,128.", section="model")
-    optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).", choices=EMB_OPTIMIZERS,
-                             section="model")
+    optimizer: str = setting("sgd", "Embedding optimizer (adagrad: row-wise).",
+                             choices=EMB_OPTIMIZERS, section="model")
     lr: float = setting(0.1, "Embedding learning rate.", section="model", at_most=MAX_LR)
     dense_optimizer: str = setting("sgd", "Dense optimizer.", choices=DENSE_OPTIMIZERS, section="model")
     dense_lr: float | None = setting(None, "Dense learning rate [default: --lr].", section="model",
@@ -305,7 +302,6 @@ class TrainConfig:
         return self.dense_lr if self.dense_lr is not None else self.lr
 
 
-
 def check_settings(cfg: Any) -> None:
     """The checks a config's fields declare (layer sizes, choices, lower bounds), and those
     between TrainConfig's fields, for whichever of them `cfg` has. Lists (YAML, JSON) become
@@ -332,28 +328,30 @@ def check_settings(cfg: Any) -> None:
                 raise ConfigError(f"{field_option(f)} must be >= {low} (got {v})")
             _check_number(f, v)
     if {"batch_size", "trainers"} <= names and cfg.batch_size % cfg.trainers:
-        raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --trainers "
-                          f"{cfg.trainers}")
+        raise ConfigError(f"--batch-size {cfg.batch_size} is not divisible by --trainers {cfg.trainers}")
     for name, low in (("hot_sample", "("), ("drop_target", "["), ("stale_share", "(")):  # shares
         v = getattr(cfg, name) if name in names else 0.5
         if not (0 < v if low == "(" else 0 <= v) or v > 1:
             raise ConfigError(f"{option_name(name)} must be in {low}0, 1] (got {v})")
+    n = cfg.batch_size // cfg.trainers if {"drop_target", "batch_size", "trainers"} <= names else 0
+    if n and math.ceil(cfg.drop_target * n) >= n:  # slipstream skips ceil(D n) of a share's n
+        raise ConfigError(f"--drop-target {cfg.drop_target:g} skips all {n} samples of a trainer's "
+                          f"share: nothing would train; use at most {math.floor((n - 1) / n * 1000) / 1000:g}")
     if {"net_gbps", "net_latency_us"} <= names:
         NetworkModel(cfg.net_gbps, cfg.net_latency_us)  # validates the network options
 
 
 def _check_number(f: Field, v: Any) -> None:
-    """A number the engine can hold: finite, within the field's `at_most` (an integer
-    without one: within int32, the engine's arrays' type; the seed: within int64)."""
+    """A number the engine can hold: finite, within the field's `at_most` (an integer without
+    one: within int32, the arrays' type; the seed: 0 to int64's most, as numpy takes it)."""
     if isinstance(v, bool) or not isinstance(v, int | float):
         return
     if isinstance(v, float) and not math.isfinite(v):
         raise ConfigError(f"{field_option(f)} must be a finite number (got {v})")
     high, why = f.metadata.get("at_most") or (MAX_SEED if f.name == "seed" else INT32_MAX, "")
-    if f.name == "seed" and v < 0:  # numpy's generators take none
-        raise ConfigError(f"{field_option(f)} {v}: a seed is a non-negative integer (0 to {high:,})")
-    if abs(v) > high and (isinstance(v, int) or f.metadata.get("at_most")):
-        raise ConfigError(f"{field_option(f)} {v}: at most {high:,}" + (f" ({why})" if why else ""))
+    if abs(v) > high and (isinstance(v, int) or f.metadata.get("at_most")) or f.name == "seed" and v < 0:
+        raise ConfigError(f"{field_option(f)} {v}: " + ("a seed is 0 to " if f.name == "seed" else "at most ")
+                          + f"{high:,}" + (f" ({why})" if why else ""))
 
 
 _KINDS = {bool: ("true or false", lambda v: isinstance(v, bool)),

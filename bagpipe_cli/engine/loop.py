@@ -18,7 +18,9 @@ torch transport), the collective (local, or all-gathers) and what a checkpoint d
 
 Gradient convention: the loss is the mean over the *global* batch; each trainer's slice
 contributes sum(BCE)/B, and partial gradients (dense and embedding) are *summed* across
-trainers in trainer order, which equals the gradient of the global mean.
+trainers in trainer order, which equals the gradient of the global mean. A trainer's share
+of a phase may be empty (all hot, all cold, all skipped); an iteration of which no trainer
+computed a sample records a loss of NaN.
 
 LRPP (bagpipe, N > 1): sync_now rows are all-reduced on the critical path; no_sync rows are
 updated by their one user only; sync_later rows are all-reduced in the background and
@@ -31,6 +33,7 @@ updated at once.
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -196,8 +199,9 @@ class TrainingLoop:
             losses, partials = slice_partials(self.forward, inp, values, self.slices,
                                               self.cfg.batch_size, self.clock, step.times,
                                               self.trainers.first)
+            computed = self.per * len(self.slices)
         else:
-            losses, partials = self._phased(step, inp, phases)
+            losses, partials, computed = self._phased(step, inp, phases)
         waited = self.collective.take_dense_wait()  # the backward's end, waiting for dense sums
         step.times["backward"] -= waited
         step.times["sync"] += waited
@@ -207,7 +211,7 @@ class TrainingLoop:
             torch.cuda.current_stream().synchronize()
         t = time.perf_counter()
         with tr.span("synchronise", "sync"):
-            loss_parts, sync = self._synchronise(step, inp.keys, grad, losses)
+            loss_parts, sync, computed = self._synchronise(step, inp.keys, grad, losses, computed)
         step.times["sync"] += time.perf_counter() - t
         with self.clock.gpu("optimizer", step.times):
             self.dense_opt.step()
@@ -219,8 +223,12 @@ class TrainingLoop:
         self.system.after_iteration(step)
         self.clock.settle(step.times)  # the GPU's queued work belongs to this iteration's time
         seconds = time.perf_counter() - t_it + (head["seconds"] if head is not None else 0.0)
-        rec = iteration_record(step, add_floats([float(x) for x in loss_parts]), seconds)
-        check_loss(rec["loss"], plan.b, self.cfg)  # a NaN loss stops the run, naming the iteration
+        # An iteration of which no trainer computed a sample (slipstream skipped them all) has
+        # no loss: NaN, not the 0 of an empty sum, which would read as a perfect fit.
+        rec = iteration_record(step, add_floats([float(x) for x in loss_parts]) if computed
+                               else math.nan, seconds)
+        if computed:
+            check_loss(rec["loss"], plan.b, self.cfg)  # a NaN loss stops the run, naming the iteration
         tr.complete("iteration", "iteration", t_it, time.perf_counter())
         self.records.append(rec)
         if self.progress is not None:
@@ -232,11 +240,15 @@ class TrainingLoop:
             return self.system.read(step, inp.keys, inp.index)
 
     def _phased(self, step: Step, inp: IterInputs, phases: list[Phase]
-                ) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+                ) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
         """Each phase's samples, trainer slice by slice, after its `before`: losses and
-        row-gradient partials per trainer slice, summed over the phases. A wrapped model
-        (DDP: one trainer in this process) sums dense gradients once, in the last phase,
-        which runs even without samples; the earlier ones accumulate locally."""
+        row-gradient partials per trainer slice, summed over the phases, and the number of
+        samples computed. A wrapped model (DDP: one trainer in this process) sums dense
+        gradients once, in the last phase, which runs even without samples (over empty
+        tensors: zero gradients); the earlier ones accumulate locally. A share may be empty
+        in any phase (all hot, all cold, all skipped): it adds nothing. Where no slice of the
+        process computed a sample the dense gradients are zeros, as DDP's sum of empty
+        backwards is, so the dense optimizer steps alike in both runtimes."""
         once = hasattr(self.forward, "no_sync")
         losses = [torch.zeros((), device=self.device) for _ in self.slices]
         partials: list[torch.Tensor | None] = [None] * len(self.slices)
@@ -259,32 +271,44 @@ class TrainingLoop:
                                                        self.trainers.first + k, partials[k])
                 losses[k] = losses[k] + loss
         grads.sum()
+        for p in self.params:
+            if p.grad is None:  # no sample of this process computed
+                p.grad = torch.zeros_like(p)
         if values is None:  # every sample left out: the rows' gradients are zero
             values = self._read(step, inp)
+        computed = sum(len(x) for phase in phases for x in phase.samples)
         return losses, [p if p is not None else values.new_zeros(len(inp.keys), values.shape[1])
-                        for p in partials]
+                        for p in partials], computed
 
     def _idx(self, a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
 
     def _synchronise(self, step: Step, keys: np.ndarray, grad: torch.Tensor,
-                     losses: list[torch.Tensor]) -> tuple[list, _Sync | None]:
+                     losses: list[torch.Tensor], computed: int) -> tuple[list, _Sync | None, int]:
         """The critical all-reduce and the start of the asynchronous one; (every trainer's loss
-        in trainer order, how rows were synchronised, or None for a pushing system)."""
+        in trainer order, how rows were synchronised, or None for a pushing system, the
+        samples computed by all trainers). A system that may leave samples out
+        (`skips_samples`) adds its count of computed samples to the critical sum."""
         plan = step.plan
         dense = [p.grad for p in self.params]
         coll = self.collective
         hidden = {"dense": dense, "overlap_s": step.times["backward"]}  # summed in the backward
+        count = ([torch.full((1,), float(computed), device=self.device)]
+                 if self.system.skips_samples else [])
+
+        def total() -> int:
+            return int(count[0].item()) if count else computed
+
         if not self.system.replicated:  # row gradients go to the servers
             step.sync_counts = (0, 0, plan.unique_rows)
-            return coll.allreduce_([], losses, **hidden), None
+            return coll.allreduce_(count, losses, **hidden), None, total()
         lrpp = self.system.classes(plan)
         step.sync_counts = ((plan.sync_now, plan.sync_later, plan.no_sync) if lrpp is not None
                             else (len(keys), 0, 0))
         cls = lrpp if coll.size > 1 else None  # one trainer: nothing to wait for
         if cls is None:
-            loss = coll.allreduce_([grad], losses, **hidden)
-            return loss, _Sync(None, grad, np.empty(0, np.int64), None, None)
+            loss = coll.allreduce_([grad, *count], losses, **hidden)
+            return loss, _Sync(None, grad, np.empty(0, np.int64), None, None), total()
         now = np.flatnonzero(cls == SYNC_NOW)
         mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
         later = np.flatnonzero(cls == SYNC_LATER)
@@ -292,10 +316,10 @@ class TrainingLoop:
         # part is summed in place on the critical path, the last in the background.
         order = np.concatenate([now, mine, later])
         g = grad[self._idx(order)]
-        loss = coll.allreduce_([g[:len(now)]], losses, **hidden)
+        loss = coll.allreduce_([g[:len(now)], *count], losses, **hidden)
         n = len(now) + len(mine)
         later_sum = coll.start_sum(g[n:]) if len(later) else None
-        return loss, _Sync(order[:n], g[:n], later, later_sum, cls)
+        return loss, _Sync(order[:n], g[:n], later, later_sum, cls), total()
 
     def _update(self, step: Step, sync: _Sync, first_of_round: bool) -> None:
         """Row updates (synchronised and private rows), then this process's evictions."""

@@ -5,7 +5,9 @@ each slice's dense gradients kept apart while its phases accumulate them (`Train
 A slice's losses are sum(BCE)/B over its samples (B: the global batch) and its row-gradient
 partial is the sum, per row, of its accesses' gradients, in sample order; dense gradients are
 summed over slices in trainer order. Inputs that start off a 64-byte boundary are copied
-first (`_aligned`), so a slice gives the bits its own trainer process would.
+first (`_aligned`), so a slice gives the bits its own trainer process would on as many
+torch threads (a CPU kernel's rounding of a few rows' product may change with the threads:
+docs/architecture.md, "Which runs give the same bits"). A phase's share may be empty.
 """
 
 from __future__ import annotations
@@ -63,28 +65,34 @@ def sample_partial(forward, inp: IterInputs, values: torch.Tensor, samples: np.n
                    partial: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward/backward of some samples of one trainer slice (`samples`: positions in the
     process's batch, perhaps none); their loss and `partial` (or a new one) with their
-    accesses' row gradients added (see `slice_partials`)."""
-    n_tables = len(inp.index) // len(inp.labels)
+    accesses' row gradients added (see `slice_partials`).
+
+    With no samples the passes still run, over empty tensors: a loss of 0, zero dense
+    gradients and nothing added to `partial`. A trainer rank under DDP needs that backward
+    (every rank joins the dense sums of the last phase, whatever its share of it)."""
+    n_tables, dim = len(inp.index) // len(inp.labels), values.shape[1]
+    samples = np.asarray(samples, dtype=np.int64)
     acc = torch.from_numpy((samples[:, None] * n_tables + np.arange(n_tables)).reshape(-1)
                            ).to(values.device)
     rows = torch.from_numpy(samples).to(values.device)
     with clock.gpu("forward", times, trainer):
-        emb = values.index_select(0, acc).view(len(samples), n_tables, -1).detach().requires_grad_()
+        # The row width is given, not inferred: a view of 0 elements cannot infer it.
+        emb = values.index_select(0, acc).view(len(samples), n_tables, dim).detach().requires_grad_()
         logits = forward(inp.dense.index_select(0, rows), emb)
         loss = F.binary_cross_entropy_with_logits(logits, inp.labels.index_select(0, rows),
                                                   reduction="sum") / batch_size
     with clock.gpu("backward", times, trainer):
         loss.backward()
         if partial is None:
-            partial = torch.zeros(len(inp.keys), values.shape[1], device=values.device)
-        partial.index_add_(0, inp.index.index_select(0, acc), emb.grad.view(-1, values.shape[1]))
+            partial = torch.zeros(len(inp.keys), dim, device=values.device)
+        partial.index_add_(0, inp.index.index_select(0, acc), emb.grad.view(len(acc), dim))
     return loss.detach(), partial
 
 
 class TrainerGrads:
     """The dense gradients of each trainer slice of the process, kept apart while its phases
     accumulate them and then summed in trainer order (`ordered_sum`), as a trainer rank's
-    are: so a phased iteration gives the same bits in-process as over torch.distributed."""
+    are: so a phased iteration makes the same additions in-process as over torch.distributed."""
 
     def __init__(self, params: list[torch.Tensor], trainers: int):
         self.params = params

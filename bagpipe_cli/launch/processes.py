@@ -7,14 +7,19 @@ torchrun would set them, on loopback.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 from bagpipe_cli.errors import BagpipeError, RankFailure
 from bagpipe_cli.launch import forkserver
@@ -22,6 +27,8 @@ from bagpipe_cli.launch.forkserver import ForkedProcess
 from bagpipe_cli.launch.netshape import ShapedNetwork
 
 STOP_GRACE_S = 3.0  # a rank asked to stop (SIGTERM) has this long before SIGKILL
+RANKS_PREFIX = "bagpipe-ranks-"  # a job's folder in the temporary directory (`rank_folder`)
+OWNER = "owner"  # in it: its launcher's pid, locked (flock) by the launcher while it lives
 
 
 class RankError(BagpipeError):
@@ -168,3 +175,56 @@ def spawn_local(command: list[str], world: int, name_of: Callable[[int], str], t
     failed = job.wait(timeout_s + 10, run_timeout_s)
     if failed is not None:
         raise job.cause(failed, name_of)
+
+
+@contextlib.contextmanager
+def rank_folder(where: str | Path | None = None) -> Iterator[Path]:
+    """A job's folder in the temporary directory (`bagpipe-ranks-*`: what the ranks read, rank
+    0's result), removed when the job ends; marked as this launcher's by an `owner` file naming
+    its pid, which it locks while it lives. The folders of launchers killed outright (SIGKILL)
+    are removed first (`remove_dead_rank_folders`)."""
+    remove_dead_rank_folders(where)
+    folder = Path(tempfile.mkdtemp(prefix=RANKS_PREFIX, dir=where))
+    fd = os.open(folder / OWNER, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        yield folder
+    finally:
+        os.close(fd)
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def remove_dead_rank_folders(where: str | Path | None = None) -> list[Path]:
+    """Remove the job folders (`rank_folder`) whose launcher is dead: marked by an owner file
+    that no process locks, naming a pid that no longer runs. A folder without the mark is
+    never touched. Returns those removed."""
+    removed = []
+    for folder in Path(where or tempfile.gettempdir()).glob(f"{RANKS_PREFIX}*"):
+        if folder.is_symlink() or not (folder / OWNER).is_file():
+            continue
+        try:
+            fd = os.open(folder / OWNER, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            pid = os.pread(fd, 32, 0).decode(errors="replace").strip()
+            if pid.isdigit() and not _running(int(pid)):
+                shutil.rmtree(folder, ignore_errors=True)
+                removed.append(folder)
+        except BlockingIOError:  # its launcher holds it: alive
+            pass
+        finally:
+            os.close(fd)
+    return removed
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True

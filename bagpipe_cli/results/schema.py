@@ -1,43 +1,43 @@
 """Checked reading of the stored files: every JSON file carries a schema_version, and a
-file that cannot be read raises one DataError line that names it and says what to do."""
+file that cannot be read raises one DataError line that names it and says what to do.
+JSON files are read by `bagpipe_cli.records.read_record`, with their kind's limits: size,
+nesting depth, and the types of the keys the tool uses (a summary.json without `system`, or
+whose samples_per_s is null, is damaged: `report` skips its run with a warning naming the
+file and the key)."""
 
 from __future__ import annotations
 
 import io
-import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 from bagpipe_cli.errors import DataError
+from bagpipe_cli.records import KINDS, read_record
 
 RUN_SCHEMA_VERSION = 1  # config.json, summary.json (and the columns of metrics.csv)
 BENCH_SCHEMA_VERSION = 1  # bench.json, index.json
 
 
-def read_json(path: Path, version: int | None) -> dict[str, Any]:
-    """The JSON object in `path`, whose schema_version must be `version` (None: a file with
-    no version of its own, read under another file's: environment.json under bench.json's)."""
+# The kind of record (`bagpipe_cli.records.KINDS`: its limits and keys) a file's name makes
+# it; any other name (a trace written by `train --trace PATH`) is read as a trace.
+KIND_OF_NAME = {"config.json": "run config", "summary.json": "run summary", "bench.json": "bench",
+                "index.json": "bench index", "environment.json": "environment",
+                "profile.json": "profile"}
+
+
+def read_json(path: Path, version: int | None, kind: str | None = None) -> dict[str, Any]:
+    """The JSON object in `path`, read with its kind's limits (`records.read_record`: size,
+    depth, the types of the keys the tool uses; `kind` by default from the file's name),
+    whose schema_version must be `version` (None: a file with no version of its own, read
+    under another file's: environment.json under bench.json's)."""
     path = Path(path)
-    try:
-        obj = json.loads(path.read_text())
-    except OSError as e:
-        raise DataError(f"{path}: cannot read: {e.strerror or e}") from None
-    except ValueError as e:
-        raise DataError(f"{path}: not valid JSON ({e}); the file is damaged") from None
-    if not isinstance(obj, dict):
-        raise DataError(f"{path}: not a JSON object; not written by bagpipe")
-    if version is None:
-        return obj
-    if "schema_version" not in obj:
-        raise DataError(f"{path}: no schema_version; not written by bagpipe")
-    v = obj["schema_version"]
-    if v != version:
-        raise DataError(f"{path}: schema_version {v} is not supported by this bagpipe (expects "
-                        f"{version}); use the bagpipe version that wrote it, or rerun the "
-                        "benchmark with this one")
-    return obj
+    k = KINDS[kind or KIND_OF_NAME.get(path.name, "trace")]
+    if k.version != version:
+        k = replace(k, version=version)
+    return read_record(path, k)
 
 
 def read_csv(path: Path, columns: tuple[str, ...], numeric: bool = True) -> pd.DataFrame:

@@ -12,7 +12,6 @@ functions that use them: `bagpipe simulate --help` reads only `SimulateConfig`.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -22,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.io import atomic_dir, recorded_path, write_json
+from bagpipe_cli.records import read_record
 from bagpipe_cli.simulate.cluster import ClusterFile, SimulateConfig, ensure_dataset
 from bagpipe_cli.simulate.inputs import ComputeTimes, Volumes, Workload
 from bagpipe_cli.simulate.model import Prediction, add_speedups, predict
@@ -67,8 +67,8 @@ def _source(data_path: Path, vals: dict[str, Any]) -> tuple[Path, str]:
         if not data_path.exists():
             raise ConfigError(f"{data_path}: no such dataset or profile directory")
         return data_path, str(data_path)
+    prof = read_record(data_path / "profile.json", "profile")  # size, depth and keys checked
     try:
-        prof = json.loads((data_path / "profile.json").read_text())
         ds_path = recorded_path(prof["dataset"])  # absolute since profile.json records it so
         pcfg = prof["config"]
     except (OSError, ValueError, KeyError, TypeError) as e:

@@ -47,7 +47,7 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.engine.registry import ALL_SYSTEMS
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import read_yaml
+from bagpipe_cli.records import read_record
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes
 from bagpipe_cli.simulate.model import SYSTEMS
 
@@ -201,7 +201,7 @@ class ClusterFile:
 def load_cluster(path: Path) -> ClusterFile:
     """Read and check a cluster file; every error is one line naming the file (and key)."""
     where = f"--cluster {path}"
-    raw = read_yaml(Path(path), where)
+    raw = read_record(Path(path), "cluster file", name=where)  # YAML, size and depth limited
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

@@ -14,7 +14,6 @@ import os
 import re
 import socket
 import sys
-import tempfile
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -56,7 +55,7 @@ from bagpipe_cli.launch.placement import (
     pin,
     plan_rank,
 )
-from bagpipe_cli.launch.processes import Machine, spawn_local
+from bagpipe_cli.launch.processes import Machine, rank_folder, spawn_local
 
 RANK_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -199,7 +198,7 @@ def spawn_train(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainRe
         admit(cfg)  # every rank and this process fit this machine's memory, before any starts
     else:  # the ranks check every machine's devices and memory from its own facts
         machine = Machine(*cfg.master_address, cfg.node_rank * cfg.procs, cfg.procs)
-    with tempfile.TemporaryDirectory(prefix="bagpipe-ranks-") as tmp:
+    with rank_folder() as tmp:  # (a killed launcher's is removed by the next)
         conf, out = Path(tmp) / "config.json", Path(tmp) / "result.pt"
         conf.write_text(json.dumps(asdict(cfg), default=json_default))
 

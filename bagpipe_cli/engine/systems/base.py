@@ -19,8 +19,10 @@ run in-process, one trainer on a torch.distributed trainer rank. The training lo
 - hooks around an iteration, for systems that change what it computes: `phases(step,
   index, slices)` before it may split each trainer's samples into phases, each with what
   must happen first (hotline: popular samples, then the rest once their rows land), or
-  leave some out (slipstream: samples whose rows are stale); `after_iteration(step)` runs
-  once its updates are applied (slipstream: a snapshot every K iterations);
+  leave some out (slipstream: samples whose rows are stale; `skips_samples`), a trainer's
+  share of a phase being empty when it likes (all hot, all cold, all skipped);
+  `after_iteration(step)` runs once its updates are applied (slipstream: a snapshot every K
+  iterations);
 - `flush()`: when training ends, everything is back on the servers; `resident()`: the rows
   whose newest value is on the trainer (a checkpoint lays them over the servers' tables).
 
@@ -79,6 +81,9 @@ class EmbeddingSystem(ABC):
     """The interface every system implements (see the module docstring)."""
 
     replicated = True
+    # Whether `phases` may leave samples out (slipstream): the loop then sums the count of
+    # computed samples over the trainers, so an iteration that computed none records no loss.
+    skips_samples = False
     tracer: NoTracer = NO_TRACE  # the run's trace (the training loop sets it)
 
     def __init__(self, transport: Transport, trainers: TrainerSet, device: str | torch.device = "cpu"):

@@ -6,9 +6,9 @@ bagpipe's peak by default; `policy_plan("fae")` plans it), so the rows a batch n
 it are known when its round starts. There the fetch of those rows is issued and not waited
 for. Each trainer's samples are split into *popular* ones, whose every row is in the hot
 set, and the rest: the popular samples run forward and backward while the fetch is in
-flight, then the rows land, then the rest run. One optimizer step covers both, so the
-parameters are sync's up to the order in which each gradient's terms are summed
-(the test reports the largest difference).
+flight, then the rows land, then the rest run; either part of a trainer's share may be
+empty. One optimizer step covers both, so the parameters are sync's up to the order in
+which each gradient's terms are summed (the test reports the largest difference).
 
 `popular_samples` and `fetch_overlap` (seconds computed while the rows were in flight) go
 into every iteration's record; summary.json has their share and total.

@@ -17,7 +17,11 @@ takes the D-quantile of its own samples' k-th smallest drifts, so that a share D
 would be skipped, and keeps T until the next snapshot. Each trainer decides from its own
 samples and the replicated cache, so a trainer rank decides as the in-process runtime does.
 A skipped sample has no forward or backward and adds nothing to the gradients; the loss
-stays the sum over the global batch's samples divided by its size. With D = 0, T = 0 and
+stays the sum over the global batch's samples divided by its size. A trainer may skip all
+of its samples; an iteration in which every trainer did records a loss of NaN (the loop
+sums the computed samples' count: `skips_samples`), and its dense optimizer steps on zero
+gradients. Once a whole snapshot period trains nothing, the hot rows stop changing,
+their drifts become 0 and tie, and the samples that read them stay skipped. With D = 0, T = 0 and
 nothing is skipped: the run is fae's, bitwise.
 
 Each iteration's `samples_skipped` and T (`stale_threshold`, trainer 0's) go into its
@@ -65,6 +69,7 @@ class SlipstreamSystem(CacheSystem):
         super().__init__(transport, trainers, cache, prefetch_ahead=False, lrpp=False,
                          device=device)
         self.every, self.drop = snapshot_every, drop_target
+        self.skips_samples = drop_target > 0
         self.k = max(1, math.ceil(stale_share * tables - 1e-9))  # stale rows that skip a sample
         self._snap: tuple[np.ndarray, torch.Tensor] | None = None  # (slot keys, values)
         self._drift = np.full(cache.capacity, np.inf)  # per slot, since the last two snapshots

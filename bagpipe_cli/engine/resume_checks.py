@@ -1,0 +1,113 @@
+"""What `--resume` checks in a checkpoint before it uses it, beyond its checksums (which say
+only that the files are as some writer left them): state.json's keys and types (the
+reader's, `records.KINDS["checkpoint state"]`), metrics.json's records, what tables.pt and
+dense.pt hold, and the tables' shapes against this run's dataset and config.
+
+Each check returns the problem in words (None: there is none); `engine/checkpoint.py` names
+the file and the checkpoint to resume from instead. Nothing here imports the checkpoint
+module, which imports this one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.models import ModelConfig, row_dim
+from bagpipe_cli.records import check_fields, load_record, read_record, shown
+
+_NUMBERS = (int, float, type(None))  # a record's values (NaN is a float; a bool is not one)
+
+
+def read_json(path: Path, kind: str, fields: bool = True) -> tuple[Any, str | None]:
+    """(the JSON file, None), read with its kind's limits (`records.KINDS`: size, depth) and,
+    with `fields`, its keys' types checked; or (None, the problem in words)."""
+    try:
+        return (read_record if fields else load_record)(path, kind, error=ValueError), None
+    except ValueError as e:
+        return None, str(e).removeprefix(f"{path}: ")
+
+
+def state_problem(state: dict[str, Any]) -> str | None:
+    """state.json's keys and types (`records.KINDS["checkpoint state"]`): an iteration >= 0,
+    the config and the dataset as mappings."""
+    try:
+        check_fields(state, "checkpoint state", "state.json", ValueError)
+    except ValueError as e:
+        return str(e).removeprefix("state.json: ")
+    return None if state["iteration"] >= 0 else f"iteration is {state['iteration']}, below zero"
+
+
+def metrics_problem(metrics: list[Any]) -> str | None:
+    """metrics.json: a list per trainer process (at least one) of records, each a mapping of
+    column to number (or null)."""
+    if not metrics:
+        return "no metrics stream (a list of records per trainer process)"
+    for s, stream in enumerate(metrics):
+        if not isinstance(stream, list):
+            return f"metrics stream {s} is {shown(stream)}, not a list of records"
+        if all(type(rec) is dict and all(type(v) in _NUMBERS for v in rec.values())
+               for rec in stream):
+            continue
+        for i, rec in enumerate(stream):  # the first bad one, named
+            if not isinstance(rec, dict):
+                return f"record {i} of metrics stream {s} is {shown(rec)}, not a JSON object"
+            for key, v in rec.items():
+                if type(v) not in _NUMBERS:
+                    return f"record {i} of metrics stream {s}: {key} is {shown(v)}, not a number"
+    return None
+
+
+def dense_problem(dense: Any) -> str | None:
+    """dense.pt: the dense model's state_dict, its optimizer's and the RNG state."""
+    if not isinstance(dense, dict):
+        return f"holds a {type(dense).__name__}, not the dense model, its optimizer and the RNG"
+    model, opt, rng = dense.get("model"), dense.get("optimizer"), dense.get("rng")
+    if not isinstance(model, dict) or not all(isinstance(v, torch.Tensor) for v in model.values()):
+        return "model is not a state_dict (a mapping of names to tensors)"
+    if not isinstance(opt, dict) or not {"state", "param_groups"} <= set(opt):
+        return "optimizer is not an optimizer's state_dict (state, param_groups)"
+    if not isinstance(rng, torch.Tensor) or rng.dtype != torch.uint8:
+        return "rng is not torch's RNG state (a uint8 tensor)"
+    return None
+
+
+def tables_problem(tables: Any, shape: dict[str, tuple[int, int]] | None = None) -> str | None:
+    """tables.pt: `weight` and `state`, float32 tensors [rows, floats a row] with the same
+    rows; of `shape[key]` where given (`expected_shapes`)."""
+    if not isinstance(tables, dict):
+        return f"holds a {type(tables).__name__}, not the tables' weight and state"
+    for key in ("weight", "state"):
+        t = tables.get(key)
+        if not isinstance(t, torch.Tensor) or t.dim() != 2 or t.dtype != torch.float32:
+            what = f"a {t.dtype} tensor of {t.dim()} dimensions" if isinstance(t, torch.Tensor) \
+                else shown(t)
+            return f"{key} is {what}, not a float32 table [rows, floats a row]"
+        if shape is not None and tuple(t.shape) != shape[key]:
+            rows, dim = shape[key]
+            return (f"{key} is a [{t.shape[0]:,}, {t.shape[1]}] table, but this run's is "
+                    f"[{rows:,}, {dim}] (the dataset's rows in all its tables, and "
+                    f"{_floats(key)} a row)")
+    if tables["weight"].shape[0] != tables["state"].shape[0]:
+        return (f"weight has {tables['weight'].shape[0]:,} rows but state "
+                f"{tables['state'].shape[0]:,}")
+    return None
+
+
+def _floats(key: str) -> str:
+    return ("--emb-dim floats, one more for a first-order weight (wdl, deepfm)"
+            if key == "weight" else "the --optimizer's state floats (adagrad: 1, sgd: 0)")
+
+
+def expected_shapes(cfg: TrainConfig, dataset: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """The [rows, floats a row] of this run's tables and their optimizer state."""
+    cards = [int(c) for c in dataset["cardinalities"]]
+    mcfg = ModelConfig(cfg.model, int(dataset["dense_features"]), len(cards), cfg.emb_dim,
+                       bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
+    rows = sum(cards)
+    return {"weight": (rows, row_dim(mcfg)),
+            "state": (rows, RowOptimizer(cfg.optimizer, cfg.lr).state_dim)}
