@@ -140,6 +140,7 @@ def assert_one_wins(results: list[tuple[int, int, str]], path: Path, why: str) -
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("command", list(WRITERS))
 def test_two_writers_of_one_path_one_wins_the_other_is_told_who_holds_it(
         command, tiny_dataset, tmp_path):
@@ -151,6 +152,7 @@ def test_two_writers_of_one_path_one_wins_the_other_is_told_who_holds_it(
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_two_resumes_of_one_checkpoint_folder_do_not_both_run(tiny_dataset, tmp_path):
     ck = tmp_path / "ck"
     r = invoke(["train", tiny_dataset, *SMALL[:2], "--iterations", "4", "--checkpoint-every", "2",

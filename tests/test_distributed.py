@@ -247,6 +247,7 @@ def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_p
     assert per_iteration[1] < 1500  # bytes: a few numbers an iteration
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_every_rank_must_see_the_same_dataset(tiny_dataset, tmp_path):
     """Every rank reads the dataset itself: a rank that cannot read it, or sees another one at
     the same path, stops every rank alike, naming it and what to do."""
@@ -272,6 +273,7 @@ def test_every_rank_must_see_the_same_dataset(tiny_dataset, tmp_path):
     assert "no such directory; every rank of a distributed job reads the dataset" in r.stderr
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path):
     """The server is killed mid-run: right after its part of the first checkpoint (iteration
     5 of 400), a point in the run, not a time, which a loaded machine would move before the
@@ -289,6 +291,7 @@ def test_a_killed_server_stops_the_job_with_a_clear_error(tiny_dataset, tmp_path
     assert not (tmp_path / "dead").exists()
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_a_rank_that_never_joins_stops_the_others_within_the_timeout(tiny_dataset, tmp_path):
     """Trainer 1 dies before it connects: the others give up after --timeout, in one line."""
     with hang_guard(HANG_S, "the job whose trainer never joins"):
@@ -301,6 +304,7 @@ def test_a_rank_that_never_joins_stops_the_others_within_the_timeout(tiny_datase
     assert not (tmp_path / "nojoin").exists()
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_an_error_on_one_rank_is_the_one_line_reported(tiny_dataset, tmp_path):
     """rank 0 refuses the cache size; the others lose contact with it: the user sees the cause."""
     r = _run(tmp_path, tiny_dataset, "small", "--system", "bagpipe", "--procs", "4", "--cache-rows", "10")
@@ -393,6 +397,7 @@ def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path)
     assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_two_machines_started_by_procs_and_master_equal_in_process_sync(tiny_dataset, tmp_path):
     """The README's launch on two machines, both on loopback: each `bagpipe train --procs 2
     --master ... --node-rank R` starts its half of the 4 ranks; the ranks meet at --master
@@ -427,6 +432,7 @@ def test_a_launch_on_several_machines_is_checked_before_it_starts(tiny_dataset):
     assert TrainConfig(**kw, procs=4).master_address is None
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_a_master_that_never_answers_ends_the_launch_within_the_timeout(tiny_dataset, tmp_path):
     """Nothing listens at --master: the launch ends with one line naming the address once
     --timeout has passed (the line is `_reach`'s, whose own deadline is --timeout: not c10d's
@@ -518,6 +524,7 @@ def test_reach_gives_up_once_its_timeout_has_passed(monkeypatch):
     assert len(tries) > 10 and all(0.05 <= t <= 1.0 for _, t in tries)
 
 
+@pytest.mark.extended  # failure handling: make test-all
 @pytest.mark.skipif(not NO_CUDA, reason="this machine has CUDA")
 def test_torchrun_ranks_all_stop_alike_when_a_trainer_has_no_gpu(tiny_dataset, tmp_path):
     """Launched like torchrun (one process per rank, no launcher to check first): every rank
@@ -587,6 +594,7 @@ def start_ranks(script: str, world: int, stderr: int,
             for r in range(world)]
 
 
+@pytest.mark.extended  # failure handling: make test-all
 def test_a_server_refuses_trainers_out_of_step(tmp_path):
     """The servers' lockstep is what orders one trainer's write-back before another's fetch:
     a server that gets different requests at the same step stops instead of serving."""
@@ -681,6 +689,7 @@ def _can_shape() -> bool:
     return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
 
 
+@pytest.mark.extended  # failure handling: make test-all
 @pytest.mark.skipif(not _can_shape(), reason="--net-shape needs root, ip and tc")
 def test_a_kernel_shaped_network_gives_the_same_parameters(tiny_dataset, tmp_path):
     """--net-shape: every rank in its own network namespace behind a rate-limited link; the

@@ -120,6 +120,7 @@ def _one_line(err: str, first: str) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("sig, code, said", [(signal.SIGTERM, 143, "terminated by SIGTERM"),
                                              (signal.SIGHUP, 129, "terminated by SIGHUP"),
                                              (signal.SIGINT, 130, "interrupted")])
@@ -145,6 +146,7 @@ def _big_csv(path: Path, rows: int = 6_000_000) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_during_preprocess_removes_its_temporary_and_keeps_the_earlier_output(tmp_path):
     src = _big_csv(tmp_path / "clicks.csv")
     out = tmp_path / "pp"
@@ -184,6 +186,7 @@ def _script() -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 @pytest.mark.parametrize("stage", list(STAGES))
 def test_a_signal_at_start_up_is_one_line(tiny_dataset, tmp_path, sig, stage):
@@ -241,6 +244,7 @@ def test_the_entry_point_installs_the_handlers_before_it_imports_anything_else()
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_the_bagpipe_script_once_it_handles_it_is_one_line(tiny_dataset, tmp_path):
     """The console script itself (not `python -m`), signalled the moment SIGTERM's handler is
     in place."""
@@ -258,6 +262,7 @@ def test_sigterm_to_the_bagpipe_script_once_it_handles_it_is_one_line(tiny_datas
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("entry", ["module", "script"])
 def test_a_sigterm_before_the_handlers_kills_the_process_before_it_writes(tmp_path, entry):
     """SIGTERM sent at once, typically while the interpreter starts, before any handler of
@@ -280,6 +285,7 @@ def test_a_sigterm_before_the_handlers_kills_the_process_before_it_writes(tmp_pa
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_killed_runs_temporary_is_named_and_removed_by_the_next_run(tmp_path):
     out = tmp_path / "d"
     p = _start([*BIG_SYNTH, "--out", out], tmp_path)
@@ -341,6 +347,7 @@ def test_a_moved_aside_output_is_never_removed(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_an_ignored_sighup_stays_ignored(tmp_path):
     """`nohup bagpipe ...`: the run outlives its terminal."""
     out = tmp_path / "d"
@@ -361,6 +368,7 @@ def test_an_ignored_sighup_stays_ignored(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_while_a_bench_generates_its_dataset_removes_the_temporary(tmp_path):
     ds = tmp_path / "data" / "big"
     (tmp_path / "b.yaml").write_text(
@@ -380,6 +388,7 @@ def test_sigterm_while_a_bench_generates_its_dataset_removes_the_temporary(tmp_p
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_sigterm_to_a_launcher_stops_its_ranks_and_they_remove_their_temporaries(tiny_dataset,
                                                                                   tmp_path):
     """The launcher asks its ranks to stop (SIGTERM, SIGKILL only after a grace period): the

@@ -115,6 +115,7 @@ def test_every_process_of_a_job_is_counted_and_a_torchrun_job_machine_by_machine
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 def test_a_run_whose_activations_do_not_fit_is_refused_in_one_line_before_it_allocates(
         tiny_dataset, tmp_path):
     # Tables of a quarter of this machine's memory fit; the activations of 8,192 samples of
@@ -157,6 +158,7 @@ SHAPES = {
 
 
 @pytest.mark.slow
+@pytest.mark.extended
 @pytest.mark.parametrize("part", list(SHAPES))
 def test_the_estimate_is_within_2x_of_the_measured_peak(part, tiny_dataset, wide_dataset, tmp_path):
     data, options = SHAPES[part]

@@ -23,6 +23,9 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.checkpoint import list_checkpoints
 
+# kills, failed writes and resumes after them: make test-all (README: which tests are which)
+pytestmark = pytest.mark.extended
+
 # --------------------------------------------------------------------------- kill and resume
 
 HANG_S = 120  # a hang guard, not a speed limit: each run here takes seconds on an idle machine
