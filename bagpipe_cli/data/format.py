@@ -142,6 +142,9 @@ class DatasetMeta:
                 or t["cardinality"] < 1
             ):
                 raise DataError(f"{where}: tables[{i}] must be {{name, cardinality >= 1}}")
+            if any(u.name == t["name"] for u in tables):  # a model file keys tables by name
+                raise DataError(f"{where}: tables[{i}] is named {t['name']!r} like an earlier "
+                                "table; each table needs its own name")
             tables.append(TableSpec(t["name"], t["cardinality"]))
         if sum(t.cardinality for t in tables) > MAX_KEYS:
             raise DataError(f"{where}: the tables' cardinalities add up to "

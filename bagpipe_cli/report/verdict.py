@@ -36,9 +36,8 @@ from bagpipe_cli.guidance import small_data_sentences
 from bagpipe_cli.report.accuracy import fidelity
 from bagpipe_cli.report.analysis import BASELINE, ordered_groups
 from bagpipe_cli.report.noise import NOISE_MARK, UNKNOWN_MARK, noise_mark, ratio_range
-from bagpipe_cli.results.figures import percentile
+from bagpipe_cli.results.figures import COMPUTE_SPREAD, percentile
 
-COMPUTE_SPREAD = 1.5  # compute times further apart than this, in one setting: flagged
 FIX = "rerun on an idle machine, or compare --threads 1"
 NOISE_WORDS = {"outside": "outside the noise of the repeats",
                "within": "within the noise of the repeats: they do not show which is faster",

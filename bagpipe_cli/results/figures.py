@@ -23,6 +23,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+# Forward + backward of one model on one batch, measured by two systems further apart than
+# this ratio: more than run-to-run noise (a loaded machine, oversubscribed threads). `report`
+# flags such a setting; `simulate --calibrate` warns and uses the median.
+COMPUTE_SPREAD = 1.5
+
 FIGURES = ("samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90",
            "iter_ms_median", "iter_ms_p10", "iter_ms_p90")
 

@@ -40,6 +40,7 @@ from bagpipe_cli.results import (
     read_runs,
     read_trainer_metrics,
 )
+from bagpipe_cli.results.figures import COMPUTE_SPREAD
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Workload
 from bagpipe_cli.simulate.volumes import TraceConfig
 
@@ -312,7 +313,7 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     return out, source
 
 
-DISAGREEMENT = 1.5  # systems' forward + backward further apart than this ratio: not noise
+DISAGREEMENT = COMPUTE_SPREAD  # systems' forward + backward further apart: not noise
 
 
 def shared_compute(by_system: dict[str, list[MeasuredRun]], model: str) -> dict[str, Any]:

@@ -167,6 +167,12 @@ def avazu_layout(path: Path, hour: str) -> Layout:
             cats += [CatSpec("hour_of_day", c, "hour_of_day"), CatSpec("day_of_week", c, "day_of_week")]
         else:
             cats.append(CatSpec(c, c, "str"))
+    names = [c.name for c in cats]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # a table is known by its name (meta.json, --save-model): one name, one table
+        raise DataError(f"{path}:1: the header has a column {twice[0]!r} and --hour split "
+                        f"derives a table of that name from {AVAZU_HOUR!r}; pass --hour keep "
+                        "(one raw hour table), or rename the column")
     return Layout(fmt, tuple(header), AVAZU_LABEL, (), False, tuple(cats), other_sep="")
 
 

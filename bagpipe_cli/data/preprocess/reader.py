@@ -236,6 +236,7 @@ def iter_text_blocks(path: Path, fmt: TextFormat, names: list[str], types: dict[
                 raise DataError(_unmatched_lines(bytes(buf), first, path, fmt,
                                                  more_rows=table.num_rows > keep.sum()))
             yield block
+        s.check_unchanged()
     finally:
         s.close()
     if not got_any:

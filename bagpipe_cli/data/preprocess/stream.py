@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import os
 import zlib
 from pathlib import Path
 
@@ -51,6 +52,20 @@ class InputStream:
         self._raw_file = open(self.path, "rb")  # noqa: SIM115 - closed in close()
         self.gz = _is_gzip(self.path)
         self._gz = gzip.GzipFile(fileobj=_HashingReader(self._raw_file, hasher)) if self.gz else None
+        self._opened = self._stamp()
+
+    def _stamp(self) -> tuple[int, int]:
+        st = os.fstat(self._raw_file.fileno())
+        return st.st_size, st.st_mtime_ns
+
+    def check_unchanged(self) -> None:
+        """Refuse a file that changed while it was read: a file another process still writes
+        ends in a half-written line, which would be read as a row."""
+        now = self._stamp()
+        if now != self._opened:
+            raise DataError(f"{self.path}: changed while it was read ({self._opened[0]:,} -> "
+                            f"{now[0]:,} bytes): is another process still writing it? "
+                            "Preprocess it once it is complete")
 
     def read(self, n: int) -> bytes:
         if self._gz is None:
