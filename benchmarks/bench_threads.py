@@ -7,7 +7,8 @@ with `bagpipe train` (a fresh process per run, as a user runs it) at the default
 at each `--threads` from 1 to the cores, on an idle machine and under a load of
 `--load-per-core` busy processes per core (pure-Python spin loops, started and ended here).
 Repeats are interleaved; the table gives median samples/s per setting and default / best
-`--threads` (the target: at least 0.8 everywhere).
+`--threads` (the target: at least 0.8 everywhere). Each run's placement (compute and helper
+cores, torch threads, the load it saw) is printed beside its figure.
 
     python benchmarks/bench_threads.py [--systems sync,bagpipe,local,prefetch] [--repeat 3]
 """
@@ -41,7 +42,11 @@ def train(data: Path, out: Path, system: str, args: argparse.Namespace, extra: l
     p = subprocess.run(cmd, capture_output=True, text=True)
     if p.returncode:
         raise SystemExit(f"failed ({p.returncode}): {' '.join(cmd)}\n{p.stderr.strip()[-600:]}")
-    return json.loads((out / "summary.json").read_text())
+    s = json.loads((out / "summary.json").read_text())
+    p = json.loads((out / "config.json").read_text())["layout"]["placement"][0]
+    s["placed"] = (f"compute {p['compute']} helpers {p['helpers']} torch {p['torch_threads']}"
+                   + (f" load {p['load']:.1f}" if p.get("load") is not None else ""))
+    return s
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,10 +58,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--load-per-core", type=int, default=2)
     ap.add_argument("--loads", default="idle,busy", help="idle, busy or both")
+    ap.add_argument("--threads", default=None,
+                    help="the --threads settings to compare with the default [1 to the cores]")
     args = ap.parse_args(argv)
     cores = len(available_cores())
-    variants = {"default": []} | {f"--threads {t}": ["--threads", str(t)]
-                                  for t in range(1, cores + 1)}
+    counts = [int(t) for t in args.threads.split(",")] if args.threads else range(1, cores + 1)
+    variants = {"default": []} | {f"--threads {t}": ["--threads", str(t)] for t in counts}
     systems = args.systems.split(",")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-threads-") as tmp:
@@ -78,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
                             s = train(data, Path(tmp) / "run", system, args, extra)
                             got.setdefault((system, name), []).append(s["samples_per_s"])
                             print(f"  {load} {system:9s} {name:12s} #{r + 1}: "
-                                  f"{s['samples_per_s']:10,.0f} samples/s", flush=True)
+                                  f"{s['samples_per_s']:10,.0f} samples/s  ({s['placed']})",
+                                  flush=True)
             finally:
                 for p in busy:
                     p.kill()

@@ -41,6 +41,15 @@ def test_in_process_gives_the_feed_the_cores_it_was_measured_to_need():
     assert gpu.compute == (0, 1) and gpu.helpers == tuple(range(2, 8))
 
 
+def test_on_a_busy_machine_no_core_is_kept_apart():
+    cores = tuple(range(8))
+    busy = plan_in_process("auto", None, cores, feed_need=2.4, load=0.5)
+    assert busy.compute == busy.helpers == cores and busy.torch_threads == 8 and busy.load == 0.5
+    calm = plan_in_process("auto", None, cores, feed_need=2.4, load=0.4)
+    assert calm.helpers == (6, 7) and calm.load == 0.4
+    assert plan_in_process("auto", 3, cores, load=2.0).torch_threads == 3  # --threads still rules
+
+
 def test_ranks_share_a_machine():
     roles = ["oracle", "server", "trainer", "trainer"]
     got = [plan_rank("auto", None, roles, r, tuple(range(16))) for r in range(4)]

@@ -118,6 +118,12 @@ def others_runnable(pids: list[int], samples: int = 5, every_s: float = 0.01) ->
     return float(statistics.median(got))
 
 
+def machine_load(cores: int) -> float | None:
+    """Other processes' runnable tasks per core of this process's `cores`, now."""
+    n = others_runnable([os.getpid()])
+    return None if n is None else n / cores
+
+
 def _loadavg() -> float | None:
     s = _read(PROC / "loadavg")
     return float(s.split()[0]) if s else None

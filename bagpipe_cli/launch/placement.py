@@ -19,6 +19,12 @@ share the cores with the trainers. With `--placement auto` (the default):
 - threads and processes are pinned to their cores where the OS allows (Linux
   `sched_setaffinity`), and `--threads` still sets torch's thread count.
 
+On a busy machine (other processes' runnable tasks at BUSY_LOAD per core or more when an
+in-process run starts) no core is kept apart: every thread may run on every core, and torch
+gets a thread per core, so the scheduler can move a thread away from the other work (a core
+reserved for the helpers, or a trainer pinned to one core, only queues behind it).
+torch's threads never spin while they wait (OMP_WAIT_POLICY=PASSIVE, bagpipe_cli/__init__.py).
+
 `--placement off` leaves threads to the OS and torch's default (the engine before this).
 What was decided, and whether pinning held, is recorded in config.json (`layout.placement`).
 """
@@ -29,12 +35,13 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from bagpipe_cli.launch.contention import usable_core_count
+from bagpipe_cli.launch.contention import LOADED, usable_core_count
 
 # torch is imported where it is used: the run's options (engine/config.py) read PLACEMENTS
 # before anything runs, and must not wait for torch.
 PLACEMENTS = ("auto", "off")
 GPU_TRAINER_CORES = 2  # a GPU trainer's cores: its main thread and a helper
+BUSY_LOAD = LOADED["load_per_core"]  # a machine this busy: nothing is pinned apart
 
 
 def affinity() -> tuple[int, ...]:
@@ -68,6 +75,7 @@ class Placement:
     torch_threads: int
     pinned: bool = False  # set once the OS accepted the affinity
     feed_need: float | None = None  # cores the feed was measured to need (None: not measured)
+    load: float | None = None  # other processes' runnable tasks per core when it was planned
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -76,14 +84,18 @@ class Placement:
 
 
 def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
-                    gpu: bool = False, feed_need: float | None = None) -> Placement:
+                    gpu: bool = False, feed_need: float | None = None,
+                    load: float | None = None) -> Placement:
     """The placement of an in-process run on `cores` (`gpu`: the trainers compute on a GPU,
     so the helpers get all but GPU_TRAINER_CORES of them; `feed_need`: the cores the feed
-    was measured to need, which the helpers get, rounded, at most all but one)."""
+    was measured to need, which the helpers get, rounded, at most all but one; `load`: other
+    processes' runnable tasks per core: on a busy machine every thread shares every core)."""
     if policy == "off":
         import torch
 
         return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
+    if load is not None and load >= BUSY_LOAD:  # a core kept apart is not ours to keep
+        return Placement(policy, "in-process", cores, cores, threads or len(cores), load=load)
     r = reserved_cores(len(cores))
     if gpu and len(cores) > GPU_TRAINER_CORES:
         r = len(cores) - GPU_TRAINER_CORES
@@ -91,7 +103,7 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
         r = min(len(cores) - 1, int(feed_need + 0.5))
     compute, helpers = (cores[:-r], cores[-r:]) if r else (cores, cores)
     return Placement(policy, "in-process", compute, helpers, threads or len(compute),
-                     feed_need=feed_need)
+                     feed_need=feed_need, load=load)
 
 
 def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,

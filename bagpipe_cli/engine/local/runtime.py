@@ -56,7 +56,7 @@ from bagpipe_cli.engine.trace import (
     trainer_role,
 )
 from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.launch.contention import ContentionMeter
+from bagpipe_cli.launch.contention import LOADED, ContentionMeter, machine_load
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 from bagpipe_cli.models import build_model
 
@@ -68,8 +68,12 @@ def train_in_process(cfg: TrainConfig, progress: ProgressFn | None = None) -> Tr
     device = pick(cfg.device, cuda_count())
     s = prepare(cfg)
     cores = available_cores()
-    need = feed_need(s, len(cores)) if cfg.placement == "auto" and device == "cpu" else None
-    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, cores, device != "cpu", need))
+    load = machine_load(len(cores)) if cfg.placement == "auto" else None
+    busy = load is not None and load >= LOADED["load_per_core"]
+    need = feed_need(s, len(cores)) if cfg.placement == "auto" and device == "cpu" and not busy \
+        else None
+    pinned = Pinned(plan_in_process(cfg.placement, cfg.threads, cores, device != "cpu", need,
+                                    load=load))
     with pinned as placement, computing_on(device, not cfg.nondeterministic) as dev:
         return _train(s, pinned, placement, dev, progress)
 
