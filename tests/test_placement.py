@@ -43,8 +43,9 @@ def test_in_process_gives_the_feed_the_cores_it_was_measured_to_need():
 
 def test_on_a_busy_machine_no_core_is_kept_apart():
     cores = tuple(range(8))
-    busy = plan_in_process("auto", None, cores, feed_need=2.4, load=0.5)
-    assert busy.compute == busy.helpers == cores and busy.torch_threads == 8 and busy.load == 0.5
+    busy = plan_in_process("auto", None, cores, feed_need=2.4, load=0.5)  # 4 others: 4 left
+    assert busy.compute == busy.helpers == cores and busy.torch_threads == 4 and busy.load == 0.5
+    assert plan_in_process("auto", None, (0, 1), load=2.0).torch_threads == 1  # at least one
     calm = plan_in_process("auto", None, cores, feed_need=2.4, load=0.4)
     assert calm.helpers == (6, 7) and calm.load == 0.4
     assert plan_in_process("auto", 3, cores, load=2.0).torch_threads == 3  # --threads still rules

@@ -20,9 +20,12 @@ share the cores with the trainers. With `--placement auto` (the default):
   `sched_setaffinity`), and `--threads` still sets torch's thread count.
 
 On a busy machine (other processes' runnable tasks at BUSY_LOAD per core or more when an
-in-process run starts) no core is kept apart: every thread may run on every core, and torch
-gets a thread per core, so the scheduler can move a thread away from the other work (a core
-reserved for the helpers, or a trainer pinned to one core, only queues behind it).
+in-process run starts) no core is kept apart: every thread may run on every core, so the
+scheduler can move a thread away from the other work (a core reserved for the helpers, or a
+trainer pinned to one core, only queues behind it), and torch gets a thread for each core the
+others leave, at least one: each parallel region waits for its slowest thread, and on a core
+shared with other work a thread waits its turn (benchmarks/bench_threads.py: 2 threads ran
+sync 0.65x and bagpipe 0.83x their 1-thread speed under 2 busy processes per core).
 torch's threads never spin while they wait (OMP_WAIT_POLICY=PASSIVE, bagpipe_cli/__init__.py).
 
 `--placement off` leaves threads to the OS and torch's default (the engine before this).
@@ -95,7 +98,8 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
 
         return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
     if load is not None and load >= BUSY_LOAD:  # a core kept apart is not ours to keep
-        return Placement(policy, "in-process", cores, cores, threads or len(cores), load=load)
+        free = max(1, len(cores) - round(load * len(cores)))  # the cores the others leave
+        return Placement(policy, "in-process", cores, cores, threads or free, load=load)
     r = reserved_cores(len(cores))
     if gpu and len(cores) > GPU_TRAINER_CORES:
         r = len(cores) - GPU_TRAINER_CORES
