@@ -66,7 +66,10 @@ def test_ranks_share_a_machine():
 
 
 @pytest.mark.skipif(not LINUX, reason="pinning is Linux's sched_setaffinity")
-def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset):
+def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset, monkeypatch):
+    from bagpipe_cli.engine.local import runtime
+
+    monkeypatch.setattr(runtime, "machine_load", lambda cores: 0.0)  # as on an idle machine
     before = available_cores()
     r = train(TrainConfig(data=str(tiny_dataset), batch_size=256, iterations=5, eval_rows=1000))
     assert available_cores() == before
@@ -78,6 +81,13 @@ def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset):
     assert 0 < p["feed_need"] < 0.5
     assert tuple(p["compute"]) == plan_in_process("auto", None, before, feed_need=p["feed_need"]).compute
     assert tuple(p["compute"]) == before == tuple(p["helpers"])
+    # on a busy machine the feed is not measured: every thread shares every core, torch gets
+    # the cores the others leave (at least one)
+    monkeypatch.setattr(runtime, "machine_load", lambda cores: 2.0)
+    r = train(TrainConfig(data=str(tiny_dataset), batch_size=256, iterations=5, eval_rows=1000))
+    (p,) = r.config["layout"]["placement"]
+    assert p["feed_need"] is None and p["load"] == 2.0 and p["torch_threads"] == 1
+    assert tuple(p["compute"]) == before == tuple(p["helpers"]) and available_cores() == before
 
 
 @pytest.mark.slow
