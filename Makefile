@@ -27,7 +27,8 @@ demo: $(STAMP)
 	@echo "report: $(DEMO_BENCH)/report/report.html (Markdown: $(DEMO_BENCH)/report/report.md; figures and summary.csv next to them)"
 
 # What CI runs (.ci/run holds it, install included, to 6 minutes on 2 cores): every test but
-# the failure-handling ones that start processes and wait on them (marked extended).
+# the failure-handling ones that start processes and wait on them, and the largest size of a
+# few tests whose smaller sizes run here (marked extended).
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -m "not extended"
 

@@ -115,6 +115,19 @@ def one_per_volumes(systems: dict[str, Any] | None = None) -> tuple[str, ...]:
     return tuple(seen.values())
 
 
+def wait_until(p: subprocess.Popen, ready: Any, what: str, timeout: float = 120,
+               every: float = 0.01) -> None:
+    """Poll `ready()` until it holds while process `p` runs: fail if `p` ends first, or after
+    `timeout` seconds (a hang guard, not a speed limit)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not ready():
+        assert p.poll() is None, f"the process ended ({p.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} after {timeout:g} s (hung?)"
+        time.sleep(every)
+
+
 def user_warnings(output: str) -> list[str]:
     """The `Warning:` lines of a command's output, less the one a busy machine adds to any
     run (launch/contention.py): a test that asserts on warnings must pass on a loaded

@@ -53,7 +53,7 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.extended)])
 def test_every_collective_sums_like_the_in_process_engine(n):
     """For 2, 3 and 4 trainers and vectors of lengths not divisible by N (empty too): the exact
     sum and the all-gather give bitwise `ordered_sum`, on the critical path and in the

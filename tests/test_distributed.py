@@ -14,7 +14,14 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
-from helpers import assert_same_parameters, bagpipe, communicate_all, hang_guard, run_cli
+from helpers import (
+    assert_same_parameters,
+    bagpipe,
+    communicate_all,
+    hang_guard,
+    run_cli,
+    wait_until,
+)
 
 from bagpipe_cli.data import DatasetWriter, TableSpec, open_dataset
 from bagpipe_cli.data.format import table_offsets
@@ -64,7 +71,7 @@ def _slice_rows(data, trainers):
     return out
 
 
-@pytest.mark.parametrize("model", ["wdl", "deepfm"])
+@pytest.mark.parametrize("model", [pytest.param("wdl", marks=pytest.mark.extended), "deepfm"])
 def test_odd_trainer_slices_of_a_first_order_model_equal_in_process(real_data, tmp_path, model):
     """Criteo's 26 tables, rows of E + 1 = 17 floats, 49 samples a trainer: in-process, trainer
     1's rows start 8 bytes off a 32-byte boundary, where a vectorised kernel may sum in another
@@ -377,6 +384,7 @@ def test_trainer_devices():
     assert trainer_devices(auto, lay, [_facts("cpu0", 0)] * 7) == ["cpu"] * 4
 
 
+@pytest.mark.extended  # torchrun's launcher; --procs runs the same ranks in make test
 def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path):
     """The README's two-node launch, both nodes on loopback: two torchrun agents rendezvous,
     and bagpipe over them gives sync's parameters bitwise."""
@@ -457,11 +465,7 @@ def test_a_master_that_never_answers_ends_the_launch_within_the_timeout(tiny_dat
                               f"{host}:{port}", "--node-rank", "1", "--out", str(tmp_path / "o"),
                               "--timeout", "300"], text=True, stderr=subprocess.PIPE)
         try:
-            deadline = time.monotonic() + HANG_S
-            while not _connecting_to(port):
-                assert p.poll() is None, f"exited ({p.returncode}) before it connected"
-                assert time.monotonic() < deadline, f"no rank connected in {HANG_S} s (hung?)"
-                time.sleep(0.01)
+            wait_until(p, lambda: _connecting_to(port), "a rank connecting", HANG_S)
             p.send_signal(signal.SIGINT)
             err = communicate_all([p], HANG_S)[0][1]
         except subprocess.TimeoutExpired:

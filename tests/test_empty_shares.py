@@ -110,7 +110,7 @@ def _compare(tmp_path, shares, system: str, trainers: int, extra: dict):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainers", [2, 4, 8])
+@pytest.mark.parametrize("trainers", [2, 4, pytest.param(8, marks=pytest.mark.extended)])
 def test_hotline_with_all_hot_and_all_cold_shares_over_procs_equals_in_process(shares, tmp_path,
                                                                                trainers):
     """Half the trainers' rest phase is empty (the crash of a trainer rank's empty last

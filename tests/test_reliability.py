@@ -8,14 +8,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 from click.testing import CliRunner
-from helpers import assert_same_parameters
+from helpers import assert_same_parameters, wait_until
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -59,11 +58,7 @@ def test_sigkill_of_a_whole_run_then_resume_gives_the_same_parameters(tiny_datas
                      "--checkpoint-dir", str(ck))
     p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env())
     try:
-        deadline = time.monotonic() + HANG_S
-        while not list_checkpoints(ck):
-            assert p.poll() is None, f"the run ended ({p.returncode}) before a checkpoint was seen"
-            assert time.monotonic() < deadline, f"no checkpoint after {HANG_S} s (hung?)"
-            time.sleep(0.02)
+        wait_until(p, lambda: list_checkpoints(ck), "a checkpoint", HANG_S, every=0.02)
         p.send_signal(signal.SIGKILL)
     finally:
         p.kill()
