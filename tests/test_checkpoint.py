@@ -148,8 +148,7 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["lru", "hotline",
-                                    pytest.param("local", marks=pytest.mark.extended)])
+@pytest.mark.parametrize("system", ["lru", "hotline", "local"])
 def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     """Over torch.distributed (2 trainers, 2 servers): lru's replicated cache (victims written
     back by key % N), hotline's (its warm cache sent to every trainer) and local's whole
