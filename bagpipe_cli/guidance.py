@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bagpipe_cli.engine.memory import FLOAT
+from bagpipe_cli.engine.memory import table_bytes
 from bagpipe_cli.limits import human_bytes, machine_memory
 
 FITS_TIMES = 10  # the tables fit many times over: at most 1/10 of a trainer's memory
@@ -34,12 +34,6 @@ FITS_TIMES = 10  # the tables fit many times over: at most 1/10 of a trainer's m
 ROW_STATE_FLOATS = {"sgd": 0, "adagrad": 1}
 THIS_MACHINE = "this machine's"
 RECORDED = "recorded by the runs"
-
-
-def table_bytes(rows: int, row_dim: int, state_dim: int) -> int:
-    """Bytes of `rows` embedding rows of `row_dim` floats and `state_dim` floats of optimizer
-    state each (float32), as engine/memory.py's estimate counts the tables."""
-    return FLOAT * int(rows) * (int(row_dim) + int(state_dim))
 
 
 @dataclass(frozen=True)

@@ -148,9 +148,15 @@ class RunMemory:
                 "parts": self.parts()}
 
 
+def table_bytes(rows: int, row_dim: int, state_dim: int) -> int:
+    """Bytes of `rows` embedding rows of `row_dim` floats and `state_dim` floats of optimizer
+    state each (float32): the tables part of every estimate (and guidance.py's fit)."""
+    return FLOAT * int(rows) * (int(row_dim) + int(state_dim))
+
+
 def estimate_run(cfg: Any, spec: SystemSpec, shape: RunShape) -> RunMemory:
     """The memory of a run of `cfg` (a TrainConfig) over `shape`, process by process."""
-    tables = FLOAT * shape.total_rows * (shape.row_dim + shape.state_dim)
+    tables = table_bytes(shape.total_rows, shape.row_dim, shape.state_dim)
     # Weights and gradients; adam's two moments and the two temporaries of its step.
     dense = FLOAT * shape.dense_params * (6 if cfg.dense_optimizer == "adam" else 2)
     init = 2 * FLOAT * min(INIT_CHUNK, max(shape.cardinalities)) * shape.row_dim  # chunk, gather
