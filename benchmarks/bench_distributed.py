@@ -12,13 +12,17 @@ runs it).
 
     python benchmarks/bench_distributed.py [--out results/bench-dist] [--repeat 2]
         [--trainers 2,4] [--collectives exact,allgather,allreduce] [--no-shape] [--validate]
-        [--device cuda [--backend nccl]]
+        [--device cuda [--backend nccl]] [--old REV]
+
+With `--old REV` every job also runs with git revision REV (a worktree of it), interleaved,
+and the table gives that revision's bagpipe/sync beside this tree's.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -26,6 +30,7 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
+from bench_revisions import checkout
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.registry import SYSTEMS as SYSTEMS_BY_NAME
@@ -34,14 +39,16 @@ SYSTEMS = ("sync", "bagpipe")
 
 
 def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: list[str],
-        kind: str) -> dict:
+        kind: str, tree: Path | None = None) -> dict:
+    """One job; `tree`: a checkout of another revision to run it with (None: this one)."""
     cmd = [sys.executable, "-m", "bagpipe_cli", "train", str(data), "--system", system,
            "--batch-size", str(a.batch_size), "--iterations", str(a.iterations),
            *(["--lookahead", str(a.lookahead)] if "lookahead" in SYSTEMS_BY_NAME[system].reads else []),
            "--trainers", str(n), "--servers", "1",
            "--procs", str(2 + n), "--eval-rows", "0", "--warmup", "5", "--collective", kind, *net,
            "--device", a.device, "--backend", a.backend, "--out", str(out)]
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    env = None if tree is None else {**os.environ, "PYTHONPATH": str(tree)}
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, env=env, cwd=tree)
     s = json.loads((out / "summary.json").read_text())
     m = pd.read_csv(out / "metrics.csv").iloc[5:]
     trainers = [v for k, v in s["roles"].items() if k.startswith("trainer")]
@@ -66,6 +73,8 @@ def main() -> None:
     ap.add_argument("--validate", action="store_true", help="run simulate --validate over the runs")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--backend", default="gloo")
+    ap.add_argument("--old", metavar="REV", help="also run every job with git revision REV, "
+                    "interleaved, and print its bagpipe/sync beside this tree's")
     a = ap.parse_args()
     out = a.out or Path(tempfile.mkdtemp(prefix="bench-dist-"))
     data = out / "data"
@@ -76,16 +85,22 @@ def main() -> None:
         nets[f"shaped {a.net_gbps:g}G"] = ["--net-gbps", str(a.net_gbps), "--net-shape"]
     kinds = a.collectives.split(",")
     ns = [int(x) for x in a.trainers.split(",")]
+    trees = {"": None}
+    if a.old:
+        trees[f"-{a.old}"] = checkout(a.old, Path(tempfile.mkdtemp(prefix="bench-dist-old-")))
     res: dict[tuple, list[dict]] = {}
     for rep in range(a.repeat):  # interleaved: a shared machine's drifts hit every setting alike
         for n in ns:
             for net_name, net in nets.items():
                 for kind in kinds:
-                    for system in SYSTEMS:
-                        tag = f"{system}-N{n}-{net_name.split()[0]}-{kind}-r{rep}"
-                        r = run(data, out / "runs" / tag, a, system, n, net, kind)
-                        res.setdefault((n, net_name, kind, system), []).append(r)
-                        print(f"  {tag:40s} {r['sps']:>9,.0f} samples/s", file=sys.stderr, flush=True)
+                    for rev, tree in trees.items():
+                        for system in SYSTEMS:
+                            tag = f"{system}-N{n}-{net_name.split()[0]}-{kind}{rev}-r{rep}"
+                            runs = out / ("runs" if tree is None else "runs-old")
+                            r = run(data, runs / tag, a, system, n, net, kind, tree)
+                            res.setdefault((n, net_name, kind, system + rev), []).append(r)
+                            print(f"  {tag:48s} {r['sps']:>9,.0f} samples/s", file=sys.stderr,
+                                  flush=True)
     report(res, ns, nets, kinds, a)
     if a.validate:
         subprocess.run([sys.executable, "-m", "bagpipe_cli", "simulate", "--validate", str(out / "runs")],
@@ -101,13 +116,20 @@ def report(res: dict, ns: list[int], nets: dict, kinds: list[str], a: argparse.N
     print(f"{'N':>2} {'network':12} {'collective':10} {'sync sps':>9} {'bagpipe sps':>11} {'bag/sync':>8} "
           f"{'coll MB/it sync':>15} {'coll MB/it bag':>14} {'sync ms sync':>12} {'sync ms bag':>11} "
           f"{'rank0 MB/it':>11}")
+    old = f"-{a.old}" if a.old else None
+    if old:
+        print(f"  (revision {a.old} beside it: its bagpipe/sync, its bagpipe's collective MB/it)")
     for n in ns:
         for net in nets:
             for kind in kinds:
                 s, b = med[(n, net, kind, "sync")], med[(n, net, kind, "bagpipe")]
-                print(f"{n:>2} {net:12} {kind:10} {s['sps']:>9,.0f} {b['sps']:>11,.0f} "
-                      f"{b['sps'] / s['sps']:>7.2f}x {s['coll_mb']:>15.3f} {b['coll_mb']:>14.3f} "
-                      f"{s['sync_ms']:>12.2f} {b['sync_ms']:>11.2f} {b['oracle_mb']:>11.3f}")
+                line = (f"{n:>2} {net:12} {kind:10} {s['sps']:>9,.0f} {b['sps']:>11,.0f} "
+                        f"{b['sps'] / s['sps']:>7.2f}x {s['coll_mb']:>15.3f} {b['coll_mb']:>14.3f} "
+                        f"{s['sync_ms']:>12.2f} {b['sync_ms']:>11.2f} {b['oracle_mb']:>11.3f}")
+                if old:
+                    so, bo = med[(n, net, kind, "sync" + old)], med[(n, net, kind, "bagpipe" + old)]
+                    line += f"   old: {bo['sps'] / so['sps']:>5.2f}x {bo['coll_mb']:>7.3f}"
+                print(line)
 
 
 if __name__ == "__main__":

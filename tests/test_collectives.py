@@ -73,8 +73,7 @@ def test_every_collective_sums_like_the_in_process_engine(n):
 def test_three_trainers_train_alike_with_every_collective(tiny_dataset, tmp_path):
     """3 trainer processes: the exact sum gives bitwise the in-process engine's parameters
     (the all-gather's bitwise sums are checked above); the all-reduce gives them within float
-    tolerance; each trainer's
-    collective bytes per iteration are at most 1.1 x 2(N-1)/N of the vectors it summed."""
+    tolerance (the rows of the partitioned cache move by need, whatever the kind: exact)."""
     kw = dict(system="bagpipe", batch_size=240, iterations=12, lookahead=4, trainers=3,
               optimizer="adagrad", eval_rows=2000, seed=2)
     inproc = train(TrainConfig(data=str(tiny_dataset), **kw))
@@ -91,7 +90,10 @@ def test_three_trainers_train_alike_with_every_collective(tiny_dataset, tmp_path
         else:
             assert_same_parameters(f"{out}.pt", inproc)
         s = json.loads((out / "summary.json").read_text())
-        for i in range(3):
-            role = s["roles"][f"trainer{i}"]
+        roles = [s["roles"][f"trainer{i}"] for i in range(3)]
+        for role in roles:
             assert role["collective_bytes_sent"] > 0 and role["collective_exposed_s"] >= 0
-            assert role["collective_bytes_sent"] == role["collective_bytes_received"]
+        # Sums move alike each way; the partitioned cache's rows by need: what one trainer
+        # sends, another receives.
+        assert (sum(r["collective_bytes_sent"] for r in roles)
+                == sum(r["collective_bytes_received"] for r in roles))

@@ -29,6 +29,7 @@ from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
 from bagpipe_cli.engine.distributed.layout import check_datasets, dataset_fact
 from bagpipe_cli.engine.feed import key_batches
+from bagpipe_cli.engine.partition import flows
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
@@ -129,9 +130,11 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
 
 
 @pytest.mark.parametrize("trainers,servers", [(4, 2), (4, 1), (2, 2)])
-def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path, trainers, servers):
-    """Bitwise equal to in-process sync, and each trainer fetched exactly the rows the plan
-    gives it: every row of a round except the other trainers' private rows."""
+def test_bagpipe_moves_each_row_to_its_readers_only(tiny_dataset, tmp_path, trainers, servers):
+    """Bitwise equal to in-process sync, and each trainer moved exactly the rows the plan's
+    partition gives it (engine/partition.py): from the servers, the rows fetched for an
+    iteration it reads them at; among the trainers, the rows delivered from their homes and
+    the partial gradients sent to them, beside the dense model's sum."""
     n = trainers
     args = ["--trainers", str(n), "--servers", str(servers), "--optimizer", "sgd", "--lookahead", "6"]
     r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(1 + servers + n))
@@ -141,11 +144,14 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     assert_same_parameters(tmp_path / "bag.pt", train(TrainConfig(**{**cfg.__dict__, "system": "sync"})))
 
     s = prepare(cfg)
-    rows = np.zeros(n, np.int64)
+    rows, moved = np.zeros(n, np.int64), np.zeros(n, np.int64)
     logical = 0
     for rp in s.spec.plan(s, 0).planner.plan(key_batches(s.ds, cfg, s.train_rows, s.offsets)):
-        rows += [len(rp.fetch_for(i)[0]) for i in range(n)]
         logical += len(rp.fetch_keys)
+        for p in rp.iters:
+            f = flows(p.part, p.row_class, n)
+            rows += f.fetched
+            moved += f.delivered_sent + f.now_sent + f.later_sent
     s = json.loads((tmp_path / "bag" / "summary.json").read_text())
     got = [s["roles"][f"trainer{i}"]["bytes_received"] // (16 * 4) for i in range(n)]
     assert got == rows.tolist()
@@ -153,13 +159,13 @@ def test_bagpipe_fetches_private_rows_to_their_user_only(tiny_dataset, tmp_path,
     assert sum(s["roles"][f"server{k}"]["bytes_sent"] for k in range(servers)) == rows.sum() * 16 * 4
     m = pd.read_csv(tmp_path / "bag" / "metrics.csv")
     assert m["rows_fetched"].sum() == rows.sum()
-    # The exact sum moves a ring's bytes: per trainer, at most 1.1 x 2(N-1)/N of the vectors
-    # summed (the dense model, the sync_now and sync_later rows, the N losses).
+    # The dense model's exact sum moves a ring's bytes: per trainer, at most 1.1 x 2(N-1)/N
+    # of its vectors (the dense gradients and the N losses); the rows move by need.
     dense = sum(p.numel() for p in build_model(s_model(cfg)).parameters())
-    vectors = 4 * (len(m) * (dense + n) + 16 * (m["sync_now"] + m["sync_later"]).sum())
+    vectors = 4 * len(m) * (dense + n)
     for i in range(n):
-        sent = s["roles"][f"trainer{i}"]["collective_bytes_sent"]
-        assert 2 * (n - 1) / n * vectors <= sent <= 1.1 * 2 * (n - 1) / n * vectors
+        ring = s["roles"][f"trainer{i}"]["collective_bytes_sent"] - 16 * 4 * moved[i]
+        assert 2 * (n - 1) / n * vectors <= ring <= 1.1 * 2 * (n - 1) / n * vectors
 
 
 def _one_trainer_alone_has_new_rows(path):

@@ -31,13 +31,27 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.io import stale_temporaries
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _default_signals() -> None:
+    """A child's signals start at their defaults: a test run in the background (`make test &`
+    ignores SIGINT) or under nohup (SIGHUP) must not pass those on, since the tool keeps a
+    signal its parent ignores ignored (`signals.install`) and these tests send them."""
+    import signal
+
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
+
+
+# Every child of these tests: one thread, default signal dispositions.
+CHILD = {"env": ENV, "preexec_fn": _default_signals}
 # Seconds of synth work on 2 cores (3M rows of 26 tables): long enough to be killed mid-write.
 BIG_SYNTH = ["synth", "--preset", "criteo-kaggle", "--scale", "0.05", "--rows", "3000000"]
 
 
 def _start(args: list[str], cwd: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "bagpipe_cli", *map(str, args)], cwd=cwd,
-                            env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            **CHILD, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
 def _temporaries(out: Path) -> list[Path]:
@@ -235,7 +249,7 @@ def test_the_entry_point_installs_the_handlers_before_it_imports_anything_else()
 
     (script,) = entry_points(group="console_scripts", name="bagpipe")
     assert script.value == "bagpipe_cli.__main__:main"
-    r = subprocess.run([sys.executable, "-c", FIRST], capture_output=True, text=True, env=ENV,
+    r = subprocess.run([sys.executable, "-c", FIRST], capture_output=True, text=True, **CHILD,
                        timeout=HANG_S)
     assert r.returncode == 0, r.stderr[-2000:]
     loaded, handled = json.loads(r.stdout)
@@ -250,7 +264,7 @@ def test_sigterm_to_the_bagpipe_script_once_it_handles_it_is_one_line(tiny_datas
     in place."""
     out = tmp_path / "run"
     p = subprocess.Popen([_script(), "train", str(tiny_dataset), "--iterations", "500", "--out",
-                          str(out)], cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                          str(out)], cwd=tmp_path, **CHILD, stdout=subprocess.DEVNULL,
                          stderr=subprocess.PIPE, text=True)
     try:
         _wait_until(p, "handling SIGTERM", lambda: _handles(p, signal.SIGTERM))
@@ -273,7 +287,7 @@ def test_a_sigterm_before_the_handlers_kills_the_process_before_it_writes(tmp_pa
     out = tmp_path / "d"
     argv = [sys.executable, "-m", "bagpipe_cli"] if entry == "module" else [_script()]
     p = subprocess.Popen([*argv, "synth", "--preset", "tiny", "--rows", "2000", "--out", str(out)],
-                         cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                         cwd=tmp_path, **CHILD, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                          text=True)
     err = _end(p, signal.SIGTERM)
     assert p.returncode in (-signal.SIGTERM, 143), (p.returncode, err[-2000:])
@@ -295,7 +309,7 @@ def test_a_killed_runs_temporary_is_named_and_removed_by_the_next_run(tmp_path):
         _end(p, signal.SIGKILL)
     assert left.exists()  # nothing could clean up after SIGKILL
     r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "synth", "--preset", "tiny", "--rows",
-                        "2000", "--out", str(out)], cwd=tmp_path, env=ENV, capture_output=True,
+                        "2000", "--out", str(out)], cwd=tmp_path, **CHILD, capture_output=True,
                        text=True, timeout=HANG_S)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"Warning: removed {left}" in r.stderr
@@ -352,7 +366,7 @@ def test_an_ignored_sighup_stays_ignored(tmp_path):
     """`nohup bagpipe ...`: the run outlives its terminal."""
     out = tmp_path / "d"
     p = subprocess.Popen([sys.executable, "-m", "bagpipe_cli", *BIG_SYNTH, "--out", str(out)],
-                         cwd=tmp_path, env=ENV,
+                         cwd=tmp_path, **CHILD,
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
@@ -400,7 +414,7 @@ def test_sigterm_to_a_launcher_stops_its_ranks_and_they_remove_their_temporaries
         [sys.executable, "-m", "bagpipe_cli", "train", str(tiny_dataset), "--procs", "3",
          "--system", "sync", "--batch-size", "256", "--iterations", "100000",
          "--checkpoint-every", "1", "--checkpoint-keep", "2", "--out", str(tmp_path / "run")],
-        cwd=tmp_path, env={**ENV, "TMPDIR": str(tmp)}, stdout=subprocess.DEVNULL,
+        cwd=tmp_path, env={**ENV, "TMPDIR": str(tmp)}, preexec_fn=_default_signals, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)
     try:
         _wait_until(p, "writing checkpoints", lambda: len(list(ckpt.glob("*"))) >= 2)
@@ -441,7 +455,7 @@ for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGINT):
 def test_an_interrupt_that_python_drops_in_a_callback_is_delivered_again():
     """At start-up a signal can land in the import system's weakref callback, where Python
     prints "Exception ignored" and drops it; the run then went on and exited 0 (seen in CI)."""
-    r = subprocess.run([sys.executable, "-c", DROPPED], env=ENV, capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", DROPPED], **CHILD, capture_output=True, text=True,
                        timeout=HANG_S)
     assert r.stdout.split() == ["130", "143", "130"], r.stdout + r.stderr[-2000:]
     assert "Exception ignored" not in r.stderr, r.stderr[-2000:]

@@ -253,12 +253,15 @@ def test_plan_formulas_equal_the_encoded_rounds(tiny_dataset):
     for keys, kb in ((np.int32, 4), (np.int64, 8)):
         for n, c in ((1, 1), (2, 3), (8, 4)):
             for rp in Oracle(total, 2 * c, c, n, 100_000).plan(batches()):
+                # N > 1: the partitioned cache's rounds (no slots; a Partition an iteration)
+                pairs = [len(p.part.writers) for p in rp.iters] if n > 1 else None
+                assert (rp.iters[0].part is not None) == (n > 1)
                 close(plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
-                                            [len(p.evict_keys) for p in rp.iters]), rp, keys)
+                                            [len(p.evict_keys) for p in rp.iters], pairs=pairs), rp, keys)
             for rp in Oracle(total, 1, 1, n, 100_000, lrpp=False).plan(batches()):  # prefetch
                 close(plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
                                             [len(p.evict_keys) for p in rp.iters], lrpp=False), rp, keys)
-            for rp in Oracle(total, 1, 1, n, None).plan(batches()):
+            for rp in Oracle(total, 1, 1, n, None, lrpp=False).plan(batches()):  # het, local
                 u = len(rp.iters[0].uniq)
                 close(plans.view_round(kb, n, u), rp, keys, cached=False)
                 close(plans.count_round(n), rp, keys, view=False, cached=False)
@@ -392,7 +395,7 @@ def test_validate_prints_the_table(runs, tmp_path):
     # in-process runs have no rank 0 link: their plan bytes are not checked, and it says so
     assert "rank 0's plan bytes not checked for 5 run(s): in-process" in " ".join(r.output.split())
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
-    assert df["plan_ok"].isna().all()
+    assert df["plan_ok"].isna().all() and df["rows_ok"].isna().all() and df["collective_ok"].isna().all()
     assert len(df) == 5 and set(df["system"]) == {"sync", "bagpipe", "het", "hotline"}
     # The summary counts the slipstream run out and agrees with the table; whether each tiny run
     # lands within the tolerance is timing on a shared machine (docs/benchmarks.md measures that).
@@ -453,6 +456,9 @@ def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset,
     assert mb["bagpipe"][0] < mb["bagpipe"][1] < mb["bagpipe"][2]  # U_b grows with the batch
     assert max(mb["sync"]) < 0.001  # |U_b| alone
     assert (sweep["mean_ms"] >= sweep["oracle_ms_per_iter"] - 1e-9).all()
+    # the floor (compute and the dense sums' wait) is under every iteration, over its compute
+    assert (sweep["floor_ms"] <= sweep["mean_ms"] + 1e-9).all()
+    assert (sweep["floor_ms"] >= sweep["compute_ms"] - 1e-9).all()
     pred = pd.read_csv(out / "predictions.csv")
     assert {"oracle_mb_per_iter", "oracle_ms_per_iter", "relay_ms_per_iter", "exposed_plan_ms"} <= set(pred)
     # A weak sweep past the data is one line that names it.
@@ -467,8 +473,8 @@ def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset,
 @pytest.mark.parametrize("runtime", ["inproc", "distributed"])
 def test_progress_counts_every_trace_it_makes(tiny_dataset, runtime):
     """simulate's bar: `traces_total` announced up front is the number of system traces made
-    (the main one of each system, and those a swept trainer count retraces: het's alone
-    in-process, every system's distributed), each batch read counts."""
+    (the main one of each system, and those a swept trainer count retraces: het's and
+    bagpipe's in-process, every system's distributed), each batch read counts."""
     from bagpipe_cli.simulate import build_config, run_simulate
 
     cfg = build_config(str(tiny_dataset), compute_ms=1.0, batch_size=256, iterations=6, warmup=1,
@@ -478,7 +484,7 @@ def test_progress_counts_every_trace_it_makes(tiny_dataset, runtime):
     run_simulate(cfg, lambda p: events.append(replace(p)))
     traces = [e.stage for e in events if "tracing" in e.stage]
     traces = [t for i, t in enumerate(traces) if i == 0 or t != traces[i - 1]]  # one per trace
-    assert len(traces) == events[0].traces_total == (3 + 2 * 3 if runtime == "distributed" else 3 + 2)
+    assert len(traces) == events[0].traces_total == (3 + 2 * 3 if runtime == "distributed" else 3 + 2 * 2)
     assert traces[:3] == ["tracing sync", "tracing bagpipe", "tracing het"]
     assert ("1 trainer: tracing het" in traces) and ("4 trainers: tracing sync" in traces) == (
         runtime == "distributed")
@@ -645,9 +651,13 @@ def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
     n = len(PROCS_SYSTEMS)
     assert len(df) == n and (df["predicted_ms"] > 0).all()
     assert df["setting"].str.contains("procs").all()
-    # rank 0's plan bytes, checked beside the time
-    assert (df["plan_check"] == "checked").all() and df["plan_ok"].all()
-    assert (df["plan_error"].abs() <= 0.10).all() and f"rank 0's plan bytes: {n} of {n}" in r.output
+    # rank 0's plan bytes, the servers' rows and each trainer's collectives, checked beside the time
+    for kind in ("plan", "rows", "collective"):
+        assert (df[f"{kind}_check"] == "checked").all() and df[f"{kind}_ok"].all(), kind
+        assert (df[f"{kind}_error"].abs() <= 0.10).all(), kind
+    assert f"rank 0's plan bytes: {n} of {n}" in r.output
+    assert f"the servers' row bytes: {n} of {n}" in r.output
+    assert f"each trainer's collective bytes: {n} of {n}" in r.output
 
 
 @pytest.mark.slow
@@ -661,6 +671,7 @@ def test_validate_skips_the_bytes_of_runs_that_did_not_count_them(procs_runs, tm
     (old / "summary.json").write_text(json.dumps(summary))
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(tmp_path / "old"), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output
-    assert "not checked for 1 run(s): not counted" in r.output
+    assert "rank 0's plan bytes not checked for 1 run(s): not counted" in r.output
     df = pd.read_csv(tmp_path / "v" / "validate.csv")
     assert df["plan_ok"].isna().all() and df["predicted_ms"].notna().all()
+    assert df["rows_ok"].all() and df["collective_ok"].all()  # still counted

@@ -80,17 +80,23 @@ def test_light_constants_equal_the_heavy_registries():
 
 def test_registry_builders_are_the_engines_own():
     from bagpipe_cli.engine import planner
-    from bagpipe_cli.engine.systems import CacheSystem, HetSystem, LocalSystem, SyncSystem
+    from bagpipe_cli.engine.systems import (
+        CacheSystem,
+        HetSystem,
+        LocalSystem,
+        SyncSystem,
+        partitioned,
+    )
 
     assert SYSTEMS["sync"].plan.resolve() is planner.no_plan
     assert SYSTEMS["bagpipe"].plan.resolve() is planner.lookahead_plan
     assert SYSTEMS["sync"].build_system.resolve() == SyncSystem.build
     assert SYSTEMS["het"].build_system.resolve() == HetSystem.build
     assert SYSTEMS["local"].build_system.resolve() == LocalSystem.build
-    for name in ("bagpipe", "lru"):
-        built = SYSTEMS[name].build_system.resolve()
-        assert built.func == CacheSystem.build
-        assert built.keywords == {"prefetch_ahead": name == "bagpipe", "lrpp": name == "bagpipe"}
+    built = SYSTEMS["lru"].build_system.resolve()
+    assert built.func == CacheSystem.build and built.keywords == {"prefetch_ahead": False, "lrpp": False}
+    # bagpipe: the replicated CacheSystem in-process, the partitioned cache on a trainer rank
+    assert SYSTEMS["bagpipe"].build_system.resolve() is partitioned.bagpipe_system
     for s in SYSTEMS.values():  # every name resolves (the policy plans are made here)
         assert callable(s.plan.resolve())
         assert s.build_system is None or callable(s.build_system.resolve())

@@ -236,8 +236,40 @@ def _fastest_line(preds) -> str:
     return line
 
 
+def _validation_table(rows) -> Table:
+    """Each run's predicted and measured time, and its byte counts' errors."""
+    from bagpipe_cli.simulate.validate import BYTE_CHECKS, BYTES_TOLERANCE, TOLERANCE
+
+    tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
+                      f"within ±{TOLERANCE:.0%} passes) and counted bytes (±{BYTES_TOLERANCE:.0%})",
+                caption="ms per iteration; compute: calibrated from the run's own timers; bytes per "
+                        "iteration, predicted / counted - 1: rank 0's plans, the servers' rows, the "
+                        "trainers' collectives (the worst trainer's); -: not counted")
+    for col in ["system", "setting", "compute", "predicted", "measured", "error", "",
+                "rank 0", "rows", "collective"]:
+        tab.add_column(col, justify="left" if col in ("system", "setting") else "right")
+    for r in rows:
+        d = r.to_dict()
+        marks = []
+        for kind in BYTE_CHECKS:
+            c = r.check(kind)
+            marks.append("-" if c.ok is None else f"{100 * c.error:+.1f}%" + ("" if c.ok else " [red]OUT[/red]"))
+        tab.add_row(d["system"], d["setting"], f"{d['compute_ms']:.2f}",
+                    f"{d['predicted_ms']:.2f}", f"{d['measured_ms']:.2f}", f"{100 * d['error']:+.1f}%",
+                    "ok" if r.ok else "[red]OUT[/red]", *marks)
+    return tab
+
+
 def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> None:
-    from bagpipe_cli.simulate.validate import BYTES_TOLERANCE, TOLERANCE, validate, validation_frame
+    from collections import Counter
+
+    from bagpipe_cli.simulate.validate import (
+        BYTE_CHECKS,
+        BYTES_TOLERANCE,
+        TOLERANCE,
+        validate,
+        validation_frame,
+    )
 
     check_outputs([Input("--validate", p) for p in paths])
     with err_console.status("validating") as status:
@@ -250,38 +282,23 @@ def _validate(paths: tuple[Path, ...], out: Path | None, overwrite: bool) -> Non
                           + f": simulate has no model of their traffic (it models {', '.join(SYSTEMS)})",
                           highlight=False, soft_wrap=True)
     rows = result.rows
-    tab = Table(title=f"model vs measured median iteration time ({len(rows)} runs; "
-                      f"within ±{TOLERANCE:.0%} passes) and rank 0's plan bytes (±{BYTES_TOLERANCE:.0%})",
-                caption="ms per iteration; compute: calibrated from the run's own timers; rank 0: "
-                        "plan MB per iteration, predicted / counted by the run (-: not counted)")
-    for col in ["system", "setting", "compute", "predicted", "measured", "error", "",
-                "rank 0 MB", "counted", "error", " "]:
-        tab.add_column(col, justify="left" if col in ("system", "setting") else "right")
-    for r in rows:
-        d = r.to_dict()
-        plan = (["-", "-", "-", ""] if r.plan_ok is None else
-                [f"{1e-6 * d['predicted_plan_bytes']:.3f}", f"{1e-6 * d['counted_plan_bytes']:.3f}",
-                 f"{100 * d['plan_error']:+.1f}%", "ok" if r.plan_ok else "[red]OUT[/red]"])
-        tab.add_row(d["system"], d["setting"], f"{d['compute_ms']:.2f}",
-                    f"{d['predicted_ms']:.2f}", f"{d['measured_ms']:.2f}", f"{100 * d['error']:+.1f}%",
-                    "ok" if r.ok else "[red]OUT[/red]", *plan)
-    console.print(tab)
+    console.print(_validation_table(rows))
     n_ok = sum(r.ok for r in rows)
     by_sys: dict[str, list[bool]] = {}
     for r in rows:
         by_sys.setdefault(r.run.system, []).append(r.ok)
     console.print(f"{n_ok} of {len(rows)} runs within ±{TOLERANCE:.0%}; by system: "
                   + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items()))
-    checked = [r for r in rows if r.plan_ok is not None]
-    if checked:
-        console.print(f"rank 0's plan bytes: {sum(r.plan_ok for r in checked)} of {len(checked)} "
-                      f"distributed runs within ±{BYTES_TOLERANCE:.0%}")
-    unchecked: dict[str, int] = {}
-    for r in rows:
-        if r.plan_ok is None:
-            unchecked[r.plan_check] = unchecked.get(r.plan_check, 0) + 1
-    for why, n in unchecked.items():
-        console.print(f"rank 0's plan bytes not checked for {n} run(s): {why}")
+    names = {"plan": "rank 0's plan bytes", "rows": "the servers' row bytes",
+             "collective": "each trainer's collective bytes"}
+    for kind in BYTE_CHECKS:
+        checks = [r.check(kind) for r in rows]
+        checked = [c for c in checks if c.ok is not None]
+        if checked:
+            console.print(f"{names[kind]}: {sum(c.ok for c in checked)} of {len(checked)} "
+                          f"distributed runs within ±{BYTES_TOLERANCE:.0%}")
+        for why, n in Counter(c.why for c in checks if c.ok is None).items():
+            console.print(f"{names[kind]} not checked for {n} run(s): {why}")
     missing = [r.run.run_id for r in rows if r.run.network_emulated and r.run.fetch_cpu_from.startswith("none")]
     if missing:
         console.print(f"note: {len(missing)} emulated-network run(s) have no no-network twin; their "

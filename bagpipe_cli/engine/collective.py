@@ -75,6 +75,18 @@ class Collective(ABC):
     def start_sum(self, x: torch.Tensor) -> Future:
         """The sum of `x` over all trainers, in the background: `.result()` waits for it."""
 
+    def exchange(self, parts: list[torch.Tensor], counts: list[int], later: bool = False):
+        """Rows by need, not a sum (the partitioned cache, engine/partition.py): `parts[j]`
+        [rows, width] go to trainer j, and `counts[j]` rows come from it; returns what came,
+        per trainer, or with `later` a Future of it, exchanged in the background."""
+        raise NotImplementedError(f"{type(self).__name__} does not exchange rows")
+
+    def move_rows(self, sent, received, row_bytes: int, x: torch.Tensor | None = None,
+                  later: bool = False):
+        """In-process, the partitioned cache's exchanges emulated: their time and bytes
+        (`engine/local/collective.py`)."""
+        raise NotImplementedError(f"{type(self).__name__} does not emulate exchanges")
+
     def close(self) -> None:
         """Release workers (none by default)."""
         return None

@@ -105,6 +105,7 @@ class TrainingLoop:
         # --eval-every's evaluations, timed apart: their seconds are left out of train_seconds.
         self.evaluate, self.eval_s, self.t_start = evaluate, 0.0, time.perf_counter()
         self.tracer = system.tracer = tracer  # the system's prefetches go on the trace too
+        system.collective = collective  # a partitioned cache exchanges rows by need
         self.params = list(model.parameters())
         self.per = cfg.batch_size // cfg.trainers
         self.slices = [slice(k * self.per, (k + 1) * self.per) for k in range(trainers.count)]
@@ -309,6 +310,10 @@ class TrainingLoop:
         if cls is None:
             loss = coll.allreduce_([grad, *count], losses, **hidden)
             return loss, _Sync(None, grad, np.empty(0, np.int64), None, None), total()
+        if self.system.partitioned:  # each row's partials go to its home (engine/partition.py)
+            loss = coll.allreduce_(count, losses, **hidden)
+            idx, g, later, later_sum = self.system.reduce(plan, grad, cls)
+            return loss, _Sync(idx, g, later, later_sum, cls), total()
         now = np.flatnonzero(cls == SYNC_NOW)
         mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
         later = np.flatnonzero(cls == SYNC_LATER)
@@ -316,9 +321,16 @@ class TrainingLoop:
         # part is summed in place on the critical path, the last in the background.
         order = np.concatenate([now, mine, later])
         g = grad[self._idx(order)]
-        loss = coll.allreduce_([g[:len(now)], *count], losses, **hidden)
         n = len(now) + len(mine)
-        later_sum = coll.start_sum(g[n:]) if len(later) else None
+        if plan.part is not None:  # in-process, the partitioned cache's exchanges emulated
+            f, width = plan.part.moves(cls, coll.size), 4 * grad.shape[1]
+            loss = coll.allreduce_(count, losses, **hidden)
+            coll.move_rows(f.now_sent, f.now_received, width)
+            later_sum = (coll.move_rows(f.later_sent, f.later_received, width, g[n:], later=True)
+                         if len(later) else None)
+        else:
+            loss = coll.allreduce_([g[:len(now)], *count], losses, **hidden)
+            later_sum = coll.start_sum(g[n:]) if len(later) else None
         return loss, _Sync(order[:n], g[:n], later, later_sum, cls), total()
 
     def _update(self, step: Step, sync: _Sync, first_of_round: bool) -> None:

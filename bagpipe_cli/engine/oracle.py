@@ -36,10 +36,18 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from bagpipe_cli.engine.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.partition import (
+    NO_SYNC,
+    SYNC_LATER,
+    SYNC_NOW,
+    Partition,
+    pairs_of,
+    partition,
+)
 from bagpipe_cli.errors import ConfigError
 
 NEVER = np.iinfo(np.int32).min // 2
-SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2
+__all__ = ["NO_SYNC", "SYNC_LATER", "SYNC_NOW", "IterPlan", "Oracle", "RoundPlan", "plan_peak"]
 
 
 @dataclass
@@ -66,6 +74,7 @@ class IterPlan:
     # |U_b| where `uniq` holds only one trainer's own rows (a sync trainer rank: it needs no
     # more of the global batch); None: `uniq` is U_b.
     global_rows: int | None = None
+    part: Partition | None = None  # the physical partition of U_b (engine/partition.py)
 
     @property
     def unique_rows(self) -> int:
@@ -130,6 +139,7 @@ class _Read:
     uniq: np.ndarray
     inverse: np.ndarray
     in_next: np.ndarray | None = None
+    codes: np.ndarray | None = None  # its (row, writer) pairs, where the cache is partitioned
 
 
 class Oracle:
@@ -156,6 +166,9 @@ class Oracle:
             capacity = 0
         self.capacity, self.grow = capacity, grow
         self.lrpp = lrpp  # classify rows for LRPP (each row's users); False: U_b alone suffices
+        # LRPP's physical partition (engine/partition.py): each row's writers and home.
+        self.partitioned = lrpp and trainers > 1
+        self.home_of = np.zeros(total_rows if self.partitioned else 0, dtype=np.int16)
         self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
         self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
@@ -200,7 +213,11 @@ class Oracle:
             self.last_used[uniq] = b
             evict_mask = self.latest[uniq] == b
             in_next = cur.in_next if cur.in_next is not None else np.zeros(len(uniq), dtype=bool)
-            pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next))
+            part = None
+            if self.partitioned:  # in order of b: each row's home carries to its next use
+                nxt = (window[0].uniq, window[0].codes) if window else None
+                part = partition(uniq, cur.codes, self.N, fetch_mask, self.home_of, nxt)
+            pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next, part))
             self.seconds += time.perf_counter() - t0
             b += 1
             if len(pending) == self.C or (done and not window):
@@ -234,7 +251,9 @@ class Oracle:
             before.in_next[self.where[uniq[last == j - 1]]] = True
         self.latest[uniq] = j
         self.where[uniq] = np.arange(len(uniq), dtype=np.int32)
-        return _Read(uniq, inverse)
+        codes = (pairs_of(inverse, len(uniq), self._trainer_of(len(inverse)), self.N)
+                 if self.partitioned else None)
+        return _Read(uniq, inverse, codes=codes)
 
     def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:
         r = pending[0][0] // self.C
@@ -244,7 +263,7 @@ class Oracle:
             self.free[self.nfree:self.nfree + len(freed)] = freed
             self.nfree += len(freed)
         evicted_slots.clear()
-        fetch_keys = np.concatenate([u[f] for (_, u, _, f, _, _) in pending])
+        fetch_keys = np.concatenate([u[f] for (_, u, _, f, _, _, _) in pending])
         self.resident += len(fetch_keys)
         self.peak_resident = max(self.peak_resident, self.resident)
         if self.free is not None:
@@ -263,7 +282,7 @@ class Oracle:
         rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident,
                        capacity=self.capacity)
         owners = []
-        for b, uniq, inverse, fetch_mask, evict_mask, in_next in pending:
+        for b, uniq, inverse, fetch_mask, evict_mask, in_next, part in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
             ev_keys = uniq[evict_mask]
             ev_slots = slots[evict_mask] if self.free is not None else np.empty(0, np.int32)
@@ -273,6 +292,7 @@ class Oracle:
             self.resident -= len(ev_keys)
             it = self._iter_plan(b, uniq, inverse, slots, int(fetch_mask.sum()),
                                  ev_keys, ev_slots, evict_mask, in_next)
+            it.part = part
             # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
             owner = (np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
                      if self.lrpp else np.full(int(fetch_mask.sum()), -1, np.int64))

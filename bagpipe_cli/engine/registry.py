@@ -92,7 +92,7 @@ class SystemSpec:
     global_view: bool = True  # its trainers read U_b of the global batch (False: each needs
     #                           its own rows only, so rank 0 sends them |U_b| alone)
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
-    #                                    trainer keeps a cache of its own)
+    #                                    trainer keeps a cache of its own, or its part of one)
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
@@ -170,9 +170,9 @@ _SPECS = (
                color=policy("none").color),
     SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP",
                plan=Lazy(f"{PLANNER}:lookahead_plan"),
-               build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build", prefetch_ahead=True,
-                                 lrpp=True),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}.partitioned:bagpipe_system"),
                volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
+               per_trainer_volumes=True,  # its cache is partitioned among the trainers
                rounds=True, role="ours", color=policy("bagpipe").color),
     SystemSpec("prefetch", "one-batch prefetch pipeline (TorchRec/FBGEMM style): batch b+1's "
                "rows are fetched into the cache while batch b trains; no lookahead beyond it",

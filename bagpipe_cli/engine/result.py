@@ -117,6 +117,10 @@ def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall
                     "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
                     "backend": layout["backend"], "world_size": layout["world"],
                     "process_peak_rss_mb": peak_rss_mb(), **facts})
+    held = [r["peak_resident_rows"] for r in facts.get("roles", {}).values()
+            if r.get("peak_resident_rows") is not None]
+    if held:  # a partitioned cache's: its largest trainer's (each trainer's in roles)
+        summary["peak_resident_rows"] = max(held)
     summary["memory"] = memory_summary(s, facts.get("roles", {}))
     summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
     runner = {"name": facts["runner"], "launch": _launch(cfg)}

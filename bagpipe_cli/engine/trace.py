@@ -320,6 +320,20 @@ class TracedCollective(Collective):
         with self.tracer.span("start sum (sync_later)", "collective", nbytes=nbytes):
             return _TracedSum(self.inner.start_sum(x), self.tracer, nbytes)
 
+    def exchange(self, parts: list[torch.Tensor], counts: list[int], later: bool = False):
+        nbytes = sum(p.numel() * p.element_size() for p in parts)
+        name = "start exchange (sync_later)" if later else "exchange rows"
+        with self.tracer.span(name, "collective", nbytes=nbytes):
+            out = self.inner.exchange(parts, counts, later)
+        return _TracedSum(out, self.tracer, nbytes) if later else out
+
+    def move_rows(self, sent, received, row_bytes: int, x: torch.Tensor | None = None,
+                  later: bool = False):
+        nbytes = int(sent.max(initial=0)) * row_bytes
+        with self.tracer.span("exchange rows", "collective", nbytes=nbytes):
+            out = self.inner.move_rows(sent, received, row_bytes, x, later)
+        return _TracedSum(out, self.tracer, nbytes) if later else out
+
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         return self.inner.wrap(model)
 

@@ -94,8 +94,8 @@ class SimulateResult:
     compute_source: dict[str, Any]
     predictions: list[Prediction]
     volumes: dict[str, dict[str, float]]  # per system: mean rows per iteration moved
-    sweep: pd.DataFrame  # sweep, system, trainers, net_gbps, batch_size, mean_ms, speedup, and
-    #                      rank 0's figures (SWEEP_PLAN_COLUMNS)
+    sweep: pd.DataFrame  # sweep, system, trainers, net_gbps, batch_size, mean_ms, speedup,
+    #                      rank 0's figures (SWEEP_PLAN_COLUMNS) and the rest (SWEEP_TIME_COLUMNS)
 
     def predictions_frame(self) -> pd.DataFrame:
         import pandas as pd
@@ -152,13 +152,16 @@ def _mean_volumes(v: Volumes) -> dict[str, float]:
 # Rank 0's figures of a prediction, in every row of the sweeps.
 SWEEP_PLAN_COLUMNS = ("oracle_mb_per_iter", "oracle_ms_per_iter", "relay_ms_per_iter",
                       "exposed_plan_ms")
+# Where the rest of the iteration goes, in every row of the sweeps too.
+SWEEP_TIME_COLUMNS = ("compute_ms", "floor_ms", "exposed_fetch_ms", "exposed_sync_ms", "link_busy",
+                      "server_rows_mb_per_iter", "collective_mb_per_iter")
 
 
 def _sweep_row(sweep: str, p: Prediction, trainers: int, net_gbps: float | None,
                batch_size: int) -> dict[str, Any]:
     return {"sweep": sweep, "system": p.system, "trainers": trainers, "net_gbps": net_gbps,
             "batch_size": batch_size, "mean_ms": p.mean_ms, "speedup": p.speedup,
-            **{k: getattr(p, k) for k in SWEEP_PLAN_COLUMNS}}
+            **{k: getattr(p, k) for k in SWEEP_PLAN_COLUMNS + SWEEP_TIME_COLUMNS}}
 
 
 @dataclass
@@ -196,9 +199,8 @@ class _Progress:
 def _retraced(cfg: SimulateConfig, n: int) -> list[str]:
     """The systems whose volumes are traced again for the sweep's `n` trainers: every
     system's when each trainer fetches its own rows (distributed) or the batch grows (weak
-    scaling), else het's per-trainer caches. In-process, bagpipe's split of the non-critical
-    rows into sync_later / no_sync also depends on N, but it only loads the asynchronous
-    collective link; the sweep keeps the configured N's."""
+    scaling), else those whose volumes depend on N in-process too: het's per-trainer caches,
+    bagpipe's partition of U_b among the trainers (their `per_trainer_volumes`)."""
     batch = cfg.sweep_batch(n)
     if n == cfg.cluster.trainers and batch == cfg.batch_size:
         return []

@@ -72,9 +72,12 @@ class MeasuredRun:
     network_emulated: bool
     model: str = "dlrm"
     fetch_cpu_from: str = ""  # where fetch_cpu_ms came from (emulated runs: a no-net twin)
-    # The plan bytes per iteration rank 0 counted (summary roles.oracle.traffic); None for
-    # a run that did not count them (in-process, or from before the count)
+    # Bytes per iteration the run counted (summary roles.*.traffic); None for a run that did
+    # not count them (in-process, or from before the count): rank 0's plans, the servers'
+    # rows, each trainer's collectives
     counted_plan_bytes: float | None = None
+    counted_server_rows: float | None = None
+    counted_collective: list[float] | None = None
     device: str = ""  # where its trainers computed (a GPU's name, or "cpu"; "" unrecorded)
     phased: bool = False  # computed some batch in two passes (hotline's popular samples first)
 
@@ -161,6 +164,8 @@ def read_measured(folder: Path) -> MeasuredRun:
         network_emulated=emulated,
         model=mcfg.name,
         counted_plan_bytes=counted_plan_bytes(summary),
+        counted_server_rows=counted_server_rows(summary, cluster.servers),
+        counted_collective=counted_collective(summary, cluster.trainers),
         device=_device(config), phased=_phased(m, trace.batch_size),
     )
 
@@ -176,16 +181,34 @@ def _phased(m: pd.DataFrame, batch_size: int) -> bool:
     return bool(((p > 0) & (p < batch_size)).any())
 
 
-def counted_plan_bytes(summary: dict[str, Any]) -> float | None:
-    """Rank 0's plan bytes per iteration as the run counted them
-    (`roles.oracle.traffic.sent_per_iteration.plan`); None where the run has no such count."""
+def counted_bytes(summary: dict[str, Any], role: str, kind: str) -> float | None:
+    """The bytes of `kind` role `role` sent per iteration as the run counted them
+    (`roles.<role>.traffic.sent_per_iteration.<kind>`); None where the run has no such count."""
     try:
-        value = summary["roles"]["oracle"]["traffic"]["sent_per_iteration"]["plan"]
+        value = summary["roles"][role]["traffic"]["sent_per_iteration"][kind]
     except (KeyError, TypeError):
         return None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def counted_plan_bytes(summary: dict[str, Any]) -> float | None:
+    """Rank 0's plan bytes per iteration (`counted_bytes` of the oracle's plans)."""
+    return counted_bytes(summary, "oracle", "plan")
+
+
+def counted_server_rows(summary: dict[str, Any], servers: int) -> float | None:
+    """The rows' bytes (with their optimizer state) all `servers` sent per iteration."""
+    each = [counted_bytes(summary, f"server{k}", "rows") for k in range(servers)]
+    return None if any(x is None for x in each) else float(sum(each))
+
+
+def counted_collective(summary: dict[str, Any], trainers: int) -> list[float] | None:
+    """Each trainer's collective bytes sent per iteration (its sums and, where the cache is
+    partitioned, its exchanges of rows and partial gradients)."""
+    each = [counted_bytes(summary, f"trainer{i}", "collective") for i in range(trainers)]
+    return None if trainers < 2 or any(x is None for x in each) else [float(x) for x in each]
 
 
 def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulated: bool,

@@ -97,6 +97,44 @@ class Cluster:
 
 
 @dataclass
+class Exchanges:
+    """Bagpipe's partitioned cache (engine/partition.py): the rows each trainer moves among
+    the trainers per iteration, [I, 3, N] arrays of `flows`' counts by kind (`KINDS`), sent
+    and received: `delivered`, rows (with their optimizer state) the homes send to the
+    writers of b before b reads; `now`, `later`, partial gradients the writers send to the
+    rows' homes, of the sync_now rows on the critical path, of the sync_later ones in the
+    background."""
+
+    KINDS = ("delivered", "now", "later")
+    sent: np.ndarray
+    received: np.ndarray
+
+    @classmethod
+    def zeros(cls, iterations: int, trainers: int) -> Exchanges:
+        return cls(*(np.zeros((iterations, len(cls.KINDS), trainers), np.int32) for _ in range(2)))
+
+    @property
+    def trainers(self) -> int:
+        return self.sent.shape[2]
+
+    def record(self, b: int, f) -> None:
+        """Iteration b's `engine.partition.Flows`."""
+        for k, kind in enumerate(self.KINDS):
+            self.sent[b, k], self.received[b, k] = getattr(f, f"{kind}_sent"), getattr(f, f"{kind}_received")
+
+    def busiest(self, kind: str) -> np.ndarray:
+        """[I] rows of the busiest trainer's `kind` exchange, sent or received: an all-to-all
+        lasts as long as the trainer that moves the most."""
+        k = self.KINDS.index(kind)
+        return np.maximum(self.sent[:, k].max(axis=1, initial=0), self.received[:, k].max(axis=1, initial=0))
+
+    def bytes_sent(self, row_bytes: int, grad_bytes: int) -> np.ndarray:
+        """[I, N] bytes each trainer sends: its deliveries (rows and state) and partials."""
+        s = self.sent.astype(np.int64)
+        return row_bytes * s[:, 0] + grad_bytes * (s[:, 1] + s[:, 2])
+
+
+@dataclass
 class Volumes:
     """One system's communication per iteration (rows; [iterations, K] arrays split by shard).
 
@@ -126,6 +164,13 @@ class Volumes:
     plan_bytes: np.ndarray | None = None
     plan_end_bytes: int = 0
     plan_ms: float = 0.0
+    # Rows the servers send before the first iteration, untimed (local copies every table
+    # to each trainer); counted in a run's traffic, so in the model's bytes, not its times.
+    setup_rows: int = 0
+    # bagpipe with N > 1: the partitioned cache's exchanges among the trainers (sync_now and
+    # sync_later then count the rows' LRPP classes; what moves is here). None: every trainer
+    # holds every row of U_b and sums its sync_now and sync_later rows with all the others.
+    exchanges: Exchanges | None = None
 
     def totals(self) -> dict[str, int]:
         return {

@@ -50,17 +50,22 @@ class Prediction:
     compute_ms: float  # mean compute per iteration
     exposed_fetch_ms: float  # mean time the main thread waits for fetches
     exposed_sync_ms: float  # mean time it waits for all-reduces (sync_now + dense; late sync_later)
-    link_busy: float  # busiest server link's busy fraction of the run
+    link_busy: float  # busiest server link's busy fraction of the iterations after warm-up
     oracle_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
     oracle_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
+    server_rows_mb_per_iter: float = 0.0  # rows (with their state) all the servers send, per iteration
+    collective_mb_per_iter: float = 0.0  # the trainers' sums and exchanges: the busiest's sent
+    # the floor every system pays: compute and the wait for the dense model's sums
+    floor_ms: float = 0.0
     speedup: float = float("nan")  # mean time of sync / mean time of this system
     iter_ms: np.ndarray = field(default=None, repr=False)  # every iteration's predicted time
+    # [N] collective bytes each trainer sends per iteration (`collective_bytes`)
+    trainer_collective_bytes: np.ndarray = field(default=None, repr=False)
 
     def to_json(self) -> dict:
-        d = {k: v for k, v in asdict(self).items() if k != "iter_ms"}
-        return d
+        return {k: v for k, v in asdict(self).items() if k not in ("iter_ms", "trainer_collective_bytes")}
 
 
 class _Links:
@@ -124,10 +129,16 @@ class _Replay:
         self.times = np.zeros(I)
         self.fetch_wait = np.zeros(I)
         self.sync_wait = np.zeros(I)
+        self.dense_wait = np.zeros(I)  # the part of sync_wait that waits for the dense sums
         self.comp = np.zeros(I)
         self.coll_free = 0.0  # the sync_later sums' link
         self.dense_free = 0.0  # the dense and critical sums' link
         self.later_done: dict[int, float] = {}
+        self.busy_before = np.zeros(cluster.servers)  # the links' busy time before warm-up ends
+        ex = vol.exchanges if self.n > 1 and cluster.collectives_on_network else None
+        # The partitioned cache's exchanges (rows of the busiest trainer, sent or received):
+        # None where every trainer holds U_b and sums sync_now and sync_later with the others.
+        self.moved = None if ex is None else {k: ex.busiest(k) for k in ("delivered", "now", "later")}
         self.inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
         self.landing: float | None = None  # hotline: when the current round's rows land
         starts = np.flatnonzero(vol.round_start)
@@ -140,6 +151,8 @@ class _Replay:
 
     def iteration(self, b: int) -> None:
         t_it = self.t
+        if b == self.work.warmup:  # the links' work queued from here on is the measured one's
+            self.busy_before = self.links.busy.copy()
         if self.vol.round_start[b]:
             self.start_round(b)
         self.read(b)
@@ -192,6 +205,10 @@ class _Replay:
             t0 = self.t
             self.t = max(self.t, self.later_done.pop(b - 2))
             self.sync_wait[b] += self.t - t0
+        if self.moved is not None:  # the homes deliver b's rows (and state) to its writers
+            d = self._exchange(int(self.moved["delivered"][b]) * self.work.row_bytes)
+            self.t += d
+            self.sync_wait[b] += d
         fetched = False
         for msg in vol.read_fetch[b]:
             if msg.any() or vol.empty_fetch_message:
@@ -205,11 +222,17 @@ class _Replay:
         """A sum of `nbytes` per trainer over the trainers' links, by the cluster's collective."""
         return self.cluster.trainer_network.collective_seconds(self.cluster.collective, nbytes, self.n)
 
+    def _exchange(self, nbytes: int) -> float:
+        """An all-to-all in which the busiest trainer sends or receives `nbytes` (the
+        partitioned cache's rows by need: engine/partition.py)."""
+        return self.cluster.trainer_network.transfer_seconds(nbytes) if nbytes else 0.0
+
     def sync(self, b: int) -> None:
         """The dense gradients' sum runs while the backward runs (the engine's DDP buckets);
         the loop waits for it, then sums the sync_now rows and the losses on the critical
         path; the sync_later sum queues on a link of its own (the engine's second background
-        thread), waited for two iterations later."""
+        thread), waited for two iterations later. A partitioned cache sums the losses alone
+        and sends the rows' partial gradients to their homes instead (`moved`)."""
         vol, work = self.vol, self.work
         if not self.cluster.collectives_on_network:  # as measured, sync_later included
             self.t += self.c_sync
@@ -219,13 +242,19 @@ class _Replay:
         dense = self._collective(work.dense_bytes)
         if dense > 0:  # from the backward's start, after the previous iteration's sums
             self.dense_free = max(self.t - self.c_bwd, self.dense_free) + dense
+            self.dense_wait[b] = max(0.0, self.dense_free - self.t)
             self.t = max(self.t, self.dense_free)
-        self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
+        if self.moved is None:
+            self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
+            later = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
+        else:
+            self.t += (self._collective(4 * self.n)
+                       + self._exchange(int(self.moved["now"][b]) * work.grad_bytes))
+            later = self._exchange(int(self.moved["later"][b]) * work.grad_bytes)
         self.dense_free = self.t
         self.sync_wait[b] += self.t - t0
-        if vol.sync_later[b]:
-            d = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
-            self.coll_free = max(self.t, self.coll_free) + d
+        if later > 0:
+            self.coll_free = max(self.t, self.coll_free) + later
             self.later_done[b] = self.coll_free
 
     def write_back(self, b: int) -> None:
@@ -236,15 +265,18 @@ class _Replay:
         self.links.occupy(self.t, self.server_s)  # the servers' own work for this iteration
 
     def prediction(self) -> Prediction:
-        I = self.vol.iterations  # noqa: E741 - the paper's symbol
-        m = slice(self.work.warmup, None) if I > self.work.warmup else slice(None)
-        total = self.t if self.t > 0 else 1.0
+        vol, work = self.vol, self.work
+        I = vol.iterations  # noqa: E741 - the paper's symbol
+        m = slice(work.warmup, None) if I > work.warmup else slice(None)
+        if I <= work.warmup:
+            self.busy_before[:] = 0.0
         # No iteration is faster than the machine's cores get through every process's CPU.
         times = np.maximum(self.times, self.cpu_bound)
         # Nor than the plans' pipeline stages (rank 0, the relay), which run ahead of them.
         oracle, relay = plan_stages(self.vol, self.cluster)
         planned = np.maximum(times, np.maximum(oracle, relay))
         plan_wait, times = planned - times, planned
+        sent = collective_bytes(vol, self.cluster, work)
         return Prediction(
             system=self.vol.system,
             median_ms=1e3 * float(np.median(times[m])) if I else math.nan,
@@ -252,12 +284,19 @@ class _Replay:
             compute_ms=1e3 * float(self.comp[m].mean()) if I else math.nan,
             exposed_fetch_ms=1e3 * float(self.fetch_wait[m].mean()) if I else math.nan,
             exposed_sync_ms=1e3 * float(self.sync_wait[m].mean()) if I else math.nan,
-            link_busy=float(self.links.busy.max() / total) if I else 0.0,
+            # the work queued on the busiest link during the measured iterations, over their
+            # predicted time (not the whole run's: its first rounds fetch every cold row)
+            link_busy=float((self.links.busy - self.busy_before).max() / times[m].sum())
+            if I and times[m].sum() > 0 else 0.0,
             oracle_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
             oracle_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
             relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,
             exposed_plan_ms=1e3 * float(plan_wait[m].mean()) if I else 0.0,
-            iter_ms=1e3 * times,
+            server_rows_mb_per_iter=1e-6 * work.row_bytes * float(
+                vol.round_fetch.sum() + vol.read_fetch.sum() + vol.setup_rows) / max(1, I),
+            collective_mb_per_iter=1e-6 * float(sent.max(initial=0.0)),
+            floor_ms=1e3 * float(self.comp[m].mean() + self.dense_wait[m].mean()) if I else math.nan,
+            iter_ms=1e3 * times, trainer_collective_bytes=sent,
         )
 
 
@@ -266,10 +305,40 @@ def predict(vol: Volumes, cluster: Cluster, work: Workload, compute: ComputeTime
     if vol.servers != cluster.servers:
         raise ConfigError(f"volumes are split over {vol.servers} servers, the cluster has "
                           f"{cluster.servers}")
+    if vol.exchanges is not None and vol.exchanges.trainers != cluster.trainers:
+        raise ConfigError(f"{vol.system}'s volumes are partitioned over {vol.exchanges.trainers} "
+                          f"trainers, the cluster has {cluster.trainers}")
     replay = _Replay(vol, cluster, work, compute)
     for b in range(vol.iterations):
         replay.iteration(b)
     return replay.prediction()
+
+
+def _ring(kind: str, elements: np.ndarray, n: int) -> np.ndarray:
+    """Bytes one trainer sends to sum vectors of `elements` floats over `n` trainers (the
+    engine's `collective.traffic`): a ring's 2(n-1) chunks of ceil(elements / n), or n-1
+    whole vectors for the all-gather."""
+    elements = np.asarray(elements, np.int64)
+    per = (n - 1) * elements if kind == "allgather" else 2 * (n - 1) * -(-elements // n)
+    return 4 * np.where(elements > 0, per, 0)
+
+
+def collective_bytes(vol: Volumes, cluster: Cluster, work: Workload) -> np.ndarray:
+    """[N] the bytes each trainer sends in the trainers' collectives per iteration (what a
+    torch.distributed run counts, `collective_bytes_sent` over its iterations): the dense
+    model's sum (its DDP buckets as one vector: each bucket's padding, at most 4(N-1) bytes,
+    left out) and the losses' every iteration; the sync_now and sync_later rows' sums of a
+    replicated cache, or a partitioned cache's deliveries and partial gradients."""
+    n, kind, I = cluster.trainers, cluster.collective, max(1, vol.iterations)  # noqa: E741
+    if n <= 1:
+        return np.zeros(n)
+    dense = float(_ring(kind, work.dense_bytes // 4, n))
+    if vol.exchanges is None:  # one sum of the sync_now rows and the losses, one of sync_later
+        rows = (_ring(kind, vol.sync_now * work.row_dim + n, n).sum()
+                + _ring(kind, vol.sync_later * work.row_dim, n).sum())
+        return np.full(n, dense + rows / I)
+    moved = vol.exchanges.bytes_sent(work.row_bytes, work.grad_bytes).sum(axis=0)
+    return dense + float(_ring(kind, n, n)) + moved / I
 
 
 def add_speedups(preds: list[Prediction]) -> None:

@@ -10,6 +10,8 @@ rounds. `tests/test_simulate.py` holds these formulas equal to `wire.encode` of 
 every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1:
 
     lookahead (bagpipe)   757 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
+    partitioned (bagpipe, N > 1)
+                          812 + 324 C + F kb + sum_b [U_b (kb + 7) + 2 P_b + E_b kb + 16 N]
     policy (lru/lfu/fae)  843 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
                           423 + R (kb + 4)       the last round: every resident row written back
     global view (het, local)   752 + U kb + 16 N                      (one iteration a round)
@@ -18,7 +20,10 @@ every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP cl
 
 F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
 evicted after b, R: rows resident at the end, N trainers; 16 N: two arrays of N int64s per
-iteration (`no_sync_owner_rows`, `private_fetched`).
+iteration (`no_sync_owner_rows`, `private_fetched`). A partitioned round (engine/partition.py)
+sends no slots and no owners (each trainer's slots are its own): its U_b carries the LRPP
+class (1), the count of writers, the home and the source (2 each), and P_b, the (row,
+writer) pairs of b, a writer each (2).
 
 Rank 0 plans each round and sends it to trainer 0, which passes it on to trainers 1 and 2,
 and so on down a binary tree (`engine/distributed/relay.py`); rounds travel ahead of use, so
@@ -45,6 +50,10 @@ PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per ite
 LOOKAHEAD_ROUND = 757
 LOOKAHEAD_ITER = 264
 UNCLASSED_ITER = 194  # an iteration without LRPP classes and users (prefetch)
+PARTITIONED_ROUND = 812  # a partitioned round (bagpipe, N > 1): no slots, a Partition an iteration
+PARTITIONED_ITER = 324
+PARTITION = 2 + 2 + 2  # int16 count of writers, home and source of a row of U_b
+WRITER = 2  # int16 writer of a (row, writer) pair
 POLICY_ROUND = 843  # a policy round: always one iteration
 POLICY_LAST = 423  # the write-back round after the last iteration (no iterations)
 VIEW_ROUND = 752  # U_b and nothing else
@@ -60,9 +69,15 @@ def key_bytes(total_rows: int) -> int:
 
 
 def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evicted: list[int],
-                    lrpp: bool = True) -> int:
+                    lrpp: bool = True, pairs: list[int] | None = None) -> int:
     """A bagpipe round: its fetched rows (with slot and owner), and per iteration U_b (with
-    slot, and with LRPP class and owner) and the evicted rows (with slot)."""
+    slot, and with LRPP class and owner) and the evicted rows (with slot); with `pairs` (each
+    iteration's (row, writer) pairs) a partitioned round: keys without slots or owners, and
+    each iteration's Partition."""
+    if pairs is not None:
+        return (PARTITIONED_ROUND + PARTITIONED_ITER * len(uniq) + fetched * kb
+                + sum(uniq) * (kb + ROW_CLASS + PARTITION) + sum(pairs) * WRITER
+                + sum(evicted) * kb + PER_TRAINER * trainers * len(uniq))
     per_row, per_iter = (ROW_CLASS + OWNER, LOOKAHEAD_ITER) if lrpp else (0, UNCLASSED_ITER)
     return (LOOKAHEAD_ROUND + per_iter * len(uniq) + fetched * (kb + SLOT + OWNER)
             + sum(uniq) * (kb + SLOT + per_row) + sum(evicted) * (kb + SLOT)

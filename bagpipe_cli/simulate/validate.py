@@ -7,11 +7,15 @@ calibrated from the same run's non-communication timers (`calibrate.compute_of`)
 network from its config, and the prediction's median iteration time is compared with the
 measured `median_iter_ms`.
 
-For every distributed run that counted its traffic, the plan bytes rank 0 sent per
-iteration (`roles.oracle.traffic.sent_per_iteration.plan`) are checked against the model's
-(`simulate/plans.py`) too, within `BYTES_TOLERANCE`. In-process runs have no rank 0 link,
-and runs from before the count have nothing to compare: they are skipped for that check
-(`plan_check` says why).
+For every distributed run that counted its traffic, three byte counts per iteration are
+checked against the model's too, each within `BYTES_TOLERANCE` (`BYTE_CHECKS`):
+- `plan`: the plans rank 0 sent (`roles.oracle.traffic.sent_per_iteration.plan`;
+  `simulate/plans.py`);
+- `rows`: the rows (with their optimizer state) the servers sent (`roles.server*`);
+- `collective`: each trainer's collective bytes (`roles.trainer*`; the worst trainer's
+  error is the run's), where there are 2 trainers or more.
+In-process runs count none of these, and runs from before the count have nothing to compare:
+they are skipped for that check (`check` says why).
 """
 
 from __future__ import annotations
@@ -32,7 +36,31 @@ from bagpipe_cli.simulate.model import SYSTEMS, Prediction, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
 
 TOLERANCE = 0.20  # |predicted / measured - 1| within which a run passes
-BYTES_TOLERANCE = 0.10  # |predicted / counted - 1| of rank 0's plan bytes per iteration
+BYTES_TOLERANCE = 0.10  # |predicted / counted - 1| of a byte count per iteration
+
+
+BYTE_CHECKS = ("plan", "rows", "collective")  # see the module docstring
+
+
+@dataclass
+class ByteCheck:
+    """One byte count per iteration, predicted and counted (None: not checked, `why`)."""
+
+    predicted: float = math.nan
+    counted: float | None = None
+    why: str = "checked"
+
+    @property
+    def error(self) -> float:
+        """predicted / counted - 1; NaN where unchecked."""
+        if self.counted is None or not self.counted:
+            return math.nan
+        return self.predicted / self.counted - 1
+
+    @property
+    def ok(self) -> bool | None:
+        """Within BYTES_TOLERANCE; None where unchecked."""
+        return None if self.counted is None else abs(self.error) <= BYTES_TOLERANCE
 
 
 @dataclass
@@ -40,33 +68,40 @@ class ValidationRow:
     run: MeasuredRun
     prediction: Prediction
 
+    def check(self, kind: str) -> ByteCheck:
+        """`kind` (of BYTE_CHECKS) predicted against what the run counted."""
+        r, p = self.run, self.prediction
+        if r.trace.runtime != "distributed":
+            return ByteCheck(why="in-process run: its links are emulated, not counted")
+        if kind == "plan":
+            got, pred = r.counted_plan_bytes, 1e6 * p.oracle_mb_per_iter
+        elif kind == "rows":
+            got, pred = r.counted_server_rows, 1e6 * p.server_rows_mb_per_iter
+        elif r.cluster.trainers < 2:
+            return ByteCheck(why="one trainer: no collectives")
+        elif r.counted_collective is None:
+            got, pred = None, math.nan
+        else:  # the trainer the model is furthest off for
+            pairs = list(zip(p.trainer_collective_bytes, r.counted_collective, strict=True))
+            pred, got = max(pairs, key=lambda x: abs(x[0] / x[1] - 1) if x[1] else math.inf)
+        if got is None:
+            return ByteCheck(why="not counted (a result from before the run counted its traffic)")
+        return ByteCheck(float(pred), got)
+
     @property
     def plan_check(self) -> str:
         """Whether rank 0's bytes are checked: "checked", or why not."""
-        if self.run.trace.runtime != "distributed":
-            return "in-process run: no rank 0 link"
-        if self.run.counted_plan_bytes is None:
-            return "not counted (a result from before rank 0 counted its traffic)"
-        return "checked"
-
-    @property
-    def predicted_plan_bytes(self) -> float:
-        return 1e6 * self.prediction.oracle_mb_per_iter
-
-    @property
-    def plan_error(self) -> float:
-        """predicted / counted - 1 (rank 0's plan bytes per iteration); NaN where unchecked."""
-        c = self.run.counted_plan_bytes
-        if self.plan_check != "checked" or not c:
-            return math.nan
-        return self.predicted_plan_bytes / c - 1
+        return self.check("plan").why
 
     @property
     def plan_ok(self) -> bool | None:
-        """Within BYTES_TOLERANCE; None where unchecked."""
-        if self.plan_check != "checked":
-            return None
-        return abs(self.plan_error) <= BYTES_TOLERANCE
+        return self.check("plan").ok
+
+    @property
+    def bytes_ok(self) -> bool | None:
+        """Every checked byte count within BYTES_TOLERANCE; None where none is checked."""
+        oks = [c.ok for c in map(self.check, BYTE_CHECKS) if c.ok is not None]
+        return all(oks) if oks else None
 
     @property
     def error(self) -> float:
@@ -80,18 +115,19 @@ class ValidationRow:
 
     def to_dict(self) -> dict:
         r, p = self.run, self.prediction
-        return {
+        d = {
             "run_id": r.run_id, "system": r.system, "setting": r.setting,
             "compute_ms": r.compute.total_ms, "predicted_ms": p.median_ms,
             "measured_ms": r.measured_median_ms, "error": self.error, "ok": self.ok,
             "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
             "exposed_fetch_ms": p.exposed_fetch_ms, "exposed_sync_ms": p.exposed_sync_ms,
             "oracle_ms_per_iter": p.oracle_ms_per_iter, "exposed_plan_ms": p.exposed_plan_ms,
-            "predicted_plan_bytes": self.predicted_plan_bytes,
-            "counted_plan_bytes": r.counted_plan_bytes, "plan_error": self.plan_error,
-            "plan_ok": self.plan_ok, "plan_check": self.plan_check,
-            "run_path": str(r.path),
         }
+        for kind in BYTE_CHECKS:
+            c = self.check(kind)
+            d |= {f"predicted_{kind}_bytes": c.predicted, f"counted_{kind}_bytes": c.counted,
+                  f"{kind}_error": c.error, f"{kind}_ok": c.ok, f"{kind}_check": c.why}
+        return d | {"run_path": str(r.path)}
 
 
 @dataclass

@@ -6,7 +6,8 @@ whose decisions are `bagpipe profile`'s simulators'), run over the batches `bagp
 read, so the counts are the ones a run records in metrics.csv: rows fetched per
 round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
 per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
-are split by shard (`key % K`) because every server has its own link.
+are split by shard (`key % K`) because every server has its own link. Bagpipe's partitioned
+cache (N > 1) adds what each trainer moves among the trainers (`simulate/partition.py`).
 
 Rank 0 is traced too: what its plans weigh on the wire (`simulate/plans.py`, distributed
 runtime) and how long its planner takes per batch. As in a run, the planner is handed each
@@ -36,8 +37,9 @@ from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
-from bagpipe_cli.simulate.inputs import Volumes
+from bagpipe_cli.simulate.inputs import Exchanges, Volumes
 from bagpipe_cli.simulate.model import SYSTEMS
+from bagpipe_cli.simulate.partition import by_shard, record_round
 from bagpipe_cli.simulate.staleness import HetState
 
 RUNTIMES = ("inproc", "distributed")
@@ -90,10 +92,6 @@ def _key_batches(ds: Dataset, cfg: TraceConfig, iterations: int, train_rows: int
                 on_batch()
 
     return gen
-
-
-def _by_shard(keys: np.ndarray, k: int) -> np.ndarray:
-    return np.bincount(np.asarray(keys, np.int64) % k, minlength=k)
 
 
 def trace_volumes(cfg: TraceConfig, systems: tuple[str, ...] | list[str],
@@ -180,11 +178,9 @@ class _Trace:
         z = np.zeros((i, k), np.int64)
         # Distributed: a server serves the trainers' requests one after another (lockstep),
         # so a transfer is every trainer's rows on that server, with a latency each.
-        return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(),
-                       np.zeros((i, m, k), np.int64), z.copy(),
-                       np.zeros(i, np.int64), np.zeros(i, np.int64), np.zeros(i, np.int64),
-                       messages=self.cfg.trainers if self.distributed else 1,
-                       plan_bytes=np.zeros(i, np.int64))
+        return Volumes(system, i, k, np.ones(i, bool), z.copy(), z.copy(), np.zeros((i, m, k), np.int64),
+                       z.copy(), *(np.zeros(i, np.int64) for _ in range(3)),
+                       messages=self.cfg.trainers if self.distributed else 1, plan_bytes=np.zeros(i, np.int64))
 
     def slices(self, keys: np.ndarray) -> list[np.ndarray]:
         """The unique keys of each trainer's samples."""
@@ -195,7 +191,7 @@ class _Trace:
         """Rows per shard a pushing system fetches and pushes: U_b in-process, each trainer's
         own rows apart (distributed)."""
         k = self.cfg.servers
-        return sum(_by_shard(x, k) for x in self.slices(kb)) if self.distributed else _by_shard(uniq, k)
+        return sum(by_shard(x, k) for x in self.slices(kb)) if self.distributed else by_shard(uniq, k)
 
     @property
     def key_bytes(self) -> int:
@@ -261,28 +257,33 @@ class _Batches:
 
 def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
                       lrpp: bool = True) -> Volumes:
-    """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists;
-    at a fixed `lookahead` (rounds of one iteration) as `engine/planner.py` plans it."""
+    """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists
+    and, with N > 1, its partition's exchanges; at a fixed `lookahead` (rounds of one
+    iteration, no LRPP: prefetch) as `engine/planner.py` plans it."""
     cfg, k = t.cfg, t.cfg.servers
     L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
     oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp)
     v = t.empty(s.name)
-    v.round_start[:] = False
-    v.prefetch_ahead = True
+    v.round_start[:], v.prefetch_ahead = False, True
     n, kb = cfg.trainers, t.key_bytes
+    # N > 1: each row on the trainers that read it (simulate/partition.py)
+    v.exchanges = Exchanges.zeros(t.iterations, n) if oracle.partitioned else None
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
-        if t.distributed:  # each trainer fetches the round but the others' private rows
-            v.round_fetch[b0] = sum(_by_shard(rp.fetch_for(i)[0], k) for i in range(n))
-        else:
-            v.round_fetch[b0] = _by_shard(rp.fetch_keys, k)
+        mine = record_round(v.exchanges, rp, k) if v.exchanges is not None else None
+        if not t.distributed:  # one process fetches each row once
+            v.round_fetch[b0] = by_shard(rp.fetch_keys, k)
+        else:  # each trainer the rows it reads (partitioned), else all but others' private rows
+            v.round_fetch[b0] = mine if mine is not None else sum(by_shard(rp.fetch_for(i)[0], k)
+                                                                  for i in range(n))
         for p in rp.iters:
-            v.write_back[p.b] = _by_shard(p.evict_keys, k)
+            v.write_back[p.b] = by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
+        pairs = [len(p.part.writers) for p in rp.iters] if v.exchanges is not None else None
         t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
-                                            [len(p.evict_keys) for p in rp.iters], lrpp))
+                                            [len(p.evict_keys) for p in rp.iters], lrpp, pairs))
     if lookahead is None:  # bagpipe's own: the baselines' default capacity
         t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
@@ -314,9 +315,9 @@ def policy_volumes(t: _Trace, s: SystemSpec, split: bool = False) -> Volumes:
             continue
         p = rp.iters[0]
         # Distributed: the cache is replicated, every trainer fetches the round's misses.
-        v.round_fetch[p.b] = _by_shard(rp.fetch_keys, k) * (t.cfg.trainers if t.distributed else 1)
-        v.pre_evict[p.b] = _by_shard(rp.pre_evict_keys, k)
-        v.write_back[p.b] = _by_shard(p.evict_keys, k)
+        v.round_fetch[p.b] = by_shard(rp.fetch_keys, k) * (t.cfg.trainers if t.distributed else 1)
+        v.pre_evict[p.b] = by_shard(rp.pre_evict_keys, k)
+        v.write_back[p.b] = by_shard(p.evict_keys, k)
         v.sync_now[p.b] = p.sync_now
         v.unique_rows[p.b] = len(p.uniq)
         t.send(v, p.b, plans.policy_round(kb, len(rp.fetch_keys), len(rp.pre_evict_keys),
@@ -380,15 +381,18 @@ def stale_volumes(t: _Trace, s: SystemSpec) -> Volumes:
         if t.distributed:  # the server serves the trainers' fetches in turn
             needs = [np.concatenate(needs)]
         for i, need in enumerate(needs):
-            v.read_fetch[b, i] = _by_shard(need, k)
+            v.read_fetch[b, i] = by_shard(need, k)
         v.write_back[b] = t.pushed(keys, uniq)
         _planless_round(t, s, v, b, uniq)
     return v
 
 
 def local_volumes(t: _Trace, s: SystemSpec) -> Volumes:
-    """Every table on the trainer (local): nothing moves but the all-reduce of U_b's rows."""
+    """Every table on the trainer (local): nothing moves but the all-reduce of U_b's rows,
+    once the tables are copied to the trainers (untimed; each trainer its own copy over
+    torch.distributed, one for the process in-process)."""
     v = t.empty(s.name)
+    v.setup_rows = t.total * (t.cfg.trainers if t.distributed else 1)
     for rp, _ in t.planned(_no_plan(t), v):
         b, uniq = rp.iters[0].b, rp.iters[0].uniq
         v.unique_rows[b] = v.sync_now[b] = len(uniq)

@@ -129,6 +129,31 @@ class DistributedCollective(Collective):
                     self._failed(done.set_exception))
         return _Waited(done, self)
 
+    def _exchange(self, parts: list[torch.Tensor], counts: list[int], group) -> list[torch.Tensor]:
+        """One all-to-all with per-trainer counts (see `Collective.exchange`)."""
+        t0 = time.perf_counter()
+        send = torch.cat(parts).to(self.comm_device).contiguous()
+        recv = send.new_empty(sum(counts), send.shape[1])
+        comm(self.layout, TRAINERS, dist.all_to_all_single, recv, send, list(counts),
+             [len(p) for p in parts], group)
+        with self._lock:
+            self.bytes_sent += send.numel() * send.element_size()
+            self.bytes_received += recv.numel() * recv.element_size()
+            self.busy_s += time.perf_counter() - t0
+        return list(recv.to(self.device).split(list(counts)))
+
+    def exchange(self, parts: list[torch.Tensor], counts: list[int], later: bool = False):
+        if not later:
+            t0 = time.perf_counter()
+            out = self._exchange(parts, counts, self.group)
+            self.exposed_s += time.perf_counter() - t0
+            return out
+        done: Future = Future()
+        lane = self._lanes["later"]
+        lane.submit(lambda: self._exchange(parts, counts, lane.group), done.set_result,
+                    self._failed(done.set_exception))
+        return _Waited(done, self)
+
     # ------------------------------------------------------------------ dense buckets
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:

@@ -3,12 +3,13 @@ the trainers' relay tree (`relay.py`: one copy leaves rank 0; every trainer read
 samples), writes the checkpoints, and at the end gathers every trainer's records and every
 server's shard into the run's TrainResult.
 
-A checkpoint at the boundary before iteration b: every trainer sends its new records (trainer
-0 also its resident rows and the dense state), every server its shard once it has served
+A checkpoint at the boundary before iteration b: every trainer sends its new records and
+its resident rows (a partitioned cache's trainers each their own, a replicated cache's
+trainer 0; trainer 0 also the dense state), every server its shard once it has served
 every trainer's requests before the boundary; rank 0 lays the resident rows over the shards
 and writes the checkpoint. On resume rank 0 reads it and sends each server its shard and
 each trainer the dense state (only rank 0 needs to see the checkpoint directory). An
-evaluation (--eval-every) gathers the same true tables from trainer 0 and the servers, and
+evaluation (--eval-every) gathers the same true tables from the trainers and the servers, and
 rank 0 evaluates them while the trainers go on. Traced, rank 0 merges every rank's events.
 """
 
@@ -171,9 +172,10 @@ class DistributedLoader:
         """The held-out rows with the true tables before iteration b (trainer 0's resident
         rows over the servers' shards) and trainer 0's dense model."""
         lay = self.layout
-        part = self._recv(lay.trainer_ranks[0])
+        parts = [self._recv(r) for r in lay.trainer_ranks]
+        part = parts[0]
         shards = [_shard(k, lay, self._recv(lay.server_rank(k))) for k in range(lay.servers)]
-        weight, _ = full_tables(shards, [part["resident"]])
+        weight, _ = full_tables(shards, _resident(parts))
         model = build_model(self.s.mcfg)
         model.load_state_dict(part["dense"])
         self.evals.append(eval_point(self.s, b, part["wall_s"], model, weight))
@@ -186,7 +188,7 @@ class DistributedLoader:
         for i, part in enumerate(parts):
             self.records[i].extend(part["records"])
         shards = [_shard(k, lay, self._recv(lay.server_rank(k))) for k in range(lay.servers)]
-        weight, state = full_tables(shards, [parts[0]["resident"]])
+        weight, state = full_tables(shards, _resident(parts))
         self.ckpt.save(b, weight, state, parts[0]["dense"], parts[0]["optimizer"],
                        parts[0]["rng"], self.records, t)
         self.faults.checkpoint_done()
@@ -208,6 +210,8 @@ class DistributedLoader:
                                                 cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
                                                 bytes_sent=o["bytes_sent"],
                                                 bytes_received=o["bytes_received"],
+                                                **({"peak_resident_rows": o["peak_resident_rows"]}
+                                                   if o["peak_resident_rows"] is not None else {}),
                                                 **{k: v for k, v in o.items()
                                                    if k.startswith("collective_")},
                                                 traffic=o["traffic"].figures(iters))
@@ -230,6 +234,11 @@ class DistributedLoader:
             trace = trace_document(parts, trace_meta(s.cfg, clock, parts))
         return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck,
                           evals=self.evals, eval_s=self.eval_s, trace=trace)
+
+
+def _resident(parts: list[dict[str, Any]]) -> list[tuple]:
+    """The trainers' resident rows (trainer 0's alone of a replicated cache)."""
+    return [p["resident"] for p in parts if p["resident"] is not None]
 
 
 def _shard(k: int, layout: Layout, sent: dict[str, Any]) -> Shard:

@@ -43,7 +43,10 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
                        pre_evict_keys=_EMPTY_KEYS, pre_evict_slots=_EMPTY_SLOTS,
                        iters=[_planless_iter(p, global_view, keys) for p in rp.iters])
     owner = rp.fetch_owner.astype(np.int16) if rp.fetch_owner is not None else None
-    return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner,
+    slots = rp.fetch_slots
+    if rp.iters and rp.iters[0].part is not None:  # partitioned: each trainer's slots are its own
+        owner, slots = None, _EMPTY_SLOTS
+    return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner, fetch_slots=slots,
                    pre_evict_keys=rp.pre_evict_keys.astype(keys),
                    warm=None if rp.warm is None else (rp.warm[0].astype(keys), rp.warm[1]),
                    iters=[_shared_iter(p, keys) for p in rp.iters])
@@ -52,7 +55,9 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
 def _shared_iter(p: IterPlan, keys: type) -> IterPlan:
     out = replace(p, uniq=p.uniq.astype(keys), inverse=_NO_INVERSE,
                   evict_keys=p.evict_keys.astype(keys))
-    if p.owner is not None:
+    if p.part is not None:  # each trainer's slots are its own; the partition says who reads
+        out.slots, out.evict_slots, out.owner = _EMPTY_SLOTS, _EMPTY_SLOTS, None
+    elif p.owner is not None:
         out.owner = p.owner.astype(np.int16)
     return out
 
@@ -61,7 +66,7 @@ def _planless_iter(p: IterPlan, global_view: bool, keys: type) -> IterPlan:
     """U_b alone (or only |U_b|, without a global view)."""
     uniq = p.uniq.astype(keys) if global_view else _EMPTY_KEYS
     return replace(p, uniq=uniq, inverse=_NO_INVERSE, slots=_EMPTY_SLOTS, evict_keys=_EMPTY_KEYS,
-                   evict_slots=_EMPTY_SLOTS, row_class=None, owner=None,
+                   evict_slots=_EMPTY_SLOTS, row_class=None, owner=None, part=None,
                    global_rows=None if global_view else len(p.uniq))
 
 

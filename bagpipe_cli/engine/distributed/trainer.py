@@ -3,9 +3,10 @@
 Its rounds' plans come from rank 0 down the relay tree (`relay.py`), ahead of use; it reads
 its own slice of every batch from the dataset (`rounds.RoundMaker`); its rows come from the
 server ranks (`DistributedTransport`), its sums from the other trainers (`DistributedCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
-also its resident rows, the dense model, its optimizer and the RNG state), then every
-server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) trainer 0
-sends its resident rows and dense model, and every trainer sends the servers an EVAL request.
+also the dense model, its optimizer and the RNG state) and its resident rows, then every
+server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) every
+trainer sends its resident rows (a partitioned cache's are its own; a replicated cache's,
+trainer 0's), trainer 0 its dense model, and every trainer the servers an EVAL request.
 Traced, its events go to rank 0 with its result.
 """
 
@@ -85,22 +86,29 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
            "bytes_received": transport.bytes_received, "device": str(device),
            "device_info": describe(device), **figures, "traffic": traffic,
            "written_back_at_end": system.written_back_at_end, "trace": tracer.export(),
+           "peak_resident_rows": system.peak_held,
            "sched": wait_delta(sched, sched_times())}
     if i == 0:
         out["dense"] = to_cpu(model.state_dict())
     send_obj(out, 0, layout)  # (the result itself is not counted: it is sent after the count)
 
 
+def _resident(loop: TrainingLoop) -> tuple | None:
+    """The rows whose newest value this trainer holds: trainer 0's replicated cache holds
+    every trainer's; a partitioned cache's trainers each hold their own."""
+    return loop.system.resident() if loop.trainers.first == 0 or loop.system.partitioned else None
+
+
 def _evaluator(layout: Layout, transport: DistributedTransport, traffic: Traffic) -> Hook:
-    """--eval-every: trainer 0 sends rank 0 its resident rows and dense model (rank 0 lays
-    the rows over the servers' shards and evaluates); every trainer asks the servers for
-    their shards."""
+    """--eval-every: every trainer sends rank 0 its resident rows (`_resident`), trainer 0
+    its dense model too (rank 0 lays the rows over the servers' shards and evaluates); every
+    trainer asks the servers for their shards."""
 
     def take(b: int, loop: TrainingLoop) -> None:
+        msg: dict[str, Any] = {"resident": _resident(loop)}
         if loop.trainers.first == 0:
-            traffic.send("control", send_obj({"resident": loop.system.resident(),
-                                              "wall_s": loop.train_seconds(),
-                                              "dense": to_cpu(loop.model.state_dict())}, 0, layout))
+            msg.update(wall_s=loop.train_seconds(), dense=to_cpu(loop.model.state_dict()))
+        traffic.send("control", send_obj(msg, 0, layout))
         transport.evaluation()  # after every write-back of this trainer
 
     return take
@@ -112,10 +120,9 @@ def _checkpoint(layout: Layout, transport: DistributedTransport, faults: Faults,
 
     def take(b: int, loop: TrainingLoop) -> None:
         nonlocal sent
-        msg: dict[str, Any] = {"records": loop.records[sent:]}
+        msg: dict[str, Any] = {"records": loop.records[sent:], "resident": _resident(loop)}
         sent = len(loop.records)
         if loop.trainers.first == 0:
-            msg["resident"] = loop.system.resident()
             msg["dense"] = to_cpu(loop.model.state_dict())
             msg["optimizer"] = to_cpu(loop.dense_opt.state_dict())
             msg["rng"] = torch.get_rng_state()

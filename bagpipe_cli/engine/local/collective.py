@@ -4,13 +4,15 @@ the time the distributed runtime's sum of the same bytes would take (`--collecti
 rows' gradients and the losses on the critical path, and whatever of the dense gradients'
 sum the backward pass did not hide (the distributed runtime sums them in buckets while the
 backward runs); asynchronous sums wait on a serving thread of their own. It counts the
-bytes one trainer would send and receive."""
+bytes one trainer would send and receive (of a partitioned cache's rows, moved by need:
+the busiest trainer's, `move_rows`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import Future
 
+import numpy as np
 import torch
 
 from bagpipe_cli.engine.collective import Collective, traffic
@@ -55,6 +57,25 @@ class LocalCollective(Collective):
         label = (Label("sum (sync_later)", "sum", len(x), nbytes, -1, self.tracer.position)
                  if self.tracer.enabled else None)
         return self._worker.submit(lambda: (x, seconds), label)
+
+    def move_rows(self, sent: np.ndarray, received: np.ndarray, row_bytes: int,
+                  x: torch.Tensor | None = None, later: bool = False):
+        """The partitioned cache's rows by need (engine/partition.py): trainer i sends
+        `sent[i]` rows and receives `received[i]`; an all-to-all takes as long as the
+        busiest trainer's link (sending and receiving at once), whose bytes are counted.
+        The values are complete already: `later` returns a Future of `x`, else None."""
+        rows_out, rows_in = int(sent.max(initial=0)), int(received.max(initial=0))
+        self.bytes_sent += rows_out * row_bytes
+        self.bytes_received += rows_in * row_bytes
+        seconds = (self.network.transfer_seconds(max(rows_out, rows_in) * row_bytes)
+                   if self.size > 1 and rows_out + rows_in else 0.0)
+        if later:
+            label = (Label("exchange (sync_later)", "sum", rows_out, rows_out * row_bytes, -1,
+                           self.tracer.position) if self.tracer.enabled else None)
+            return self._worker.submit(lambda: (x, seconds), label)
+        self.network.wait(seconds)
+        self.exposed_s += seconds
+        return None
 
     @property
     def busy_s(self) -> float:

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
+from bagpipe_cli.engine.collective import Collective
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
 from bagpipe_cli.engine.records import Step
@@ -84,7 +85,11 @@ class EmbeddingSystem(ABC):
     # Whether `phases` may leave samples out (slipstream): the loop then sums the count of
     # computed samples over the trainers, so an iteration that computed none records no loss.
     skips_samples = False
+    # Whether its trainers hold only their own rows (`partitioned.PartitionedCache`): the loop
+    # then asks it to `reduce` each row's partial gradients at the row's home.
+    partitioned = False
     tracer: NoTracer = NO_TRACE  # the run's trace (the training loop sets it)
+    collective: Collective | None = None  # the trainers' sums (the training loop sets it)
 
     def __init__(self, transport: Transport, trainers: TrainerSet, device: str | torch.device = "cpu"):
         self.transport = transport
@@ -154,6 +159,12 @@ class EmbeddingSystem(ABC):
         for f in self._pending:
             f.result()
         self._pending = []
+
+    @property
+    def peak_held(self) -> int | None:
+        """The most rows this process's cache held at once, where it is its own (a
+        partitioned cache's trainer); None: the plan's peak is the cache's."""
+        return None
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         """(keys, rows, state) held on the trainer with a newer value than the servers'."""

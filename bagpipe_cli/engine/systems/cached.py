@@ -120,6 +120,12 @@ class CacheSystem(EmbeddingSystem):
         step.rows_fetched = p.fetched if self.trainers.all else p.fetched_by(self.trainers.first,
                                                                               self.trainers.count)
         step.cache_hits = len(p.uniq) - p.fetched
+        coll = self.collective
+        if p.part is not None and coll is not None and coll.size > 1:
+            # In-process, the partitioned cache's deliveries (engine/partition.py), emulated.
+            f = p.part.moves(p.row_class, coll.size)
+            coll.move_rows(f.delivered_sent, f.delivered_received,
+                           4 * (self.cache.weight.shape[1] + self.cache.state.shape[1]))
         rows, state = self.cache.read(p.slots)
         self._read = (p.b, rows, state)  # nothing writes these slots before b's update
         return rows.index_select(0, index)

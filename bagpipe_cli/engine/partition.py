@@ -1,0 +1,138 @@
+"""The physical partition of Bagpipe's cache (LRPP): who holds, sums and sends each row.
+
+The cache is one logical cache (the oracle's), held in pieces: a row of U_b is on the
+trainers whose samples read it at b (its *writers*, W_b) and, between its uses, on one
+trainer alone, its *home*, which holds its value and optimizer state. Per iteration b and
+row x of U_b (`Partition`):
+
+- `src[x]`: where x's value is before b: its home since its last use, or -1 where x was
+  fetched for b (the servers send it to each writer of b, `fetched_by`);
+- deliver: before b reads, the home sends x (row and state) to every writer that is not
+  the home (`deliveries`);
+- reduce: after the backward, every writer but `home[x]` sends its partial gradient of x to
+  `home[x]`, one of the writers of b, which sums them in trainer order (the additions of
+  `ordered_sum`, so the values stay sync's bits) and applies the row optimizer (`partials`);
+  `sync_now` rows on the critical path, `sync_later` ones in the background, settled before
+  b+2 as before; a `no_sync` row's one writer is its home and sends nothing;
+- home[x] is kept until x's next use; if x is evicted after b, the home writes it back.
+
+The home of b is a writer of b that reads x at b+1 too where there is one (it then sends
+x to one trainer fewer), else any writer; among them the (x mod count)-th, so the rows
+every trainer reads (the hot head) spread over the trainers as a sum's chunks do, and a
+row read by the same trainers keeps its home.
+
+Every trainer receives the whole Partition (rank 0's plan), so each knows what it sends,
+to whom, and what it receives from whom, in one order: by position in U_b.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2  # a row's LRPP class at b (engine/oracle.py)
+
+
+def pairs_of(inverse: np.ndarray, rows: int, trainers: np.ndarray, n: int) -> np.ndarray:
+    """The distinct (row, writer) pairs of a batch as sorted codes row * n + trainer
+    (`inverse`: each access's position in U_b, `trainers`: each access's trainer)."""
+    mark = np.zeros(rows * n, dtype=bool)
+    mark[inverse.astype(np.int64) * n + trainers] = True
+    return np.flatnonzero(mark)
+
+
+def _member(sorted_values: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Which of `q` are in `sorted_values`."""
+    if not len(sorted_values):
+        return np.zeros(len(q), dtype=bool)
+    at = np.minimum(np.searchsorted(sorted_values, q), len(sorted_values) - 1)
+    return sorted_values[at] == q
+
+
+@dataclass
+class Partition:
+    """One iteration's partition of U_b (see the module docstring); every array is by
+    position in U_b, except `writers`, by (row, writer) pair in row then trainer order."""
+
+    count: np.ndarray  # [|U_b|] writers of each row
+    writers: np.ndarray  # [pairs] the writers of each row, in trainer order
+    home: np.ndarray  # [|U_b|] the row's home after b (one of its writers)
+    src: np.ndarray  # [|U_b|] its home before b, -1: fetched for b from the servers
+    _row: np.ndarray | None = field(default=None, repr=False)
+    _flows: Flows | None = field(default=None, repr=False)
+
+    @property
+    def pair_row(self) -> np.ndarray:
+        """[pairs] the position in U_b of each pair's row."""
+        if self._row is None:
+            self._row = np.repeat(np.arange(len(self.count)), self.count.astype(np.int64))
+        return self._row
+
+    def moves(self, row_class: np.ndarray, n: int) -> Flows:
+        """What it moves per trainer (`flows`), computed once."""
+        if self._flows is None:
+            self._flows = flows(self, row_class, n)
+        return self._flows
+
+    def rows_of(self, i: int) -> np.ndarray:
+        """Positions in U_b of the rows trainer i reads at b (sorted)."""
+        return self.pair_row[self.writers == i]
+
+
+def partition(uniq: np.ndarray, codes: np.ndarray, n: int, fetched: np.ndarray,
+              home_of: np.ndarray, nxt: tuple[np.ndarray, np.ndarray] | None) -> Partition:
+    """Batch b's Partition from its pairs (`codes`, `pairs_of`), which rows were fetched for
+    it, the homes so far (`home_of`, by global key: updated to b's homes) and batch b+1's
+    (U_{b+1}, pairs), if it is known."""
+    rows, tr = codes // n, (codes % n).astype(np.int16)
+    count = np.bincount(rows, minlength=len(uniq))
+    key = uniq.astype(np.int64)
+    cand = np.zeros(len(codes), dtype=bool)  # pairs whose writer reads the row at b+1 too
+    if nxt is not None:
+        u1, codes1 = nxt
+        at = np.searchsorted(u1, key[rows])
+        in1 = _member(u1, key[rows])
+        cand = in1 & _member(codes1, np.where(in1, at, 0).astype(np.int64) * n + tr)
+    ccount = np.bincount(rows[cand], minlength=len(uniq))
+    pick = np.cumsum(count) - count + key % np.maximum(count, 1)  # among every writer ...
+    has = ccount > 0  # ... or among those reading it at b+1
+    pick[has] = np.flatnonzero(cand)[(np.cumsum(ccount) - ccount)[has] + key[has] % ccount[has]]
+    home = tr[pick]
+    src = np.where(fetched, -1, home_of[uniq]).astype(np.int16)
+    home_of[uniq] = home
+    return Partition(count.astype(np.int16), tr, home, src)
+
+
+@dataclass
+class Flows:
+    """Rows one iteration moves per trainer (arrays [N]): fetched from the servers,
+    delivered (sent by homes, received by writers), and partial gradients sent to homes and
+    received by them, on the critical path (`now`) and in the background (`later`)."""
+
+    fetched: np.ndarray
+    delivered_sent: np.ndarray
+    delivered_received: np.ndarray
+    now_sent: np.ndarray
+    now_received: np.ndarray
+    later_sent: np.ndarray
+    later_received: np.ndarray
+
+
+def flows(p: Partition, row_class: np.ndarray, n: int) -> Flows:
+    """What iteration b's Partition moves, per trainer (what a trainer rank sends)."""
+    row, w = p.pair_row, p.writers.astype(np.int64)
+    src, home = p.src[row].astype(np.int64), p.home[row].astype(np.int64)
+    fetched = src < 0
+    move = ~fetched & (w != src)
+    away = w != home
+    cls = row_class[row]
+
+    def count(who: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.bincount(who[mask], minlength=n)
+
+    return Flows(count(w, fetched), count(src, move), count(w, move),
+                 count(w, away & (cls == SYNC_NOW)), count(home, away & (cls == SYNC_NOW)),
+                 count(w, away & (cls == SYNC_LATER)), count(home, away & (cls == SYNC_LATER)))
+
+

@@ -1,0 +1,117 @@
+"""Bagpipe's physically partitioned cache (engine/partition.py, engine/systems/partitioned.py):
+the partition's definitions on random batches, and --procs runs bitwise equal to sync on
+data made to have rows read by one trainer, by a few and by all, and a row whose home moves
+from round to round."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import assert_same_parameters, run_cli
+
+from bagpipe_cli.data import DatasetWriter, TableSpec
+from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.feed import key_batches
+from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, Oracle
+from bagpipe_cli.engine.partition import flows
+from bagpipe_cli.engine.setup import prepare
+from bagpipe_cli.io import atomic_dir
+
+
+def _plans(batches, rows, n, lookahead=8, round_len=2):
+    return [p for rp in Oracle(rows, lookahead, round_len, n, None, grow=True).plan(batches)
+            for p in rp.iters]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 8])
+def test_the_partition_follows_its_definitions(n):
+    """Per row of U_b: its writers are the trainers whose samples read it, in order; its
+    home is one of them, one that reads it at b+1 too where there is one; its source is its
+    home at its last use, or the servers where it was fetched; what a trainer sends, another
+    receives; a no_sync row's home is its one user and moves nothing."""
+    rng = np.random.default_rng(n)
+    per, tables, rows = 16, 3, 400
+    batches = [(rng.zipf(1.2, size=per * n * tables) % rows).astype(np.int64) for _ in range(30)]
+    home, last = {}, {}
+    for p in _plans(batches, rows, n, lookahead=8):
+        part = p.part
+        trainer = np.arange(len(p.inverse)) // (per * tables)
+        nxt = batches[p.b + 1].reshape(n, -1) if p.b + 1 < len(batches) else None
+        at = 0
+        for pos, key in enumerate(p.uniq):
+            writers = sorted(set(trainer[p.inverse == pos].tolist()))
+            assert part.writers[at:at + part.count[pos]].tolist() == writers
+            at += part.count[pos]
+            assert part.home[pos] in writers
+            again = [t for t in writers if nxt is not None and key in nxt[t]]
+            if again:
+                assert part.home[pos] in again
+            fetched = key not in last or p.b - last[key] > 8  # the oracle's fetch rule
+            assert part.src[pos] == (-1 if fetched else home[key])
+            home[key], last[key] = part.home[pos], p.b
+        f = flows(part, p.row_class, n)
+        for a, b in [(f.delivered_sent, f.delivered_received), (f.now_sent, f.now_received),
+                     (f.later_sent, f.later_received)]:
+            assert a.sum() == b.sum()
+        solo = p.row_class == NO_SYNC
+        assert (part.count[solo] == 1).all() and (part.home[solo] == p.owner[solo]).all()
+        assert f.now_sent.sum() == (part.count - 1)[p.row_class == SYNC_NOW].sum()
+        assert f.later_sent.sum() == (part.count - 1)[p.row_class == SYNC_LATER].sum()
+
+
+def test_the_rows_every_trainer_reads_spread_their_homes_over_the_trainers():
+    """The hot head (every row read by every trainer at every iteration) is homed at
+    key mod N, as a sum's chunks spread: each trainer homes a quarter of it, and no row moves."""
+    n, keys = 4, np.arange(64)
+    batches = [np.tile(keys, n) for _ in range(6)]
+    for p in _plans(batches, 64, n):
+        assert (p.part.home == p.uniq % n).all()
+        if p.b:
+            assert (p.part.src == p.part.home).all()
+
+
+def _shapes(path, n: int, batches: int) -> None:
+    """2 samples a trainer. Table `hot`: row 0, read by every sample (every trainer). Table
+    `few`: a row per pair of trainers, new every 3 batches. Table `own`: a row per sample,
+    read once (no_sync). Table `moving`: row 0 read by one trainer alone, which changes
+    every 2 batches (a round), else a row of its own per sample."""
+    bs = 2 * n
+    rows = batches * bs
+    trainer = (np.arange(rows) % bs) // 2
+    batch = np.arange(rows) // bs
+    hot = np.zeros(rows, np.int64)
+    few = (trainer // 2) + (n // 2 + 1) * (batch // 3)
+    own = np.arange(rows)
+    moving = np.where(trainer == (batch // 2) % n, 0, 1 + np.arange(rows))
+    sparse = np.stack([hot, few, own, moving], axis=1)
+    with atomic_dir(path) as tmp:
+        w = DatasetWriter(tmp, [TableSpec(t, int(sparse[:, k].max()) + 1) for k, t in
+                                enumerate(["hot", "few", "own", "moving"])], ["x"], "y")
+        w.write(np.linspace(-1, 1, rows, dtype=np.float32)[:, None], sparse,
+                (np.arange(rows) % 3 == 0).astype(np.float32))
+        w.finish(name="shapes", source={"kind": "test"})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [2, 4, pytest.param(8, marks=pytest.mark.extended)])
+def test_partitioned_rows_read_by_one_few_and_all_trainers_equal_sync(tmp_path, n):
+    data = tmp_path / "shapes"
+    _shapes(data, n, 12)
+    kw = dict(data=str(data), batch_size=2 * n, iterations=12, lookahead=4, round=2,
+              trainers=n, servers=2, eval_rows=0, optimizer="adagrad", lr=0.1, seed=3)
+    s = prepare(TrainConfig(system="bagpipe", **kw))
+    plans = [p for rp in s.spec.plan(s, 0).planner.plan(
+        key_batches(s.ds, s.cfg, s.train_rows, s.offsets)) for p in rp.iters]
+    counts = np.concatenate([p.part.count for p in plans])
+    assert (counts == 1).any() and (counts == n).any()
+    if n > 2:
+        assert ((counts > 1) & (counts < n)).any()
+    moving = int(s.offsets[3])  # the key of table `moving`'s row 0
+    homes = [int(p.part.home[np.searchsorted(p.uniq, moving)]) for p in plans]
+    assert homes[0] == 0 and homes[2] == 1 and homes[4] == 2 % n  # it moves round to round
+    args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items() if k != "data"]
+    r = run_cli("train", str(data), *args, "--system", "bagpipe", "--procs", str(n + 3),
+                "--threads", "1", "--out", str(tmp_path / "run"), "--save-model",
+                str(tmp_path / "run.pt"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_parameters(tmp_path / "run.pt", train(TrainConfig(system="sync", **kw)))
