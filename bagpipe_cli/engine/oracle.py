@@ -133,13 +133,18 @@ class RoundPlan:
 
 @dataclass
 class _Read:
-    """A batch in the oracle's window: U_b, the inverse, and which rows of U_b the next
-    batch uses (known once it is read)."""
+    """A batch in the oracle's window: U_b, the inverse, and each row's position in the next
+    batch's U (-1 where it does not use the row; known once the next batch is read)."""
 
     uniq: np.ndarray
     inverse: np.ndarray
-    in_next: np.ndarray | None = None
+    next_pos: np.ndarray | None = None
     codes: np.ndarray | None = None  # its (row, writer) pairs, where the cache is partitioned
+
+    @property
+    def in_next(self) -> np.ndarray:
+        """Which rows the next batch uses (sync_now)."""
+        return self.next_pos >= 0 if self.next_pos is not None else np.zeros(len(self.uniq), dtype=bool)
 
 
 class Oracle:
@@ -212,10 +217,11 @@ class Oracle:
             fetch_mask = prev < b - self.L
             self.last_used[uniq] = b
             evict_mask = self.latest[uniq] == b
-            in_next = cur.in_next if cur.in_next is not None else np.zeros(len(uniq), dtype=bool)
+            in_next = cur.in_next
             part = None
             if self.partitioned:  # in order of b: each row's home carries to its next use
-                nxt = (window[0].uniq, window[0].codes) if window else None
+                nxt = ((cur.next_pos, window[0].codes, len(window[0].uniq))
+                       if window and cur.next_pos is not None else None)
                 part = partition(uniq, cur.codes, self.N, fetch_mask, self.home_of, nxt)
             pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next, part))
             self.seconds += time.perf_counter() - t0
@@ -243,12 +249,13 @@ class Oracle:
     def _read(self, j: int, keys: np.ndarray | UniqueKeys, before: _Read | None) -> _Read:
         """Batch j enters the window: its U_j and inverse; `latest` of its rows becomes j; and
         the rows of U_{j-1} that U_j uses again (sync_now of j-1: they were last read by j-1,
-        at their positions there) are marked in batch j-1's `in_next`."""
+        at their positions there) get their positions in U_j in batch j-1's `next_pos`."""
         uniq, inverse = self.keysets.of(keys)
         last = self.latest[uniq]
         if before is not None:
-            before.in_next = np.zeros(len(before.uniq), dtype=bool)
-            before.in_next[self.where[uniq[last == j - 1]]] = True
+            again = np.flatnonzero(last == j - 1)
+            before.next_pos = np.full(len(before.uniq), -1, dtype=np.int32)
+            before.next_pos[self.where[uniq[again]]] = again
         self.latest[uniq] = j
         self.where[uniq] = np.arange(len(uniq), dtype=np.int32)
         codes = (pairs_of(inverse, len(uniq), self._trainer_of(len(inverse)), self.N)
@@ -291,7 +298,7 @@ class Oracle:
                 evicted_slots.append(ev_slots)
             self.resident -= len(ev_keys)
             it = self._iter_plan(b, uniq, inverse, slots, int(fetch_mask.sum()),
-                                 ev_keys, ev_slots, evict_mask, in_next)
+                                 ev_keys, ev_slots, evict_mask, in_next, part)
             it.part = part
             # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
             owner = (np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
@@ -302,7 +309,8 @@ class Oracle:
         rp.fetch_owner = np.concatenate(owners)
         return rp
 
-    def _iter_plan(self, b, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, in_next):
+    def _iter_plan(self, b, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, in_next,
+                   part: Partition | None):
         if not self.lrpp:  # no row's users: every row synchronised (or pushed), none private
             n_now = int(in_next.sum())
             return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots, sync_now=n_now,
@@ -313,6 +321,9 @@ class Oracle:
         if self.N == 1:
             single = np.ones(len(uniq), dtype=bool)
             owner = np.zeros(len(uniq), dtype=np.int64)
+        elif part is not None:  # a row's one user, where it has one: its only writer
+            single = part.count == 1
+            owner = part.writers[np.cumsum(part.count, dtype=np.int64) - part.count].astype(np.int64)
         else:  # a row's first and last user: one user iff they are the same trainer
             trainer = self._trainer_of(len(inverse))
             first = np.full(len(uniq), self.N, dtype=np.int16)

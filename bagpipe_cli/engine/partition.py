@@ -36,18 +36,12 @@ SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2  # a row's LRPP class at b (engine/oracl
 
 def pairs_of(inverse: np.ndarray, rows: int, trainers: np.ndarray, n: int) -> np.ndarray:
     """The distinct (row, writer) pairs of a batch as sorted codes row * n + trainer
-    (`inverse`: each access's position in U_b, `trainers`: each access's trainer)."""
+    (`inverse`: each access's position in U_b, `trainers`: each access's trainer). A fresh
+    table each batch: its pages are zeroed as they are touched, which costs less than
+    clearing a kept one."""
     mark = np.zeros(rows * n, dtype=bool)
     mark[inverse.astype(np.int64) * n + trainers] = True
     return np.flatnonzero(mark)
-
-
-def _member(sorted_values: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Which of `q` are in `sorted_values`."""
-    if not len(sorted_values):
-        return np.zeros(len(q), dtype=bool)
-    at = np.minimum(np.searchsorted(sorted_values, q), len(sorted_values) - 1)
-    return sorted_values[at] == q
 
 
 @dataclass
@@ -75,25 +69,32 @@ class Partition:
             self._flows = flows(self, row_class, n)
         return self._flows
 
+    def __getstate__(self) -> dict:
+        """On the wire, the four arrays: what is derived from them is derived again."""
+        return {**self.__dict__, "_row": None, "_flows": None}
+
     def rows_of(self, i: int) -> np.ndarray:
         """Positions in U_b of the rows trainer i reads at b (sorted)."""
         return self.pair_row[self.writers == i]
 
 
 def partition(uniq: np.ndarray, codes: np.ndarray, n: int, fetched: np.ndarray,
-              home_of: np.ndarray, nxt: tuple[np.ndarray, np.ndarray] | None) -> Partition:
+              home_of: np.ndarray, nxt: tuple[np.ndarray, np.ndarray, int] | None) -> Partition:
     """Batch b's Partition from its pairs (`codes`, `pairs_of`), which rows were fetched for
-    it, the homes so far (`home_of`, by global key: updated to b's homes) and batch b+1's
-    (U_{b+1}, pairs), if it is known."""
-    rows, tr = codes // n, (codes % n).astype(np.int16)
+    it, the homes so far (`home_of`, by global key: updated to b's homes) and, if batch b+1
+    is known, (each row's position in U_{b+1} or -1, b+1's pairs, |U_{b+1}|)."""
+    rows, tr = np.divmod(codes, n)
+    tr = tr.astype(np.int16)
     count = np.bincount(rows, minlength=len(uniq))
     key = uniq.astype(np.int64)
     cand = np.zeros(len(codes), dtype=bool)  # pairs whose writer reads the row at b+1 too
     if nxt is not None:
-        u1, codes1 = nxt
-        at = np.searchsorted(u1, key[rows])
-        in1 = _member(u1, key[rows])
-        cand = in1 & _member(codes1, np.where(in1, at, 0).astype(np.int64) * n + tr)
+        next_pos, codes1, rows1 = nxt
+        at = next_pos[rows]
+        in1 = np.flatnonzero(at >= 0)
+        pair1 = np.zeros(rows1 * n, dtype=bool)  # b+1's pairs, by code
+        pair1[codes1] = True
+        cand[in1] = pair1[at[in1].astype(np.int64) * n + tr[in1]]
     ccount = np.bincount(rows[cand], minlength=len(uniq))
     pick = np.cumsum(count) - count + key % np.maximum(count, 1)  # among every writer ...
     has = ccount > 0  # ... or among those reading it at b+1
