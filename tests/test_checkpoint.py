@@ -148,11 +148,12 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["lru", "hotline", "local"])
+@pytest.mark.parametrize("system", ["bagpipe", "lru", "hotline", "local"])
 def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
-    """Over torch.distributed (2 trainers, 2 servers): lru's replicated cache (victims written
-    back by key % N), hotline's (its warm cache sent to every trainer) and local's whole
-    tables checkpoint and resume exactly."""
+    """Over torch.distributed (2 trainers, 2 servers): bagpipe's partitioned cache (each
+    trainer's own rows), lru's replicated cache (victims written back by key % N), hotline's
+    (its warm cache sent to every trainer) and local's whole tables checkpoint and resume
+    exactly."""
     kw = {**KW, "iterations": 16}
     argv = ["train", str(tiny_dataset), "--system", system,
             *[x for k, v in kw.items() for x in (f"--{k.replace('_', '-')}", str(v))],

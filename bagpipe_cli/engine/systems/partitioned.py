@@ -24,7 +24,6 @@ import torch
 from bagpipe_cli.engine.cache import RowCache
 from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
-from bagpipe_cli.engine.partition import Partition
 from bagpipe_cli.engine.records import Step
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, Rows, SystemParts
 from bagpipe_cli.engine.systems.cached import CacheSystem
@@ -144,10 +143,18 @@ class PartitionedCache(EmbeddingSystem):
             p._mine = mine  # type: ignore[attr-defined]
         return mine
 
+    def _at(self, p: IterPlan) -> np.ndarray:
+        """By position in U_b: the row's position among this trainer's rows (`_mine`)."""
+        at = getattr(p, "_at", None)
+        if at is None:
+            mine = self._mine(p)
+            at = np.full(len(p.uniq), -1, dtype=np.int32)
+            at[mine] = np.arange(len(mine), dtype=np.int32)
+            p._at = at  # type: ignore[attr-defined]
+        return at
+
     def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
-        mine = self._mine(plan)
-        index = np.searchsorted(mine, self.trainers.inverse(plan)).astype(np.int32)
-        return plan.uniq[mine], index
+        return plan.uniq[self._mine(plan)], self._at(plan)[self.trainers.inverse(plan)]
 
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         p = step.plan
@@ -157,7 +164,10 @@ class PartitionedCache(EmbeddingSystem):
         mine = self._mine(p)
         step.rows_fetched = int((p.part.src[mine] < 0).sum())
         step.cache_hits = len(mine) - step.rows_fetched
-        rows, _ = self.local.cache.read(self.local.slots(keys))
+        # The slots of b's rows (`keys`: by `_mine`) stay theirs while they are held, which
+        # is until after their updates (sync_later ones: their home keeps them).
+        p._slots = self.local.slots(keys)  # type: ignore[attr-defined]
+        rows, _ = self.local.cache.read(p._slots)
         return rows.index_select(0, index)
 
     def _deliver(self, p: IterPlan) -> None:
@@ -191,42 +201,45 @@ class PartitionedCache(EmbeddingSystem):
         """Partial gradients (`grad`: by this trainer's rows, `view`) to their homes; returns
         (positions in U_b of the rows to update now, their sums; positions of the
         sync_later ones, a Future of their sums)."""
-        part, mine = plan.part, self._mine(plan)
+        mine = self._mine(plan)
         c = classes[mine]
         own = mine[c == NO_SYNC]  # its one writer is its home: nothing to send
         own_grad = grad[self._idx(np.flatnonzero(c == NO_SYNC))]
-        now_idx, now_sum = self._sum(part, mine, grad, classes, SYNC_NOW, later=False)
+        now_idx, now_sum = self._sum(plan, grad, classes, SYNC_NOW, later=False)
         later_idx, later = np.empty(0, np.int64), None
         if plan.sync_later:  # (every trainer knows whether any row is)
-            later_idx, later = self._sum(part, mine, grad, classes, SYNC_LATER, later=True)
+            later_idx, later = self._sum(plan, grad, classes, SYNC_LATER, later=True)
         idx = np.concatenate([now_idx, own])
         return idx, torch.cat([now_sum, own_grad]), later_idx, later
 
-    def _sum(self, part: Partition, mine: np.ndarray, grad: torch.Tensor, classes: np.ndarray,
-             cls: int, later: bool):
+    def _sum(self, plan: IterPlan, grad: torch.Tensor, classes: np.ndarray, cls: int, later: bool):
         """The rows of class `cls`: this trainer's partials go to their homes, the other
         writers' come to it for the rows it is home of; (positions of those rows, their sums
         in trainer order, or with `later` a Future of them)."""
-        n, i = self.collective.size, self.i
+        n, i, part, mine = self.collective.size, self.i, plan.part, self._mine(plan)
         row, w = part.pair_row, part.writers
         send = np.flatnonzero((classes[mine] == cls) & (part.home[mine] != i))  # of my rows
         send = send[np.argsort(part.home[mine[send]], kind="stable")]
         to = np.bincount(part.home[mine[send]].astype(np.int64), minlength=n)
         pairs = np.flatnonzero((part.home[row] == i) & (classes[row] == cls))  # what I sum
-        come = pairs[w[pairs] != i]
-        come = come[np.argsort(w[come], kind="stable")]
-        counts = np.bincount(w[come].astype(np.int64), minlength=n)
+        wp, rp = w[pairs], row[pairs]  # rp: sorted, each row's pairs in trainer order
+        come = np.flatnonzero(wp != i)  # by position among `pairs`
+        come = come[np.argsort(wp[come], kind="stable")]
+        counts = np.bincount(wp[come].astype(np.int64), minlength=n)
         parts = list(grad[self._idx(send)].cpu().split(to.tolist()))
-        idx = np.unique(row[pairs])  # the rows this trainer sums, by position in U_b
-        own_pair = np.flatnonzero(w[pairs] == i)
-        own_at = np.searchsorted(mine, row[pairs[own_pair]])
+        first = np.ones(len(rp), dtype=bool)
+        first[1:] = rp[1:] != rp[:-1]
+        idx = rp[first]  # the rows this trainer sums, by position in U_b
+        seg = np.cumsum(first) - 1  # each pair's row among them
+        own_pair = np.flatnonzero(wp == i)
+        own_at = self._at(plan)[rp[own_pair]]
         self.rows_moved["partials"] += len(send)
 
         def sum_of(got: list[torch.Tensor]) -> torch.Tensor:
             vals = grad.new_empty(len(pairs), grad.shape[1])
-            vals[self._idx(np.searchsorted(pairs, come))] = torch.cat(got).to(grad.device)
+            vals[self._idx(come)] = torch.cat(got).to(grad.device)
             vals[self._idx(own_pair)] = grad[self._idx(own_at)]
-            return _in_trainer_order(vals, np.searchsorted(idx, row[pairs]), len(idx), self._idx)
+            return _in_trainer_order(vals, seg, len(idx), self._idx)
 
         if later:
             return idx, _Later(sum_of, self.collective.exchange(parts, counts.tolist(), later=True))
@@ -237,7 +250,7 @@ class PartitionedCache(EmbeddingSystem):
 
     def update_rows(self, plan: IterPlan, idx: np.ndarray | None, grad: torch.Tensor,
                     opt: RowOptimizer) -> None:
-        slots = self.local.slots(plan.uniq[idx])
+        slots = plan._slots[self._at(plan)[idx]]  # type: ignore[attr-defined]
         rows, state = self.local.cache.read(slots)
         self.local.cache.write(slots, *opt.step(rows, state, grad))
 
