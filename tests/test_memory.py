@@ -112,6 +112,12 @@ def test_every_process_of_a_job_is_counted_and_a_torchrun_job_machine_by_machine
     # The steps of a replicated trainer grow with its share of the batch.
     big = mem.estimate_run(replace(cfg, batch_size=4 * cfg.batch_size), spec("bagpipe"), shape)
     assert big.ranks[-1].transient["activations"] > 3 * local.ranks[-1].transient["activations"]
+    # Rank 0 keeps each row's home where bagpipe's cache is partitioned (N > 1).
+    one = mem.estimate_run(replace(cfg, trainers=1, procs=4), spec("bagpipe"), shape)
+    assert (local.ranks[0].held["planner"] - one.ranks[0].held["planner"]
+            == mem.PARTITION_BYTES_PER_ROW * shape.total_rows)
+    lru = [mem.estimate_run(replace(cfg, trainers=n, procs=n + 3), spec("lru"), shape) for n in (1, 2)]
+    assert lru[0].ranks[0].held["planner"] == lru[1].ranks[0].held["planner"]
 
 
 @pytest.mark.slow

@@ -40,6 +40,8 @@ FLOAT = 4
 # The least memory per embedding row a run keeps whatever its system: the planner's four
 # int32 arrays and the key sets' mark and position (bool + int32).
 PLANNER_BYTES_PER_ROW = 21
+# Bagpipe's partitioned cache (N > 1): the oracle keeps each row's home (int16).
+PARTITION_BYTES_PER_ROW = 2
 # An idle process that imported torch and the engine: its peak RSS, measured (287 MiB with
 # torch 2 on Linux), rounded up.
 BASE_PROCESS_BYTES = 300 * 2**20
@@ -222,7 +224,8 @@ def _planner(cfg: Any, spec: SystemSpec, shape: RunShape) -> int:
     trace = 0
     if spec.capacity_from_peak:
         trace = TRACE_BYTES_PER_ACCESS * cfg.iterations * shape.unique_rows(cfg.batch_size)
-    return PLANNER_BYTES_PER_ROW * shape.total_rows + trace
+    per_row = PLANNER_BYTES_PER_ROW + (PARTITION_BYTES_PER_ROW if spec.partitioned and cfg.trainers > 1 else 0)
+    return per_row * shape.total_rows + trace
 
 
 def _inputs(cfg: Any, spec: SystemSpec, shape: RunShape, samples: int, with_samples: bool) -> int:

@@ -140,6 +140,7 @@ class _Read:
     inverse: np.ndarray
     next_pos: np.ndarray | None = None
     codes: np.ndarray | None = None  # its (row, writer) pairs, where the cache is partitioned
+    #                                   (`Oracle._pairs`)
 
     @property
     def in_next(self) -> np.ndarray:
@@ -220,9 +221,9 @@ class Oracle:
             in_next = cur.in_next
             part = None
             if self.partitioned:  # in order of b: each row's home carries to its next use
-                nxt = ((cur.next_pos, window[0].codes, len(window[0].uniq))
+                nxt = ((cur.next_pos, self._pairs(window[0]), len(window[0].uniq))
                        if window and cur.next_pos is not None else None)
-                part = partition(uniq, cur.codes, self.N, fetch_mask, self.home_of, nxt)
+                part = partition(uniq, self._pairs(cur), self.N, fetch_mask, self.home_of, nxt)
             pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next, part))
             self.seconds += time.perf_counter() - t0
             b += 1
@@ -258,9 +259,14 @@ class Oracle:
             before.next_pos[self.where[uniq[again]]] = again
         self.latest[uniq] = j
         self.where[uniq] = np.arange(len(uniq), dtype=np.int32)
-        codes = (pairs_of(inverse, len(uniq), self._trainer_of(len(inverse)), self.N)
-                 if self.partitioned else None)
-        return _Read(uniq, inverse, codes=codes)
+        return _Read(uniq, inverse)
+
+    def _pairs(self, r: _Read) -> np.ndarray:
+        """A batch's (row, writer) pairs, made when it is next but one to plan (so that the
+        window holds two batches' pairs, not L)."""
+        if r.codes is None:
+            r.codes = pairs_of(r.inverse, len(r.uniq), self._trainer_of(len(r.inverse)), self.N)
+        return r.codes
 
     def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:
         r = pending[0][0] // self.C
