@@ -310,9 +310,10 @@ class TrainingLoop:
         if cls is None:
             loss = coll.allreduce_([grad, *count], losses, **hidden)
             return loss, _Sync(None, grad, np.empty(0, np.int64), None, None), total()
-        if self.system.partitioned:  # each row's partials go to its home (engine/partition.py)
-            loss = coll.allreduce_(count, losses, **hidden)
-            idx, g, later, later_sum = self.system.reduce(plan, grad, cls)
+        if self.system.partitioned:  # each row's partials go to its home, with the losses
+            # (engine/partition.py); the dense gradients were summed in the backward
+            assert not count, "a partitioned cache computes every sample"
+            idx, g, later, later_sum, loss = self.system.reduce(plan, grad, cls, losses[0])
             return loss, _Sync(idx, g, later, later_sum, cls), total()
         now = np.flatnonzero(cls == SYNC_NOW)
         mine = np.flatnonzero((cls == NO_SYNC) & self.trainers.owns(plan.owner))
@@ -323,9 +324,10 @@ class TrainingLoop:
         g = grad[self._idx(order)]
         n = len(now) + len(mine)
         if plan.part is not None:  # in-process, the partitioned cache's exchanges emulated
-            f, width = plan.part.moves(cls, coll.size), 4 * grad.shape[1]
-            loss = coll.allreduce_(count, losses, **hidden)
-            coll.move_rows(f.now_sent, f.now_received, width)
+            f, width, others = plan.part.moves(cls, coll.size), 4 * grad.shape[1], coll.size - 1
+            coll.allreduce_(count, [], **hidden)  # the dense sums' wait; the losses go with ...
+            coll.move_rows(f.now_sent + others, f.now_received + others, width)  # ... the partials
+            loss = losses
             later_sum = (coll.move_rows(f.later_sent, f.later_received, width, g[n:], later=True)
                          if len(later) else None)
         else:

@@ -231,8 +231,8 @@ class _Replay:
         """The dense gradients' sum runs while the backward runs (the engine's DDP buckets);
         the loop waits for it, then sums the sync_now rows and the losses on the critical
         path; the sync_later sum queues on a link of its own (the engine's second background
-        thread), waited for two iterations later. A partitioned cache sums the losses alone
-        and sends the rows' partial gradients to their homes instead (`moved`)."""
+        thread), waited for two iterations later. A partitioned cache sends the rows' partial
+        gradients to their homes instead (`moved`), the losses with them."""
         vol, work = self.vol, self.work
         if not self.cluster.collectives_on_network:  # as measured, sync_later included
             self.t += self.c_sync
@@ -248,8 +248,8 @@ class _Replay:
             self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
             later = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
         else:
-            self.t += (self._collective(4 * self.n)
-                       + self._exchange(int(self.moved["now"][b]) * work.grad_bytes))
+            # the losses go with the partials: a row to every other trainer
+            self.t += self._exchange((int(self.moved["now"][b]) + self.n - 1) * work.grad_bytes)
             later = self._exchange(int(self.moved["later"][b]) * work.grad_bytes)
         self.dense_free = self.t
         self.sync_wait[b] += self.t - t0
@@ -328,7 +328,8 @@ def collective_bytes(vol: Volumes, cluster: Cluster, work: Workload) -> np.ndarr
     torch.distributed run counts, `collective_bytes_sent` over its iterations): the dense
     model's sum (its DDP buckets as one vector: each bucket's padding, at most 4(N-1) bytes,
     left out) and the losses' every iteration; the sync_now and sync_later rows' sums of a
-    replicated cache, or a partitioned cache's deliveries and partial gradients."""
+    replicated cache, or a partitioned cache's deliveries and partial gradients (which carry
+    the losses, a row to every other trainer)."""
     n, kind, I = cluster.trainers, cluster.collective, max(1, vol.iterations)  # noqa: E741
     if n <= 1:
         return np.zeros(n)
@@ -338,7 +339,7 @@ def collective_bytes(vol: Volumes, cluster: Cluster, work: Workload) -> np.ndarr
                 + _ring(kind, vol.sync_later * work.row_dim, n).sum())
         return np.full(n, dense + rows / I)
     moved = vol.exchanges.bytes_sent(work.row_bytes, work.grad_bytes).sum(axis=0)
-    return dense + float(_ring(kind, n, n)) + moved / I
+    return dense + (n - 1) * work.grad_bytes + moved / I  # the losses: a row to each other
 
 
 def add_speedups(preds: list[Prediction]) -> None:

@@ -45,7 +45,9 @@ class LocalCollective(Collective):
         if self.size > 1:
             net = self.network
             hidden = net.collective_seconds(self.kind, self._count(list(dense)), self.size)
-            critical = net.collective_seconds(self.kind, self._count(tensors, self.size), self.size)
+            # the losses, where they are summed here (a partitioned cache carries them)
+            nbytes = self._count(tensors, self.size if values else 0)
+            critical = net.collective_seconds(self.kind, nbytes, self.size) if nbytes else 0.0
             wait = max(0.0, hidden - overlap_s) + critical
             net.wait(wait)
             self.exposed_s += wait

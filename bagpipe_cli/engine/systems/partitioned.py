@@ -196,26 +196,33 @@ class PartitionedCache(EmbeddingSystem):
     def classes(self, plan: IterPlan) -> np.ndarray | None:
         return plan.row_class
 
-    def reduce(self, plan: IterPlan, grad: torch.Tensor, classes: np.ndarray
-               ) -> tuple[np.ndarray, torch.Tensor, np.ndarray, _Later | None]:
+    def reduce(self, plan: IterPlan, grad: torch.Tensor, classes: np.ndarray, loss: torch.Tensor
+               ) -> tuple[np.ndarray, torch.Tensor, np.ndarray, _Later | None, list[float]]:
         """Partial gradients (`grad`: by this trainer's rows, `view`) to their homes; returns
         (positions in U_b of the rows to update now, their sums; positions of the
-        sync_later ones, a Future of their sums)."""
+        sync_later ones, a Future of their sums; every trainer's loss, in trainer order).
+        The losses travel with the sync_now partials: a row to each other trainer."""
         mine = self._mine(plan)
         c = classes[mine]
         own = mine[c == NO_SYNC]  # its one writer is its home: nothing to send
         own_grad = grad[self._idx(np.flatnonzero(c == NO_SYNC))]
-        now_idx, now_sum = self._sum(plan, grad, classes, SYNC_NOW, later=False)
+        carried = grad.new_zeros(1, grad.shape[1])
+        carried[0, 0] = loss
+        now_idx, (now_sum, losses) = self._sum(plan, grad, classes, SYNC_NOW, later=False,
+                                               carried=carried)
         later_idx, later = np.empty(0, np.int64), None
         if plan.sync_later:  # (every trainer knows whether any row is)
             later_idx, later = self._sum(plan, grad, classes, SYNC_LATER, later=True)
         idx = np.concatenate([now_idx, own])
-        return idx, torch.cat([now_sum, own_grad]), later_idx, later
+        return idx, torch.cat([now_sum, own_grad]), later_idx, later, losses
 
-    def _sum(self, plan: IterPlan, grad: torch.Tensor, classes: np.ndarray, cls: int, later: bool):
+    def _sum(self, plan: IterPlan, grad: torch.Tensor, classes: np.ndarray, cls: int, later: bool,
+             carried: torch.Tensor | None = None):
         """The rows of class `cls`: this trainer's partials go to their homes, the other
         writers' come to it for the rows it is home of; (positions of those rows, their sums
-        in trainer order, or with `later` a Future of them)."""
+        in trainer order, or with `later` a Future of them). `carried`: a row more to every
+        other trainer, after the partials; the sums come with every trainer's carried row's
+        first value, in trainer order (its own included)."""
         n, i, part, mine = self.collective.size, self.i, plan.part, self._mine(plan)
         row, w = part.pair_row, part.writers
         send = np.flatnonzero((classes[mine] == cls) & (part.home[mine] != i))  # of my rows
@@ -227,6 +234,10 @@ class PartitionedCache(EmbeddingSystem):
         come = come[np.argsort(wp[come], kind="stable")]
         counts = np.bincount(wp[come].astype(np.int64), minlength=n)
         parts = list(grad[self._idx(send)].cpu().split(to.tolist()))
+        if carried is not None:
+            row1 = carried.cpu()
+            parts = [p if j == i else torch.cat([p, row1]) for j, p in enumerate(parts)]
+            counts = counts + (np.arange(n) != i)
         first = np.ones(len(rp), dtype=bool)
         first[1:] = rp[1:] != rp[:-1]
         idx = rp[first]  # the rows this trainer sums, by position in U_b
@@ -235,11 +246,15 @@ class PartitionedCache(EmbeddingSystem):
         own_at = self._at(plan)[rp[own_pair]]
         self.rows_moved["partials"] += len(send)
 
-        def sum_of(got: list[torch.Tensor]) -> torch.Tensor:
+        def sum_of(got: list[torch.Tensor]):
+            if carried is not None:  # each other trainer's last row
+                firsts = [float(carried[0, 0]) if j == i else float(g[-1, 0]) for j, g in enumerate(got)]
+                got = [g if j == i else g[:-1] for j, g in enumerate(got)]
             vals = grad.new_empty(len(pairs), grad.shape[1])
             vals[self._idx(come)] = torch.cat(got).to(grad.device)
             vals[self._idx(own_pair)] = grad[self._idx(own_at)]
-            return _in_trainer_order(vals, seg, len(idx), self._idx)
+            sums = _in_trainer_order(vals, seg, len(idx), self._idx)
+            return sums if carried is None else (sums, firsts)
 
         if later:
             return idx, _Later(sum_of, self.collective.exchange(parts, counts.tolist(), later=True))
