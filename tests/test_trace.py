@@ -219,12 +219,13 @@ def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     served = [e for e in slices if procs[e["pid"]] == "server 0" and e["cat"] == "serve"]
     assert {e["args"]["trainer"] for e in served} == {0, 1}
     assert {e["args"]["iteration"] for e in served} >= set(range(4, 16))  # from the headers
-    # One clock: the trainers' critical sum of an iteration cannot end on one before it has
-    # started on the other, so on an aligned clock their slices meet (within the offsets'
-    # uncertainty, half a round trip).
+    # One clock: the trainers' critical collective of an iteration (bagpipe's partitioned
+    # cache: the partials' exchange, its last) cannot end on one before it has started on
+    # the other, so on an aligned clock their slices meet (within the offsets' uncertainty,
+    # half a round trip).
     slack = max(o["round_trip_us"] for o in offsets.values()) / 2
-    coll = {(procs[e["pid"]], e["args"]["iteration"]): e for e in slices
-            if e["name"] == "exact sum"}
+    coll = {(procs[e["pid"]], e["args"]["iteration"]): e for e in sorted(slices, key=lambda e: e["ts"])
+            if e["name"] == "exchange rows"}
     for b in range(16):
         a, c = coll[("trainer 0", b)], coll[("trainer 1", b)]
         assert a["ts"] + a["dur"] + slack >= c["ts"] and c["ts"] + c["dur"] + slack >= a["ts"], b
