@@ -129,7 +129,8 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
         assert server["bytes_sent"] == m["rows_fetched"].sum() * (16 + 1) * 4  # row + Adagrad state
 
 
-@pytest.mark.parametrize("trainers,servers", [(4, 2), pytest.param(4, 1, marks=pytest.mark.extended), (2, 2)])
+@pytest.mark.parametrize("trainers,servers", [(4, 2), pytest.param(4, 1, marks=pytest.mark.extended),
+                                              pytest.param(2, 2, marks=pytest.mark.extended)])
 def test_bagpipe_moves_each_row_to_its_readers_only(tiny_dataset, tmp_path, trainers, servers):
     """Bitwise equal to in-process sync, and each trainer moved exactly the rows the plan's
     partition gives it (engine/partition.py): from the servers, the rows fetched for an

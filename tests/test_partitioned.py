@@ -93,7 +93,8 @@ def _shapes(path, n: int, batches: int) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [2, 4, pytest.param(8, marks=pytest.mark.extended)])
+@pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.extended),
+                               pytest.param(8, marks=pytest.mark.extended)])
 def test_partitioned_rows_read_by_one_few_and_all_trainers_equal_sync(tmp_path, n):
     data = tmp_path / "shapes"
     _shapes(data, n, 12)
