@@ -53,7 +53,8 @@ print("ok")
 """
 
 
-@pytest.mark.parametrize("n", [2, 3, pytest.param(4, marks=pytest.mark.extended)])
+# 3 trainers (an odd count) in make test: test_three_trainers_train_alike_with_every_collective
+@pytest.mark.parametrize("n", [2, *(pytest.param(n, marks=pytest.mark.extended) for n in (3, 4))])
 def test_every_collective_sums_like_the_in_process_engine(n):
     """For 2, 3 and 4 trainers and vectors of lengths not divisible by N (empty too): the exact
     sum and the all-gather give bitwise `ordered_sum`, on the critical path and in the

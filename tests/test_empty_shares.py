@@ -110,7 +110,7 @@ def _compare(tmp_path, shares, system: str, trainers: int, extra: dict):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainers", [2, 4, pytest.param(8, marks=pytest.mark.extended)])
+@pytest.mark.parametrize("trainers", [2, *(pytest.param(n, marks=pytest.mark.extended) for n in (4, 8))])
 def test_hotline_with_all_hot_and_all_cold_shares_over_procs_equals_in_process(shares, tmp_path,
                                                                                trainers):
     """Half the trainers' rest phase is empty (the crash of a trainer rank's empty last
@@ -123,8 +123,8 @@ def test_hotline_with_all_hot_and_all_cold_shares_over_procs_equals_in_process(s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainers,stale_share,skipped", [(2, 1.0, B // 2), (4, 1.0, B // 2),
-                                                          (2, 0.5, B)])
+@pytest.mark.parametrize("trainers,stale_share,skipped", [
+    (2, 1.0, B // 2), pytest.param(4, 1.0, B // 2, marks=pytest.mark.extended), (2, 0.5, B)])
 def test_slipstream_with_all_skipped_shares_over_procs_equals_in_process(shares, tmp_path, trainers,
                                                                          stale_share, skipped):
     """Some trainers skip all their samples while the others compute all of theirs, or every
