@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 import pandas as pd
-from bench_revisions import checkout
+from bench_revisions import checkout, remove
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.registry import SYSTEMS as SYSTEMS_BY_NAME
@@ -88,6 +89,23 @@ def main() -> None:
     trees = {"": None}
     if a.old:
         trees[f"-{a.old}"] = checkout(a.old, Path(tempfile.mkdtemp(prefix="bench-dist-old-")))
+    try:
+        res = measure(a, data, out, nets, kinds, ns, trees)
+    finally:  # the old revision's worktree goes, however the runs end
+        for tree in trees.values():
+            if tree is not None:
+                remove(tree)
+                shutil.rmtree(tree.parent, ignore_errors=True)
+    report(res, ns, nets, kinds, a)
+    if a.validate:
+        subprocess.run([sys.executable, "-m", "bagpipe_cli", "simulate", "--validate", str(out / "runs")],
+                       check=False)
+    print(f"\nruns kept in {out / 'runs'}; check the model: bagpipe simulate --validate {out / 'runs'}")
+
+
+def measure(a: argparse.Namespace, data: Path, out: Path, nets: dict, kinds: list[str], ns: list[int],
+            trees: dict[str, Path | None]) -> dict[tuple, list[dict]]:
+    """Every job, repeats interleaved; the runs' figures by (N, network, collective, system)."""
     res: dict[tuple, list[dict]] = {}
     for rep in range(a.repeat):  # interleaved: a shared machine's drifts hit every setting alike
         for n in ns:
@@ -101,11 +119,7 @@ def main() -> None:
                             res.setdefault((n, net_name, kind, system + rev), []).append(r)
                             print(f"  {tag:48s} {r['sps']:>9,.0f} samples/s", file=sys.stderr,
                                   flush=True)
-    report(res, ns, nets, kinds, a)
-    if a.validate:
-        subprocess.run([sys.executable, "-m", "bagpipe_cli", "simulate", "--validate", str(out / "runs")],
-                       check=False)
-    print(f"\nruns kept in {out / 'runs'}; check the model: bagpipe simulate --validate {out / 'runs'}")
+    return res
 
 
 def report(res: dict, ns: list[int], nets: dict, kinds: list[str], a: argparse.Namespace) -> None:

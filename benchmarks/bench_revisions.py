@@ -46,6 +46,13 @@ def checkout(rev: str, tmp: Path) -> Path:
     return where
 
 
+def remove(tree: Path) -> None:
+    """Remove a worktree `checkout` made (this tree itself stays)."""
+    if tree != ROOT:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       capture_output=True)
+
+
 def run_once(tree: Path, kw: dict) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
     # cwd: `python -c` puts the working directory first on sys.path
@@ -82,9 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             results = measure(args, data, trees)
         finally:
             for tree in trees.values():
-                if tree != ROOT:
-                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                                   capture_output=True)
+                remove(tree)
     report(args, results)
     return 0
 
