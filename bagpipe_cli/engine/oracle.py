@@ -327,17 +327,9 @@ class Oracle:
         if self.N == 1:
             single = np.ones(len(uniq), dtype=bool)
             owner = np.zeros(len(uniq), dtype=np.int64)
-        elif part is not None:  # a row's one user, where it has one: its only writer
+        else:  # N > 1 with LRPP is partitioned: a row's one user, where it has one, is its writer
             single = part.count == 1
             owner = part.writers[np.cumsum(part.count, dtype=np.int64) - part.count].astype(np.int64)
-        else:  # a row's first and last user: one user iff they are the same trainer
-            trainer = self._trainer_of(len(inverse))
-            first = np.full(len(uniq), self.N, dtype=np.int16)
-            last = np.zeros(len(uniq), dtype=np.int16)
-            np.minimum.at(first, inverse, trainer)
-            np.maximum.at(last, inverse, trainer)
-            single = first == last
-            owner = first.astype(np.int64)  # the one user where single
         no_sync = single & evict_mask
         owner_rows += np.bincount(owner[no_sync], minlength=self.N)
         n_now = int(in_next.sum())

@@ -92,9 +92,10 @@ class SystemSpec:
     global_view: bool = True  # its trainers read U_b of the global batch (False: each needs
     #                           its own rows only, so rank 0 sends them |U_b| alone)
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
-    #                                    trainer keeps a cache of its own, or its part of one)
+    #                                    trainer keeps a cache of its own)
     partitioned: bool = False  # at N > 1 its cache is partitioned among the trainers
-    #                            (engine/partition.py): the oracle keeps each row's home
+    #                            (engine/partition.py): the oracle keeps each row's home, and
+    #                            its volumes depend on --trainers even in-process
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value
     inexact_when: str = ""  # the same condition, for messages ("--staleness > 0")
@@ -174,7 +175,7 @@ _SPECS = (
                plan=Lazy(f"{PLANNER}:lookahead_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.partitioned:bagpipe_system"),
                volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
-               per_trainer_volumes=True, partitioned=True,
+               partitioned=True,
                rounds=True, role="ours", color=policy("bagpipe").color),
     SystemSpec("prefetch", "one-batch prefetch pipeline (TorchRec/FBGEMM style): batch b+1's "
                "rows are fetched into the cache while batch b trains; no lookahead beyond it",

@@ -204,12 +204,12 @@ def _retraced(cfg: SimulateConfig, n: int) -> list[str]:
     """The systems whose volumes are traced again for the sweep's `n` trainers: every
     system's when each trainer fetches its own rows (distributed) or the batch grows (weak
     scaling), else those whose volumes depend on N in-process too: het's per-trainer caches,
-    bagpipe's partition of U_b among the trainers (their `per_trainer_volumes`)."""
+    bagpipe's partition of U_b among the trainers (`per_trainer_volumes`, `partitioned`)."""
     batch = cfg.sweep_batch(n)
     if n == cfg.cluster.trainers and batch == cfg.batch_size:
         return []
-    return [s for s in cfg.systems if cfg.runtime == "distributed" or spec(s).per_trainer_volumes
-            or batch != cfg.batch_size]
+    return [s for s in cfg.systems if cfg.runtime == "distributed" or batch != cfg.batch_size
+            or spec(s).per_trainer_volumes or spec(s).partitioned]
 
 
 def run_simulate(cfg: SimulateConfig,
