@@ -29,7 +29,7 @@ from bagpipe_cli.engine.memory import table_bytes
 from bagpipe_cli.limits import human_bytes, machine_memory
 
 FITS_TIMES = 10  # the tables fit many times over: at most 1/10 of a trainer's memory
-# Floats of optimizer state per row: engine/optim.py's RowOptimizer.state_dim (which imports
+# Floats of optimizer state per row: engine/trainer/optim.py's RowOptimizer.state_dim (which imports
 # torch), held equal by tests/test_guidance.py.
 ROW_STATE_FLOATS = {"sgd": 0, "adagrad": 1}
 THIS_MACHINE = "this machine's"

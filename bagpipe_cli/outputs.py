@@ -61,7 +61,7 @@ def check_not_input(out: Path, inputs: Iterable[Input], option: str = "--out") -
 # a run folder...).
 FOLDER_MARKS = {"dataset": "meta.json", "run": "summary.json", "bench": "bench.json",
                 "profile": "profile.json", "report": "report.json", "simulation": "simulate.json"}
-CHECKPOINTS = "checkpoints"  # a folder of ckpt-NNNNNNNN folders (engine/checkpoint.py)
+CHECKPOINTS = "checkpoints"  # a folder of ckpt-NNNNNNNN folders (engine/records/checkpoint.py)
 FILE = "file"
 
 

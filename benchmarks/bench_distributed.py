@@ -1,9 +1,9 @@
 """sync vs bagpipe over torch.distributed (gloo), for each way the trainers sum, side by side.
 
-Each run is a real job launched with `bagpipe train --procs` (1 oracle/loader, 1 embedding
+Each run is a real job launched with `bagpipe train --procs` (1 planner, 1 embedding
 server, N trainers), for N = 2 and 4, with no network and with every rank's link shaped by
 the kernel to 1 Gbit/s (`--net-shape`, needs root; `--no-shape` skips it), and for each
-collective (exact, allgather, allreduce: engine/collective.py). Repeats are interleaved;
+collective (exact, allgather, allreduce: engine/comm/collective.py). Repeats are interleaved;
 medians are printed: samples/s and bagpipe/sync, each trainer's collective bytes per
 iteration (against 2(N-1)/N of the vector a ring moves), the exposed sync ms (median of
 the `sync` column) and rank 0's bytes per iteration (the rounds it sends). The run folders
@@ -56,7 +56,7 @@ def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: 
     iters = len(pd.read_csv(out / "metrics.csv"))
     return {"sps": s["samples_per_s"], "sync_ms": 1e3 * float(m["sync"].median()),
             "coll_mb": statistics.mean(t["collective_bytes_sent"] for t in trainers) / iters / 1e6,
-            "oracle_mb": s["roles"]["oracle"]["bytes_per_iteration"] / 1e6}
+            "planner_mb": s["roles"]["planner"]["bytes_per_iteration"] / 1e6}
 
 
 def main() -> None:
@@ -139,7 +139,7 @@ def report(res: dict, ns: list[int], nets: dict, kinds: list[str], a: argparse.N
                 s, b = med[(n, net, kind, "sync")], med[(n, net, kind, "bagpipe")]
                 line = (f"{n:>2} {net:12} {kind:10} {s['sps']:>9,.0f} {b['sps']:>11,.0f} "
                         f"{b['sps'] / s['sps']:>7.2f}x {s['coll_mb']:>15.3f} {b['coll_mb']:>14.3f} "
-                        f"{s['sync_ms']:>12.2f} {b['sync_ms']:>11.2f} {b['oracle_mb']:>11.3f}")
+                        f"{s['sync_ms']:>12.2f} {b['sync_ms']:>11.2f} {b['planner_mb']:>11.3f}")
                 if old:
                     so, bo = med[(n, net, kind, "sync" + old)], med[(n, net, kind, "bagpipe" + old)]
                     line += f"   old: {bo['sps'] / so['sps']:>5.2f}x {bo['coll_mb']:>7.3f}"

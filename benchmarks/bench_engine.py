@@ -105,7 +105,7 @@ def main() -> None:
                     mt = r["median_time_ms"]
                     fetch_share.append(mt["prefetch_wait"] / r["median_iter_ms"])
                 if name == "bagpipe":
-                    oracle_ms.append(r["oracle_ms_per_batch"])
+                    oracle_ms.append(r["planner_ms_per_batch"])
             else:
                 sps[name].append(r)
             print(f"  repeat {rep + 1}/{a.repeat} {name:12s} {sps[name][-1]:>10,.0f} samples/s",

@@ -1,6 +1,6 @@
-"""The feed alone: how many samples a second the loader/oracle hands the training loop.
+"""The feed alone: how many samples a second the planner (rank 0) hands the training loop.
 
-Times the very feed the in-process runner uses (`LocalLoader` over `planned_rounds`: read a
+Times the very feed the in-process runner uses (`LocalPlanner` over `planned_rounds`: read a
 batch, find U_b and the inverse, plan it, queue the round), with no model, for local, sync
 and bagpipe at L = 16 and 200, for each number of loader workers, on Criteo-Kaggle-shaped
 synthetic data (the 26 Kaggle tables, scaled) at B = 16,384. A GPU trainer eats such a
@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig
-from bagpipe_cli.engine.feed import planned_rounds
-from bagpipe_cli.engine.local.loader import LocalLoader
+from bagpipe_cli.engine.local.planner import LocalPlanner
+from bagpipe_cli.engine.planning.feed import planned_rounds
 from bagpipe_cli.engine.setup import prepare
 
 SYSTEMS = ("local", "sync", "bagpipe")  # the default --systems (at --lookaheads 16,200)
@@ -44,7 +44,7 @@ def feed_rate(data: Path, system: str, lookahead: int, batch_size: int, iteratio
     t0 = time.perf_counter()
     planning = s.spec.plan(s, 0)
     planning_s = time.perf_counter() - t0
-    feed = LocalLoader(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, 0,
+    feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, 0,
                                      workers))
     t0 = time.perf_counter()
     samples = 0

@@ -8,7 +8,7 @@ DLRM with E = 32, 26 tables of 100k rows, Zipf 1.05, bottom MLP 512-256-64, top 
   - one-table:  the same loop with one `EmbeddingBag` for all 26 features (one lookup, one
                 sparse update);
   - local, sync, bagpipe (L = 16): the engine, reading its data through its real feed,
-                in-process and over --procs 3 (1 loader/oracle, 1 server, 1 trainer).
+                in-process and over --procs 3 (1 planner, 1 server, 1 trainer).
 
 Repeats are interleaved; medians of samples/s are printed with the ratios the targets are
 about: local / hand (>= 1.0 on a GPU), local / one-table, bagpipe / local (>= 0.9 with no

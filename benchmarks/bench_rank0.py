@@ -41,7 +41,7 @@ def figures(summary: dict) -> dict:
 
     trainers = [r for r in roles if r.startswith("trainer")]
     servers = [r for r in roles if r.startswith("server")]
-    oracle = per("oracle", "sent")
+    oracle = per("planner", "sent")
     return {"rank0_sent_mb": sum(oracle.values()), **{f"rank0_{k}_mb": v for k, v in oracle.items() if v},
             "trainer_sent_mb": max(sum(per(r, "sent").values()) for r in trainers),
             "trainer_received_mb": max(sum(per(r, "received").values()) for r in trainers),

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--out", str(out), "--overwrite"], args.out / f"{name}.log")
         s = json.loads((out / "summary.json").read_text())
         layout = json.loads((out / "config.json").read_text()).get("layout", {})
-        step.update({k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "oracle_ms_per_batch",
+        step.update({k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "planner_ms_per_batch",
                                            "cache_rows", "peak_resident_rows", "eval_auc")})
         step["roles_gb"] = {r: v["peak_rss_mb"] / 1024 for r, v in s["roles"].items() if "peak_rss_mb" in v}
         step["placement"] = layout.get("placement")
@@ -110,7 +110,7 @@ def report(res: dict) -> None:
                  else f"  [target <= {TRAIN_LIMIT_GB} GB]" if name.startswith("train") else "")
         sps = f"{st['samples_per_s']:10,.0f}" if st.get("samples_per_s") else f"{'':10s}"
         it = f"{st['median_iter_ms']:8.1f}" if st.get("median_iter_ms") else f"{'':8s}"
-        om = st.get("oracle_ms_per_batch")
+        om = st.get("planner_ms_per_batch")
         orc = f"{om:16.2f}" if om is not None and om == om else f"{'-':>16s}"
         who = ", ".join(f"{r} {g:.2f}" for r, g in roles.items())
         print(f"  {name:26s} {st['wall_s']:8.1f} {st['peak_rss_gb']:8.2f} {total:7.2f} {sps} {it} {orc}  "

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.trace import NO_TRACE, Tracer
+from bagpipe_cli.engine.records.trace import NO_TRACE, Tracer
 
 # (label, system, settings): no network, and an emulated one where the servers' threads
 # record a slice per request.

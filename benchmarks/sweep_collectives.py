@@ -1,5 +1,5 @@
 """How the trainers' sum decides Bagpipe's speed-up as a cluster grows: `bagpipe simulate`'s
-model over N = 2..64 trainers, for each collective (engine/collective.py: exact, allgather,
+model over N = 2..64 trainers, for each collective (engine/comm/collective.py: exact, allgather,
 allreduce), side by side.
 
 The cluster is a `--cluster` file's (default: the paper's setting, benchmarks/paper-
@@ -24,7 +24,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from bagpipe_cli.data.synth import SynthConfig, generate
-from bagpipe_cli.engine.collective import KINDS
+from bagpipe_cli.engine.comm.collective import KINDS
 from bagpipe_cli.simulate import build_config, run_simulate
 from bagpipe_cli.simulate.cluster import load_cluster
 from bagpipe_cli.simulate.model import add_speedups, predict

@@ -12,8 +12,8 @@ from bagpipe_cli.bench.config import parse_bench_config
 from bagpipe_cli.bench.runner import run_bench
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.evaluation import accuracy_summary, time_to_target
 from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.engine.trainer.evaluation import accuracy_summary, time_to_target
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.report import ReportConfig, build_report
 from bagpipe_cli.results import load_runs, open_run

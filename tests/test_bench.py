@@ -91,7 +91,7 @@ def test_bench_runs_over_torch_distributed(tmp_path, tiny_dataset):
     assert sorted(df["system"]) == ["bagpipe", "sync"] and (df["transport"] == "torch").all()
     for run in _index(out)["runs"]:
         s = json.loads((out / run["path"] / "summary.json").read_text())
-        assert s["world_size"] == 4 and set(s["roles"]) == {"oracle", "server0", "trainer0", "trainer1"}
+        assert s["world_size"] == 4 and set(s["roles"]) == {"planner", "server0", "trainer0", "trainer1"}
     # the same parameters: bagpipe's loss curve is sync's
     losses = [load_metrics(out / "runs" / r)["loss"].tolist() for r in sorted(df["run_path"])]
     assert losses[0] == losses[1]

@@ -10,7 +10,7 @@ from helpers import assert_same_parameters, run_cli
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
+from bagpipe_cli.engine.records.checkpoint import CheckpointError, find_checkpoint, list_checkpoints
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 

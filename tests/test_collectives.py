@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slow
 
 PROBE = """
 import os, sys, torch, torch.distributed as dist
-from bagpipe_cli.engine.collective import ordered_sum, traffic
+from bagpipe_cli.engine.comm.collective import ordered_sum, traffic
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.layout import Layout
 rank, n = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])

@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.device import pick
-from bagpipe_cli.engine.keys import KeySets
-from bagpipe_cli.engine.optim import RowOptimizer, mean_square
+from bagpipe_cli.engine.planning.keys import KeySets
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE, spec
+from bagpipe_cli.engine.trainer.device import pick
+from bagpipe_cli.engine.trainer.optim import RowOptimizer, mean_square
 from bagpipe_cli.errors import ConfigError
 
 CUDA = torch.cuda.is_available()

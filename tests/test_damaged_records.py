@@ -20,7 +20,8 @@ from bagpipe_cli.bench import runner as bench_runner
 from bagpipe_cli.bench.config import load_bench_config, parse_bench_config
 from bagpipe_cli.bench.plan import config_key, count_runs, plan_runs
 from bagpipe_cli.data.format import open_dataset, read_meta
-from bagpipe_cli.engine import TrainConfig, checkpoint
+from bagpipe_cli.engine import TrainConfig
+from bagpipe_cli.engine.records import checkpoint
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.records import KINDS, MAX_DEPTH, json_depth, nesting_exceeds, read_record
 from bagpipe_cli.results import load_results

@@ -28,8 +28,8 @@ from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
 from bagpipe_cli.engine.distributed.layout import check_datasets, dataset_fact
-from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.partition import flows
+from bagpipe_cli.engine.planning.feed import key_batches
+from bagpipe_cli.engine.planning.partition import flows
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
@@ -117,7 +117,7 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     s = json.loads((tmp_path / system / "summary.json").read_text())
     assert s["transport"] == "torch" and s["backend"] == "gloo"
     assert s["trainer_devices"] == ["cpu", "cpu"]
-    assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    assert set(s["roles"]) == {"planner", "trainer0", "trainer1", "server0"}
     for role in s["roles"].values():  # per role: busy, waiting, bytes sent
         assert role["busy_s"] > 0 and role["waiting_s"] >= 0 and role["bytes_sent"] > 0
     server = s["roles"]["server0"]
@@ -133,7 +133,7 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
                                               pytest.param(2, 2, marks=pytest.mark.extended)])
 def test_bagpipe_moves_each_row_to_its_readers_only(tiny_dataset, tmp_path, trainers, servers):
     """Bitwise equal to in-process sync, and each trainer moved exactly the rows the plan's
-    partition gives it (engine/partition.py): from the servers, the rows fetched for an
+    partition gives it (engine/planning/partition.py): from the servers, the rows fetched for an
     iteration it reads them at; among the trainers, the rows delivered from their homes and
     the partial gradients sent to them, beside the dense model's sum."""
     n = trainers
@@ -225,7 +225,7 @@ def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_
                                                  "optimizer": "sgd", "lookahead": 4})
     assert_same_parameters(tmp_path / "bag.pt", train(TrainConfig(**{**cfg.__dict__, "system": "sync"})))
     s = json.loads((tmp_path / "bag" / "summary.json").read_text())
-    oracle = _traffic(s, "oracle")
+    oracle = _traffic(s, "planner")
     trainers = [_traffic(s, f"trainer{i}") for i in range(n)]
     assert oracle["sent"]["samples"] == 0 and oracle["sent"]["plan"] > 0
     root = trainers[0]["received"]["plan"]
@@ -242,7 +242,7 @@ def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_
     # The report's table of bytes by role reads the same counts: rank 0, the busiest trainer.
     loaded = load_runs(tmp_path / "bag")
     table = traffic_table(annotate(loaded.runs), loaded.traffic).set_index("role")
-    assert table.loc["rank 0 (loader + oracle)", "plan_mb"] == pytest.approx(
+    assert table.loc["rank 0 (planner)", "plan_mb"] == pytest.approx(
         oracle["sent_per_iteration"]["plan"] / 1e6)
     busiest = max(sum(t["sent_per_iteration"].values()) for t in trainers)
     assert table.loc["trainer (busiest)", "sent_mb"] == pytest.approx(busiest / 1e6)
@@ -257,7 +257,7 @@ def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_p
                  "--procs", "4")
         assert r.returncode == 0, r.stderr[-2000:]
         s = json.loads((tmp_path / f"sync{bs}" / "summary.json").read_text())
-        per_iteration.append(_traffic(s, "oracle")["sent_per_iteration"]["plan"])
+        per_iteration.append(_traffic(s, "planner")["sent_per_iteration"]["plan"])
     assert per_iteration[1] <= per_iteration[0] * 1.05, per_iteration
     assert per_iteration[1] < 1500  # bytes: a few numbers an iteration
 
@@ -333,7 +333,7 @@ def test_an_error_on_one_rank_is_the_one_line_reported(tiny_dataset, tmp_path):
 
 def test_layout_and_bad_options(tiny_dataset, tmp_path):
     lay = Layout(servers=2, trainers=3)
-    assert lay.world == 6 and lay.role(0) == ("oracle", 0) and lay.role(2) == ("server", 1)
+    assert lay.world == 6 and lay.role(0) == ("planner", 0) and lay.role(2) == ("server", 1)
     assert lay.role(3) == ("trainer", 0) and lay.trainer_rank(2) == 5
     r = _run(tmp_path, tiny_dataset, "x", "--procs", "3")
     assert r.returncode == 2 and "--procs 3" in r.stderr
@@ -410,7 +410,7 @@ def test_two_node_torchrun_launch_equals_in_process_sync(tiny_dataset, tmp_path)
     assert_same_parameters(tmp_path / "dist.pt", sync)
     s = json.loads((tmp_path / "dist" / "summary.json").read_text())
     assert s["transport"] == "torch" and s["world_size"] == 4
-    assert set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    assert set(s["roles"]) == {"planner", "trainer0", "trainer1", "server0"}
 
 
 @pytest.mark.extended  # failure handling: make test-all
@@ -429,7 +429,7 @@ def test_two_machines_started_by_procs_and_master_equal_in_process_sync(tiny_dat
     assert [p.returncode for p in nodes] == [0, 0], err0[-2000:] + err1[-2000:]
     assert_same_parameters(tmp_path / "dist0.pt", train(TrainConfig(data=str(tiny_dataset), system="sync", **KW)))
     s = json.loads((tmp_path / "dist0" / "summary.json").read_text())
-    assert s["world_size"] == 4 and set(s["roles"]) == {"oracle", "trainer0", "trainer1", "server0"}
+    assert s["world_size"] == 4 and set(s["roles"]) == {"planner", "trainer0", "trainer1", "server0"}
     assert f"--node-rank 0 (at {master}) writes the run" in err1
     assert not (tmp_path / "dist1").exists() and not (tmp_path / "dist1.pt").exists()
 
@@ -566,9 +566,9 @@ from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.server import DistributedServer
 from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import ScheduleError
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.shards import init_shards
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.comm.shards import init_shards
 rank = int(os.environ["RANK"])
 dist.init_process_group("gloo", rank=rank, world_size=4)
 lay = Layout(servers=1, trainers=2)

@@ -13,9 +13,9 @@ from helpers import ROUNDING_TOLERANCE, assert_same_parameters, max_difference, 
 
 from bagpipe_cli.data import DatasetWriter, TableSpec
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.passes import sample_partial
 from bagpipe_cli.engine.setup import prepare
-from bagpipe_cli.engine.staging import IterInputs, PhaseClock
+from bagpipe_cli.engine.trainer.passes import sample_partial
+from bagpipe_cli.engine.trainer.staging import IterInputs, PhaseClock
 from bagpipe_cli.io import atomic_dir
 from bagpipe_cli.models import build_model
 

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.oracle import Oracle
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.planning.oracle import Oracle
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import ConfigError
 
@@ -253,7 +253,7 @@ def _replay_partitioned(trace, L, C, N):
     updated on every trainer, no_sync rows by their user; evicted rows are written back by
     their user (no_sync) or by trainer key % N. Every trainer must read the true version of
     every row its own samples use."""
-    from bagpipe_cli.engine.oracle import NO_SYNC
+    from bagpipe_cli.engine.planning.plans import NO_SYNC
 
     total = max(max(b) for b in trace) + 1
     o = Oracle(total, L, C, N, 500)
@@ -360,7 +360,7 @@ def test_bagpipe_plans_without_a_pass_over_the_run_and_equals_sync(tiny_dataset,
     """Only the rounds are planned, as training goes (no whole-run pass: reading the run's
     keys up front fails here); the cache grows to the run's peak and the parameters are
     sync's."""
-    from bagpipe_cli.engine import planner
+    from bagpipe_cli.engine.planning import builders as planner
 
     def no_pass(*a, **k):
         raise AssertionError("a pass over the whole run")

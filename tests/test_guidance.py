@@ -54,7 +54,7 @@ def test_the_bytes_are_the_memory_estimates_tables():
     cfg = TrainConfig(data="unused", optimizer="adagrad", emb_dim=64)
     (proc,) = mem.estimate_run(cfg, spec("sync"), shape).ranks
     assert proc.held["tables"] == guidance.table_bytes(3510, 65, 1)
-    from bagpipe_cli.engine.optim import RowOptimizer
+    from bagpipe_cli.engine.trainer.optim import RowOptimizer
 
     for name in EMB_OPTIMIZERS:
         assert guidance.ROW_STATE_FLOATS[name] == RowOptimizer(name).state_dim

@@ -92,7 +92,7 @@ def test_every_process_of_a_job_is_counted_and_a_torchrun_job_machine_by_machine
     cfg = TrainConfig(data="unused", transport="torch", servers=2, trainers=2, procs=5, emb_dim=256)
     shape = _shape(cardinalities=(10**6, 50, 5000, 20), row_dim=256)
     local = mem.estimate_run(cfg, spec("bagpipe"), shape)
-    assert [p.role for p in local.here] == ["oracle", "server", "server", "trainer", "trainer",
+    assert [p.role for p in local.here] == ["planner", "server", "server", "trainer", "trainer",
                                             "launcher"]
     assert local.here_bytes > local.estimate_bytes >= 5 * mem.BASE_PROCESS_BYTES
     # A torchrun job: each machine's ranks against that machine's memory (from every rank's

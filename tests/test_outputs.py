@@ -201,7 +201,7 @@ def test_a_full_disk_at_every_writer_is_one_line_and_leaves_nothing(words, optio
 
 def test_a_checkpoint_that_cannot_be_written_leaves_the_previous_one_and_names_it(
         tiny_dataset, tmp_path, monkeypatch):
-    from bagpipe_cli.engine import checkpoint
+    from bagpipe_cli.engine.records import checkpoint
 
     real, calls = checkpoint.torch_save, []
 

@@ -1,4 +1,4 @@
-"""Bagpipe's physically partitioned cache (engine/partition.py, engine/systems/partitioned.py):
+"""Bagpipe's physically partitioned cache (engine/planning/partition.py, engine/systems/partitioned.py):
 the partition's definitions on random batches, and --procs runs bitwise equal to sync on
 data made to have rows read by one trainer, by a few and by all, and a row whose home moves
 from round to round."""
@@ -11,9 +11,10 @@ from helpers import assert_same_parameters, run_cli
 
 from bagpipe_cli.data import DatasetWriter, TableSpec
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, Oracle
-from bagpipe_cli.engine.partition import flows
+from bagpipe_cli.engine.planning.feed import key_batches
+from bagpipe_cli.engine.planning.oracle import Oracle
+from bagpipe_cli.engine.planning.partition import flows
+from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.io import atomic_dir
 

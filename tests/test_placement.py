@@ -52,7 +52,7 @@ def test_on_a_busy_machine_no_core_is_kept_apart():
 
 
 def test_ranks_share_a_machine():
-    roles = ["oracle", "server", "trainer", "trainer"]
+    roles = ["planner", "server", "trainer", "trainer"]
     got = [plan_rank("auto", None, roles, r, tuple(range(16))) for r in range(4)]
     assert [p.compute for p in got] == [(14, 15), (14, 15), tuple(range(7)), tuple(range(7, 14))]
     assert [p.torch_threads for p in got] == [1, 1, 7, 7]
@@ -98,7 +98,7 @@ def test_ranks_record_their_placement(tiny_dataset, tmp_path):
     assert r.exit_code == 0, r.output
     layout = json.loads((tmp_path / "o" / "config.json").read_text())["layout"]
     roles = [p["role"] for p in layout["placement"]]
-    assert roles == ["oracle", "server", "trainer", "trainer"]
+    assert roles == ["planner", "server", "trainer", "trainer"]
     assert [p["rank"] for p in layout["placement"]] == [0, 1, 2, 3]
     expect = [plan_rank("auto", None, roles, k, available_cores()).compute for k in range(4)]
     assert [tuple(p["compute"]) for p in layout["placement"]] == expect

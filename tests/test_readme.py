@@ -1,10 +1,10 @@
 """The README's tables of what a run records equal the code's definitions
-(`engine/records.py`: COLUMNS for metrics.csv, SUMMARY_KEYS for summary.json)."""
+(`engine/records/metrics.py`: COLUMNS for metrics.csv, SUMMARY_KEYS for summary.json)."""
 
 import re
 from pathlib import Path
 
-from bagpipe_cli.engine.records import COLUMNS, SUMMARY_KEYS
+from bagpipe_cli.engine.records.metrics import COLUMNS, SUMMARY_KEYS
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 

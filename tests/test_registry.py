@@ -58,7 +58,7 @@ def _pushing(systems: Systems) -> list[set[str]]:
 
 
 def _planned_by(builder: str) -> Callable[[Systems], list[set[str]]]:
-    """The engine systems whose plan is `engine/planner.py`'s `builder`."""
+    """The engine systems whose plan is `engine/planning/builders.py`'s `builder`."""
     return lambda systems: [{n} for n, s in systems.items() if not s.external
                             and isinstance(s.plan, Lazy) and s.plan.target.endswith(f":{builder}")]
 

@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.checkpoint import list_checkpoints
+from bagpipe_cli.engine.records.checkpoint import list_checkpoints
 
 # kills, failed writes and resumes after them: make test-all (README: which tests are which)
 pytestmark = pytest.mark.extended

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
-from bagpipe_cli.engine.records import COLUMN_NAMES
+from bagpipe_cli.engine.records.metrics import COLUMN_NAMES
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import (
     find_runs,

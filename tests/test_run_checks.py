@@ -9,7 +9,7 @@ from helpers import user_warnings
 from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import open_dataset, table_offsets
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.planner import trace_of
+from bagpipe_cli.engine.planning.builders import trace_of
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies.table import policy

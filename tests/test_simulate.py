@@ -199,15 +199,15 @@ def test_rank_0_is_a_pipeline_stage_no_iteration_is_shorter():
     # round 1's 5 ms; + 1 ms of planning a batch: 11, 11, 6, 6 ms against 6 ms of compute.
     p = predict(_planned(), Cluster(1, 1, 0.08, 0.0), WORK, FB6)
     assert p.iter_ms == pytest.approx([11, 11, 6, 6])
-    assert p.oracle_ms_per_iter == pytest.approx(8.5) and p.exposed_plan_ms == pytest.approx(2.5)
-    assert p.mean_ms >= p.oracle_ms_per_iter and p.relay_ms_per_iter == 0  # one trainer: no relay
-    assert p.oracle_mb_per_iter == pytest.approx((300_000 + 31) / 4 / 1e6)
+    assert p.planner_ms_per_iter == pytest.approx(8.5) and p.exposed_plan_ms == pytest.approx(2.5)
+    assert p.mean_ms >= p.planner_ms_per_iter and p.relay_ms_per_iter == 0  # one trainer: no relay
+    assert p.planner_mb_per_iter == pytest.approx((300_000 + 31) / 4 / 1e6)
     # A fast link hides rank 0 behind the trainers: the compute alone.
     p = predict(_planned(), Cluster(1, 1, 8.0, 0.0), WORK, FB6)
     assert p.iter_ms == pytest.approx([6] * 4) and p.exposed_plan_ms == 0
     # Planning slower than the trainers sets the pace, whatever the link.
     p = predict(_planned(plan_ms=9.0), Cluster(1, 1, None, 0.0), WORK, FB6)
-    assert p.iter_ms == pytest.approx([9] * 4) and p.oracle_ms_per_iter == pytest.approx(9)
+    assert p.iter_ms == pytest.approx([9] * 4) and p.planner_ms_per_iter == pytest.approx(9)
 
 
 def test_the_relay_tree_is_a_stage_too():
@@ -216,10 +216,10 @@ def test_the_relay_tree_is_a_stage_too():
     cl = Cluster(3, 1, 8.0, 0.0, trainer_gbps=0.04)
     p = predict(_planned(), cl, WORK, FB6)
     assert p.iter_ms == pytest.approx([40, 40, 20, 20])
-    assert p.relay_ms_per_iter == pytest.approx(30) and p.mean_ms >= p.oracle_ms_per_iter
+    assert p.relay_ms_per_iter == pytest.approx(30) and p.mean_ms >= p.planner_ms_per_iter
     # A --procs run's plans cross loopback (plans_on_network False): the planning alone.
     p = predict(_planned(), replace(cl, plans_on_network=False), WORK, FB6)
-    assert max(p.iter_ms) < 6.1 and p.oracle_ms_per_iter == pytest.approx(1.0)
+    assert max(p.iter_ms) < 6.1 and p.planner_ms_per_iter == pytest.approx(1.0)
 
 
 def test_relay_fanout_is_the_engines():
@@ -234,8 +234,8 @@ def test_plan_formulas_equal_the_encoded_rounds(tiny_dataset):
     from bagpipe_cli.data.format import open_dataset, table_offsets
     from bagpipe_cli.engine.distributed.rounds import shared_round
     from bagpipe_cli.engine.distributed.wire import encode
-    from bagpipe_cli.engine.oracle import Oracle
-    from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
+    from bagpipe_cli.engine.planning.builders import PolicyPlanner, trace_of
+    from bagpipe_cli.engine.planning.oracle import Oracle
     from bagpipe_cli.policies.table import policy
     from bagpipe_cli.simulate import plans
 
@@ -302,10 +302,10 @@ def test_iteration_time_is_never_below_rank_0s_on_a_trace(tiny_dataset):
         for s, v in vols.items():
             p = predict(v, Cluster(2, 1, gbps, 10.0 if gbps else 0.0), Workload(16, 0, 1000, warmup=4),
                         ComputeTimes(fwd_bwd_ms=0.5))
-            assert v.plan_ms > 0 and p.oracle_ms_per_iter > 0, s
-            assert p.mean_ms >= p.oracle_ms_per_iter - 1e-9 and p.median_ms > 0, (s, gbps)
+            assert v.plan_ms > 0 and p.planner_ms_per_iter > 0, s
+            assert p.mean_ms >= p.planner_ms_per_iter - 1e-9 and p.median_ms > 0, (s, gbps)
             if gbps is None:  # no link delays: rank 0's time is its planning
-                assert p.oracle_ms_per_iter == pytest.approx(v.plan_ms), s
+                assert p.planner_ms_per_iter == pytest.approx(v.plan_ms), s
 
 
 def test_compute_of_takes_medians_and_leaves_out_communication():
@@ -452,15 +452,15 @@ def test_weak_sweep_keeps_the_samples_per_trainer_and_shows_rank_0(tiny_dataset,
     sweep = pd.read_csv(out / "sweep.csv")
     by_n = sweep[sweep.sweep == "trainers"].set_index(["system", "trainers"])
     assert [by_n.loc[("sync", n), "batch_size"] for n in (1, 2, 4)] == [256, 512, 1024]
-    mb = {s: [by_n.loc[(s, n), "oracle_mb_per_iter"] for n in (1, 2, 4)] for s in ("sync", "bagpipe")}
+    mb = {s: [by_n.loc[(s, n), "planner_mb_per_iter"] for n in (1, 2, 4)] for s in ("sync", "bagpipe")}
     assert mb["bagpipe"][0] < mb["bagpipe"][1] < mb["bagpipe"][2]  # U_b grows with the batch
     assert max(mb["sync"]) < 0.001  # |U_b| alone
-    assert (sweep["mean_ms"] >= sweep["oracle_ms_per_iter"] - 1e-9).all()
+    assert (sweep["mean_ms"] >= sweep["planner_ms_per_iter"] - 1e-9).all()
     # the floor (compute and the dense sums' wait) is under every iteration, over its compute
     assert (sweep["floor_ms"] <= sweep["mean_ms"] + 1e-9).all()
     assert (sweep["floor_ms"] >= sweep["compute_ms"] - 1e-9).all()
     pred = pd.read_csv(out / "predictions.csv")
-    assert {"oracle_mb_per_iter", "oracle_ms_per_iter", "relay_ms_per_iter", "exposed_plan_ms"} <= set(pred)
+    assert {"planner_mb_per_iter", "planner_ms_per_iter", "relay_ms_per_iter", "exposed_plan_ms"} <= set(pred)
     # A weak sweep past the data is one line that names it.
     r = CliRunner().invoke(cli, [*args[:-6], "--sweep-trainers", "128", "--sweep-gbps", "1",
                                  "--sweep-scaling", "weak"])
@@ -675,7 +675,7 @@ def test_validate_skips_the_bytes_of_runs_that_did_not_count_them(procs_runs, tm
     old = tmp_path / "old" / "bagpipe"
     shutil.copytree(procs_runs / "bagpipe", old)
     summary = json.loads((old / "summary.json").read_text())
-    del summary["roles"]["oracle"]["traffic"]  # as results from before the count
+    del summary["roles"]["planner"]["traffic"]  # as results from before the count
     (old / "summary.json").write_text(json.dumps(summary))
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(tmp_path / "old"), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0 and "Traceback" not in r.output, r.output

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
-from bagpipe_cli.engine.records import TIME_KEYS
+from bagpipe_cli.engine.records.metrics import TIME_KEYS
 from bagpipe_cli.simulate.calibrate import DISAGREEMENT, calibrate
 
 # A stored no-network run (batch 256, one trainer, model dlrm): the template of the runs below.

@@ -67,7 +67,8 @@ def test_the_group_lists_every_command_with_its_own_first_sentence():
 
 
 def test_light_constants_equal_the_heavy_registries():
-    from bagpipe_cli.engine import config, optim
+    from bagpipe_cli.engine import config
+    from bagpipe_cli.engine.trainer import optim
     from bagpipe_cli.launch import placement
     from bagpipe_cli.models import MODELS
     from bagpipe_cli.simulate import cluster, volumes
@@ -79,7 +80,7 @@ def test_light_constants_equal_the_heavy_registries():
 
 
 def test_registry_builders_are_the_engines_own():
-    from bagpipe_cli.engine import planner
+    from bagpipe_cli.engine.planning import builders as planner
     from bagpipe_cli.engine.systems import (
         CacheSystem,
         HetSystem,
@@ -109,7 +110,7 @@ def test_lazy_binds_like_partial_and_pickles():
     assert made([7, 8]) == 8
     again = pickle.loads(pickle.dumps(made))
     assert again([7, 8]) == 8 and again._fn is not None
-    assert registry.PLANNER == "bagpipe_cli.engine.planner"
+    assert registry.PLANNER == "bagpipe_cli.engine.planning.builders"
 
 
 def test_the_engine_package_exports_its_functions():
@@ -117,5 +118,5 @@ def test_the_engine_package_exports_its_functions():
     from bagpipe_cli.engine import TrainConfig, run, save_model, train
 
     assert callable(run) and run is train and engine.run is run
-    assert save_model.__module__ == "bagpipe_cli.engine.save"
+    assert save_model.__module__ == "bagpipe_cli.engine.records.save"
     assert TrainConfig.__module__ == "bagpipe_cli.engine.config"

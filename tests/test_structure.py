@@ -182,7 +182,7 @@ def test_the_runtimes_name_a_role_alike():
     but the runtimes' entries (functions) has one."""
     local, dist = PACKAGE / "engine" / "local", PACKAGE / "engine" / "distributed"
     shared = sorted({p.name for p in local.glob("*.py")} & {p.name for p in dist.glob("*.py")})
-    assert {"collective.py", "loader.py", "server.py", "transport.py"} <= set(shared)
+    assert {"collective.py", "planner.py", "server.py", "transport.py"} <= set(shared)
     for name in shared:
         a = {c.removeprefix("Local") for c in _classes(local / name) if c.startswith("Local")}
         b = {c.removeprefix("Distributed") for c in _classes(dist / name) if c.startswith("Distributed")}

@@ -17,7 +17,7 @@ import pytest
 from helpers import run_cli
 
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.engine.trace import NO_TRACE, Tracer, trace_document
+from bagpipe_cli.engine.records.trace import NO_TRACE, Tracer, trace_document
 from bagpipe_cli.report.timeline import Timeline, load_timeline, measured_overlap, overlap
 from bagpipe_cli.results import read_trace, write_trace
 
@@ -78,15 +78,15 @@ def test_in_process_trace_is_trace_event_json_with_roles_tracks_and_flows(tiny_d
     doc = json.loads(path.read_text())  # plain JSON, as Perfetto reads it
     assert read_trace(path) == doc
     procs, slices = _check_document(doc)
-    assert sorted(procs.values()) == ["loader/oracle", "server 0", "server 1", "trainers 0-1"]
+    assert sorted(procs.values()) == ["planner", "server 0", "server 1", "trainers 0-1"]
     _, threads = _names(doc)
     role_threads = {(procs[p], t) for (p, _), t in threads.items()}
-    assert role_threads == {("loader/oracle", "loader"), ("server 0", "serving"),
+    assert role_threads == {("planner", "planner"), ("server 0", "serving"),
                             ("server 1", "serving"), ("trainers 0-1", "main"),
                             ("trainers 0-1", "collectives")}
     assert {t for r, t in role_threads if r.startswith("trainer")} == readme_threads("in-process")
     cats = Counter((procs[e["pid"]].split()[0], e["cat"]) for e in slices)
-    for role, cat in [("loader/oracle", "plan"), ("loader/oracle", "planning"),
+    for role, cat in [("planner", "plan"), ("planner", "planning"),
                       ("server", "serve"), ("trainers", "data"), ("trainers", "wait"),
                       ("trainers", "request"), ("trainers", "forward"), ("trainers", "backward"),
                       ("trainers", "collective"), ("trainers", "optimizer"), ("trainers", "evict"),
@@ -201,13 +201,13 @@ def test_procs_run_merges_every_rank_on_one_clock(tiny_dataset, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     doc = json.loads((tmp_path / "dist.json").read_text())
     procs, slices = _check_document(doc)
-    assert sorted(procs.values()) == ["loader/oracle", "server 0", "trainer 0", "trainer 1"]
+    assert sorted(procs.values()) == ["planner", "server 0", "trainer 0", "trainer 1"]
     _, threads = _names(doc)
     for i in (0, 1):  # the threads the README names, on every trainer
         mine = {t for (p, _), t in threads.items() if procs[p] == f"trainer {i}"}
         assert mine == readme_threads("over torch.distributed") == {"main", "dense sums", "later sums"}
     offsets = doc["otherData"]["clock_offsets"]
-    assert set(offsets) == {"loader/oracle", "server 0", "trainer 0", "trainer 1"}
+    assert set(offsets) == {"planner", "server 0", "trainer 0", "trainer 1"}
     for who, o in offsets.items():
         assert abs(o["offset_us"]) <= o["round_trip_us"] / 2 + 200, (who, o)
     # Requests cross processes: a trainer's fetch arrow ends on the server's slice serving it.

@@ -29,7 +29,7 @@ from bagpipe_cli.bench.plan import PlannedRun, plan_runs
 from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import run
-from bagpipe_cli.engine.checkpoint import dataset_identity
+from bagpipe_cli.engine.records.checkpoint import dataset_identity
 from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import ConfigError
@@ -147,7 +147,7 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
 
 def _own_checkpoints(c: Any, rid: str) -> Any:
     """A run's checkpoints go to <checkpoint_dir>/<run-id>: one run's per folder
-    (engine/lineage.py). An unfinished earlier attempt's there (a bench killed mid-run, now
+    (engine/records/lineage.py). An unfinished earlier attempt's there (a bench killed mid-run, now
     resumed: the run starts over) is removed first."""
     if not (c.checkpoint_every and c.checkpoint_dir):
         return c
@@ -215,7 +215,7 @@ def _show(v: Any) -> str:
 
 
 # bench.json's record (beside the config) of each dataset's identity when the bench started:
-# `engine.checkpoint.dataset_identity` (its shape and its arrays' checksums).
+# `engine.records.checkpoint.dataset_identity` (its shape and its arrays' checksums).
 IDENTITIES = "dataset_identities"
 
 

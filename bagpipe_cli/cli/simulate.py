@@ -150,8 +150,8 @@ def _print_result(result) -> None:
                     f"{p.exposed_sync_ms:.2f}", f"{p.exposed_plan_ms:.2f}", f"{p.mean_ms:.2f}",
                     f"{p.median_ms:.2f}",
                     f"{p.speedup:.2f}x" if math.isfinite(p.speedup) else "-",
-                    f"{p.oracle_ms_per_iter:.2f}",
-                    f"{p.oracle_mb_per_iter:.3f}", f"{v['rows_fetched']:,.0f}")
+                    f"{p.planner_ms_per_iter:.2f}",
+                    f"{p.planner_mb_per_iter:.3f}", f"{v['rows_fetched']:,.0f}")
     console.print(tab)
     _print_calibration(result)
     ref = next((p for p in result.predictions if role(p.system) == "reference"), None)

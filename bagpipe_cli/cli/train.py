@@ -132,7 +132,7 @@ def _summary_table(cfg: TrainConfig, s: dict, out: Path) -> Table:
     t.add_row("rows fetched / written back", f"{s['rows_fetched']:,} / {s['rows_written_back']:,}")
     if s["peak_resident_rows"] is not None:
         t.add_row("cache rows (peak)", f"{s['cache_rows']:,} ({s['peak_resident_rows']:,})")
-        t.add_row("oracle", f"{s['oracle_ms_per_batch']:.2f} ms/batch")
+        t.add_row("planner", f"{s['planner_ms_per_batch']:.2f} ms/batch")
     t.add_row("final loss / eval AUC", f"{s['final_loss']:.4f} / {s['eval_auc']:.4f}")
     if s["evaluations"]:
         best = f"{s['best_eval_auc']:.4f}" if s["best_eval_auc"] == s["best_eval_auc"] else "nan"
@@ -192,7 +192,7 @@ def _check_outputs(cfg: TrainConfig) -> None:
     check_outputs(inputs, checkpoint_dir=ckpt, skip=() if ckpt else ("checkpoint_dir",),
                   claim=writes)
     if ckpt is not None:  # one run lineage's checkpoints in a folder: another's are refused
-        from bagpipe_cli.engine.lineage import checkpoint_lineage
+        from bagpipe_cli.engine.records.lineage import checkpoint_lineage
 
         checkpoint_lineage(ckpt, cfg.resume)
 
@@ -200,7 +200,11 @@ def _check_outputs(cfg: TrainConfig) -> None:
 def _check_resume(cfg: TrainConfig) -> None:
     """Fail before training (or spawning ranks) if --resume cannot be used; say which one is used."""
     from bagpipe_cli.data import open_dataset
-    from bagpipe_cli.engine.checkpoint import check_compatible, dataset_identity, find_checkpoint
+    from bagpipe_cli.engine.records.checkpoint import (
+        check_compatible,
+        dataset_identity,
+        find_checkpoint,
+    )
 
     ck = find_checkpoint(Path(cfg.resume))
     check_compatible(cfg, ck, dataset_identity(open_dataset(cfg.data)))

@@ -2,20 +2,17 @@
 
 The core, the same for every runtime:
 
-    run         run(cfg): the one entry point        config      TrainConfig: every option of a run
-    registry    the systems, and how each builds     setup       dataset, model, held-out rows
-                its planner, system and volumes      loop        the training loop (all runtimes)
-    feed        batches and plans, round by round    oracle      Bagpipe's lookahead Oracle Cacher
-    planner     plan builders; the baselines' plans  systems/    where rows live and updates go
-    transport   trainers <-> servers (interface)     collective  sums among trainers (interface)
-    shards      a server's shard of the tables       cache       the trainer's row cache
-    trainer_set which trainers a process runs        optim       the row optimizers
-    network     the emulated network's timing        records     metrics.csv and summary.json
-    checkpoint  checkpoints and resuming             result      a finished run's TrainResult
-    evaluation  held-out AUC and log loss            save        --save-model
-    memory      a run's memory, estimated and checked before anything is allocated
+    run       run(cfg): the one entry point      config    TrainConfig: every option of a run
+    registry  the systems, and how each builds   setup     dataset, model, held-out rows
+              its planner, system and volumes    memory    a run's memory, estimated and checked
+    planning/ what rank 0 (the planner) decides: batches, the oracle, the policies' planners,
+              the plan types
+    trainer/  the trainer step: the loop, passes, staging, row cache, optimizers, evaluation
+    systems/  where an iteration's rows live and where their updates go, one module a system
+    comm/     transports, collectives, shards, the emulated network, traffic counts
+    records/  metrics, the run's result, checkpoints, traces, --save-model
 
-The runtimes, each with the same file names for the same roles (runtime, loader, server,
+The runtimes, each with the same file names for the same roles (runtime, planner, server,
 transport, collective) and the same class names but for the prefix (`LocalServer`,
 `DistributedServer`, ...): `local/` (every role in one process) and `distributed/`
 (torch.distributed ranks, launched by torchrun or `--procs`).
@@ -29,9 +26,9 @@ from typing import Any
 
 # name -> "module:attribute"; `train` is the name the library has always had for `run`
 _EXPORTS = {"TrainConfig": "bagpipe_cli.engine.config:TrainConfig",
-            "TrainResult": "bagpipe_cli.engine.result:TrainResult",
+            "TrainResult": "bagpipe_cli.engine.records.result:TrainResult",
             "run": "bagpipe_cli.engine.run:run", "train": "bagpipe_cli.engine.run:run",
-            "save_model": "bagpipe_cli.engine.save:save_model"}
+            "save_model": "bagpipe_cli.engine.records.save:save_model"}
 
 __all__ = ["TrainConfig", "TrainResult", "run", "save_model", "train"]
 

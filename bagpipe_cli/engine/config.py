@@ -19,7 +19,7 @@ import typing
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
-from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
@@ -31,9 +31,9 @@ SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the tr
                "or a copy of the dataset folder on each")
 
 MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
-EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/optim.py's RowOptimizer
+EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/trainer/optim.py's RowOptimizer
 DENSE_OPTIMIZERS = ("sgd", "adam")
-COLLECTIVE_KINDS = ("exact", "allgather", "allreduce")  # engine/collective.py KINDS
+COLLECTIVE_KINDS = ("exact", "allgather", "allreduce")  # engine/comm/collective.py KINDS
 DEVICE_FORM = re.compile(r"auto|cpu|cuda(:\d+)?")  # --device
 TRANSPORTS = ("inproc", "torch")
 BACKENDS = ("gloo", "nccl")
@@ -190,7 +190,7 @@ class TrainConfig:
                            section="runtime")
     threads: int | None = setting(None, "torch compute threads [default: from --placement].",
                                   at_least=1, section="runtime", at_most=MAX_THREADS)
-    placement: str = setting("auto", "auto: keep cores for the oracle/loader and the servers, give "
+    placement: str = setting("auto", "auto: keep cores for the planner and the servers, give "
                                      "the trainers' torch threads the rest, pinned where the OS "
                                      "allows; off: leave it to the OS and torch's default.",
                              choices=PLACEMENTS, section="runtime")
@@ -294,7 +294,7 @@ class TrainConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks of a torch.distributed run: 1 oracle/loader + K servers + N trainers."""
+        """Ranks of a torch.distributed run: 1 planner + K servers + N trainers."""
         return 1 + self.servers + self.trainers
 
     @property

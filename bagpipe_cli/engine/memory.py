@@ -1,7 +1,7 @@
 """What a training run will hold in memory, estimated before anything is allocated.
 
 `estimate_run(cfg, shape)` counts, for every process of the run (one in-process; with
-`--procs` or torchrun the oracle, each server and each trainer, and `--procs`' launcher):
+`--procs` or torchrun the planner (rank 0), each server and each trainer, and `--procs`' launcher):
 
 - tables: the servers' embedding rows and their optimizer state (float32);
 - planner: the oracle's per-row state (PLANNER_BYTES_PER_ROW) and, for a fixed-capacity
@@ -45,10 +45,10 @@ PARTITION_BYTES_PER_ROW = 2
 # An idle process that imported torch and the engine: its peak RSS, measured (287 MiB with
 # torch 2 on Linux), rounded up.
 BASE_PROCESS_BYTES = 300 * 2**20
-EVAL_BATCH = 8192  # engine/evaluation.py's samples at a time
+EVAL_BATCH = 8192  # engine/trainer/evaluation.py's samples at a time
 TRACE_BYTES_PER_ACCESS = 12  # a planned trace's key (int64) and count (int32) per unique access
 LOADER_AHEAD = 16  # batches read ahead of the planner (2 x MAX_LOADER_WORKERS)
-INIT_CHUNK = 1 << 20  # rows engine/shards.py initialises at a time
+INIT_CHUNK = 1 << 20  # rows engine/comm/shards.py initialises at a time
 
 # What lowers each part: the refusal names the largest's.
 FIXES = {
@@ -103,7 +103,7 @@ class Process:
     """One process's estimate: what it holds throughout, and its transients (the largest
     counts: they do not overlap)."""
 
-    role: str  # inproc, oracle, server, trainer or launcher
+    role: str  # inproc, planner, server, trainer or launcher
     held: dict[str, int]
     transient: dict[str, int] = field(default_factory=dict)
 
@@ -177,7 +177,7 @@ def estimate_run(cfg: Any, spec: SystemSpec, shape: RunShape) -> RunMemory:
         return RunMemory([one], [one])
     share = FLOAT * -(-shape.total_rows // cfg.servers) * (shape.row_dim + shape.state_dim)
     per = cfg.batch_size // cfg.trainers
-    oracle = Process("oracle", {"processes": BASE_PROCESS_BYTES, "planner": _planner(cfg, spec, shape),
+    planner = Process("planner", {"processes": BASE_PROCESS_BYTES, "planner": _planner(cfg, spec, shape),
                                 "inputs": _inputs(cfg, spec, shape, cfg.batch_size, False),
                                 "tables": tables, "dense model": FLOAT * shape.dense_params},
                      {"evaluation": evaluation})
@@ -188,7 +188,7 @@ def estimate_run(cfg: Any, spec: SystemSpec, shape: RunShape) -> RunMemory:
                                   "inputs": _inputs(cfg, spec, shape, per, True)},
                       {"activations": 0 if gpu else _step(shape, per, 1, cfg.batch_size),
                        "caches": 0 if gpu else growth})
-    ranks = [oracle] + [server] * cfg.servers + [trainer] * cfg.trainers
+    ranks = [planner] + [server] * cfg.servers + [trainer] * cfg.trainers
     if cfg.procs is not None:  # the launcher loads the result: the final tables
         launcher = Process("launcher", {"processes": BASE_PROCESS_BYTES, "tables": tables})
         return RunMemory(ranks, [*ranks, launcher])

@@ -5,7 +5,7 @@ Each `SystemSpec` builds its planner (`plan`), its embedding system for one proc
 is: which settings it reads, whether it gives the same parameters as `sync`, its role and
 colour. `train`, `bench`, `simulate`, `report` and the tests ask this registry instead of
 comparing system names, so a new system is one entry here plus its implementation
-(a plan builder in `engine/planner.py`, an `EmbeddingSystem` in `engine/systems/` and
+(a plan builder in `engine/planning/builders.py`, an `EmbeddingSystem` in `engine/systems/` and
 its volumes in `simulate/volumes.py`, or an external runner).
 
 The builders are named ("module:function", as `runner` and `volumes` are) and imported when
@@ -68,7 +68,7 @@ class Lazy:
 # even its types (the engine imports the registry), so each field says its builder's signature.
 Builder = Callable[..., Any]
 
-PLANNER = "bagpipe_cli.engine.planner"
+PLANNER = "bagpipe_cli.engine.planning.builders"
 SYSTEMS_PACKAGE = "bagpipe_cli.engine.systems"
 
 
@@ -94,7 +94,7 @@ class SystemSpec:
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
     #                                    trainer keeps a cache of its own)
     partitioned: bool = False  # at N > 1 its cache is partitioned among the trainers
-    #                            (engine/partition.py): the oracle keeps each row's home, and
+    #                            (engine/planning/partition.py): the oracle keeps each row's home, and
     #                            its volumes depend on --trainers even in-process
     exact: bool = True  # the same parameters as `sync` ...
     exact_only_if: tuple[str, Any] | None = None  # ... only when this setting has this value

@@ -15,9 +15,9 @@ import importlib
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.distributed import run_rank, spawn_train
 from bagpipe_cli.engine.local.runtime import train_in_process
-from bagpipe_cli.engine.loop import ProgressFn
+from bagpipe_cli.engine.records.result import TrainResult
 from bagpipe_cli.engine.registry import spec
-from bagpipe_cli.engine.result import TrainResult
+from bagpipe_cli.engine.trainer.loop import ProgressFn
 
 
 def run(cfg: TrainConfig, progress: ProgressFn | None = None) -> TrainResult | None:

@@ -17,18 +17,18 @@ import numpy as np
 import torch
 
 from bagpipe_cli.data.format import Dataset, DatasetMeta, open_dataset, read_meta, table_offsets
-from bagpipe_cli.engine.checkpoint import (
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.memory import RunMemory, RunShape, check_run_memory, estimate_run
+from bagpipe_cli.engine.records.checkpoint import (
     Checkpoint,
     check_compatible,
     dataset_identity,
     find_checkpoint,
 )
-from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.device import cuda_count
-from bagpipe_cli.engine.memory import RunMemory, RunShape, check_run_memory, estimate_run
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.optim import RowOptimizer
 from bagpipe_cli.engine.registry import SystemSpec, spec
+from bagpipe_cli.engine.trainer.device import cuda_count
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
 from bagpipe_cli.models import ModelConfig, build_model, footprint, row_dim

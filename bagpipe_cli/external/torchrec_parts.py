@@ -20,8 +20,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from bagpipe_cli.engine.comm.shards import assemble_tables, init_shards
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.shards import assemble_tables, init_shards
 from bagpipe_cli.errors import ConfigError
 
 SHARDINGS = ("table_wise", "column_wise", "data_parallel")

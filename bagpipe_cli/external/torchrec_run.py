@@ -9,7 +9,7 @@
     rank 0 at end:  gathers every trainer's records and the full tables, evaluates the
                     held-out tail with the engine's `evaluate`, writes the result for the parent
 
-Like for like with the engine (`bagpipe_cli.engine.loop`):
+Like for like with the engine (`bagpipe_cli.engine.trainer.loop`):
 - data: global batch b = training rows [bB, (b+1)B) (wrapping), trainer r reads rows
   [r B/P, (r+1) B/P) of it, one id per table and sample (a KeyedJaggedTensor, lengths 1);
 - model and initial weights: see `torchrec_parts.py`;
@@ -53,10 +53,8 @@ import torch
 import torch.distributed as dist
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.evaluation import evaluate
-from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.loop import ProgressFn
-from bagpipe_cli.engine.records import (
+from bagpipe_cli.engine.planning.feed import key_batches
+from bagpipe_cli.engine.records.metrics import (
     COLUMN_NAMES,
     TIME_KEYS,
     check_loss,
@@ -65,8 +63,10 @@ from bagpipe_cli.engine.records import (
     role_figures,
     summarize,
 )
-from bagpipe_cli.engine.result import TrainResult, checkpoint_summary, trainer_records
+from bagpipe_cli.engine.records.result import TrainResult, checkpoint_summary, trainer_records
 from bagpipe_cli.engine.setup import RunSetup, build_dense, prepare, run_config
+from bagpipe_cli.engine.trainer.evaluation import evaluate
+from bagpipe_cli.engine.trainer.loop import ProgressFn
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.external.torchrec_parts import (
     SHARDINGS,
@@ -261,7 +261,7 @@ def _result(s: RunSetup, everyone: list[list[dict]], full: list[torch.Tensor], d
     summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, wall)
     summary.update(evaluate(dense_model, [torch.cat(full)], s.ds, s.offsets, s.train_rows, s.eval_rows))
     summary.update({
-        "oracle_ms_per_batch": math.nan, "network_emulated": False, "train_rows": s.train_rows,
+        "planner_ms_per_batch": math.nan, "network_emulated": False, "train_rows": s.train_rows,
         "eval_rows": s.eval_rows, "rows_written_back_at_end": 0, "runner": "torchrec",
         "transport": "torch", "world_size": world, "backend": "gloo",
         "trainer_devices": ["cpu"] * world,

@@ -1,10 +1,10 @@
 """Where a run's roles compute: which cores the trainer's torch threads get, and which the
-oracle/loader and the servers get, so that on one machine the trainer's compute stays its own.
+planner and the servers get, so that on one machine the trainer's compute stays its own.
 
 On a cluster the oracle and the servers run on machines of their own; on one machine they
 share the cores with the trainers. With `--placement auto` (the default):
 
-- in-process: the oracle/loader, server and collective threads get the cores the feed
+- in-process: the planner, server and collective threads get the cores the feed
   needs, measured before training (`feed_need`: its seconds to read and index a batch over
   the trainers' seconds to compute one, rounded; engine/local/runtime.py), and the main
   thread and torch's intra-op threads the rest; torch gets as many threads as it has cores.
@@ -62,17 +62,17 @@ def available_cores() -> tuple[int, ...]:
 
 
 def reserved_cores(n: int) -> int:
-    """Cores kept for the oracle/loader and server threads of an in-process run of n cores."""
+    """Cores kept for the planner and server threads of an in-process run of n cores."""
     return 0 if n < 2 else 1 + (n - 2) // 8
 
 
 @dataclass(frozen=True)
 class Placement:
     """One process's cores: `compute` for the trainer's torch threads (its main thread),
-    `helpers` for the oracle/loader, server and collective threads (in-process)."""
+    `helpers` for the planner, server and collective threads (in-process)."""
 
     policy: str
-    role: str  # "in-process", "oracle", "server", "trainer"
+    role: str  # "in-process", "planner", "server", "trainer"
     compute: tuple[int, ...]
     helpers: tuple[int, ...]
     torch_threads: int
@@ -112,7 +112,7 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
 
 def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,
               cores: tuple[int, ...], trainer_cores: int | None = None) -> Placement:
-    """The placement of local rank `me` among the ranks `roles` ("oracle", "server",
+    """The placement of local rank `me` among the ranks `roles` ("planner", "server",
     "trainer", in local-rank order) that share this machine's `cores`; `trainer_cores` caps
     a trainer's share (a GPU trainer's CPU only launches kernels: the loader gets the rest)."""
     role = roles[me]

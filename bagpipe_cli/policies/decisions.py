@@ -1,6 +1,6 @@
 """What a fixed-capacity cache policy decides, batch by batch, for a trainer's planner.
 
-The engine's baselines (`engine/planner.py`) follow these decisions, and `bagpipe profile`'s
+The engine's baselines (`engine/planning/builders.py`) follow these decisions, and `bagpipe profile`'s
 simulators count the same ones (`simulators.py`), so a training run fetches exactly the
 rows the profile says it would. Per batch b (U_b its unique row keys):
 

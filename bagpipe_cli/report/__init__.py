@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bagpipe_cli.engine.records import MIN_AUC_CLASS, auc_warning
+from bagpipe_cli.engine.records.metrics import MIN_AUC_CLASS, auc_warning
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import atomic_dir, write_json
 from bagpipe_cli.outputs import Output, check_output

@@ -1,7 +1,7 @@
 """Accuracy over time, from stored runs only: the AUC curves of metrics_eval.csv, time to a
 target AUC and its speed-up over sync, and whether an exact system's curve is sync's.
 
-Definitions (`summary.json`'s, per run; `engine/evaluation.py`):
+Definitions (`summary.json`'s, per run; `engine/trainer/evaluation.py`):
 - time to target: seconds of training (evaluations left out) until the first evaluation whose
   held-out AUC reaches the run's --target-auc; not interpolated between evaluations;
 - per group (setting, variant): the median over the repeats that reached it, its range

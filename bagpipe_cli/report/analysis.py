@@ -26,10 +26,10 @@ from typing import Any
 import pandas as pd
 
 from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
+from bagpipe_cli.engine.comm.traffic import KINDS
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.records import TIME_KEYS
+from bagpipe_cli.engine.records.metrics import TIME_KEYS
 from bagpipe_cli.engine.registry import REFERENCE
-from bagpipe_cli.engine.traffic import KINDS
 from bagpipe_cli.report.noise import ratio_range
 from bagpipe_cli.results.figures import config_figures, percentile
 
@@ -234,7 +234,7 @@ def context(runs: pd.DataFrame) -> str:
     return " · ".join(p for p in parts if p)
 
 
-_ROLE_GROUPS = (("oracle", "rank 0 (loader + oracle)"), ("trainer", "trainer (busiest)"),
+_ROLE_GROUPS = (("planner", "rank 0 (planner)"), ("trainer", "trainer (busiest)"),
                 ("server", "server (busiest)"))
 TRAFFIC_TEXT = (
     "Megabytes per iteration each role sent (by kind) and received, from the runs' own "

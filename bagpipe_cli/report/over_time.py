@@ -37,7 +37,7 @@ Figures = list[tuple[str, Any, str, str]]
 
 TIMELINE_CAPTION = (
     "Each run's trace over a few steady-state iterations (iteration starts dotted and numbered): "
-    "a row per role and thread (the loader/oracle, every server, every trainer process), one "
+    "a row per role and thread (the planner, every server, every trainer process), one "
     "time axis per setting, so a longer panel is a slower run. Where sync's trainer waits for "
     "rows (red) its server serves the fetch (dark blue) and nothing else happens; Bagpipe's "
     "server serves the next round's prefetch while the trainer runs forward and backward "

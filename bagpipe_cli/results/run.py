@@ -4,11 +4,11 @@ metrics_trainers.csv, metrics_eval.csv and trace.json.
     config.json          schema_version, the run's settings (`train`, `model`, `row_dim`,
                          `dataset`, `layout`, `runner`, and `bench` in a bench) and
                          `environment` (where it ran: written here only)
-    metrics.csv          one row per iteration: the columns of `engine.records.COLUMNS`
+    metrics.csv          one row per iteration: the columns of `engine.records.metrics.COLUMNS`
     metrics_trainers.csv with several trainer processes: each one's own rows, `trainer` first
     metrics_eval.csv     with --eval-every: one row per evaluation during training, the
-                         columns of `engine.evaluation.EVAL_COLUMNS`
-    summary.json         schema_version and the keys of `engine.records.SUMMARY_KEYS`
+                         columns of `engine.trainer.evaluation.EVAL_COLUMNS`
+    summary.json         schema_version and the keys of `engine.records.metrics.SUMMARY_KEYS`
     trace.json           with --trace in a bench: the Chrome trace-event document (`train
                          --trace PATH` writes it to PATH: `write_trace`)
 
@@ -26,9 +26,9 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.engine.evaluation import EVAL_COLUMNS
-from bagpipe_cli.engine.records import COLUMN_NAMES
-from bagpipe_cli.engine.trace import TRACE_VERSION
+from bagpipe_cli.engine.records.metrics import COLUMN_NAMES
+from bagpipe_cli.engine.records.trace import TRACE_VERSION
+from bagpipe_cli.engine.trainer.evaluation import EVAL_COLUMNS
 from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.io import atomic_dir, atomic_file, json_default, write_json
@@ -151,7 +151,7 @@ NUMBERS = ("iterations", "measured_iterations", "samples_per_s", "median_iter_ms
 def read_summary(folder: Path) -> dict[str, Any]:
     """summary.json, its figures checked: a damaged or wrong-typed one is named (DataError)."""
     path = Path(folder) / SUMMARY
-    summary = read_json(path, RUN_SCHEMA_VERSION)
+    summary = _renamed(read_json(path, RUN_SCHEMA_VERSION))
     for key in NUMBERS:
         v = summary.get(key)
         if v is None:
@@ -161,6 +161,23 @@ def read_summary(folder: Path) -> dict[str, Any]:
                             "the run")
         if v < 0:
             raise DataError(f"{path}: {key} is {v}, below zero; the file is damaged, rerun the run")
+    return summary
+
+
+# Names a summary of an earlier version gave rank 0 ("oracle"), read as today's ("planner").
+_OLD_KEYS = {"oracle_ms_per_batch": "planner_ms_per_batch"}
+_OLD_ROLES = {"oracle": "planner"}
+
+
+def _renamed(summary: dict[str, Any]) -> dict[str, Any]:
+    """`summary` with an earlier version's names of rank 0 replaced by today's."""
+    for old, new in _OLD_KEYS.items():
+        if old in summary and new not in summary:
+            summary[new] = summary.pop(old)
+    roles = summary.get("roles")
+    if isinstance(roles, dict):
+        summary["roles"] = {_OLD_ROLES.get(k, k) if _OLD_ROLES.get(k) not in roles else k: v
+                            for k, v in roles.items()}
     return summary
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bagpipe_cli.engine.records import TIME_KEYS
+from bagpipe_cli.engine.records.metrics import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.io import recorded_path
@@ -195,7 +195,7 @@ def counted_bytes(summary: dict[str, Any], role: str, kind: str) -> float | None
 
 def counted_plan_bytes(summary: dict[str, Any]) -> float | None:
     """Rank 0's plan bytes per iteration (`counted_bytes` of the oracle's plans)."""
-    return counted_bytes(summary, "oracle", "plan")
+    return counted_bytes(summary, "planner", "plan")
 
 
 def counted_server_rows(summary: dict[str, Any], servers: int) -> float | None:

@@ -15,7 +15,7 @@ the file. Besides the fields, a file may have a `description` and a `synth:` map
     net_latency_us: 10
     trainer_gbps: 10                 # every trainer's link (collectives) [default: net_gbps]
     runtime: distributed             # a process per trainer (default); or inproc
-    collective: exact                # exact (the default), allgather or allreduce (engine/collective.py)
+    collective: exact                # exact (the default), allgather or allreduce (engine/comm/collective.py)
     compute_ms: 5.0                  # per iteration on one trainer; or `calibrate: RESULTS`
     batch_size: 16384                # global batch
     iterations: 488                  # [default: train's 100, wrapping around the data]

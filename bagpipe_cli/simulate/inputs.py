@@ -10,8 +10,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.config import COLLECTIVE_KINDS as KINDS
-from bagpipe_cli.engine.network import NetworkModel
 from bagpipe_cli.errors import ConfigError
 
 COLLECTIVES = KINDS  # how trainers sum: exact (the default), allgather, allreduce
@@ -73,7 +73,7 @@ class Cluster:
     trainer_gbps: float | None = None  # the trainers' links, for their collectives (None: net_gbps)
     collectives_on_network: bool = True  # False: the trainers' collectives take ComputeTimes.sync_ms
     #   (a --procs run with the sleep emulation: its collectives cross loopback, not the model)
-    collective: str = "exact"  # how the trainers sum (engine/collective.py): exact, allgather, allreduce
+    collective: str = "exact"  # how the trainers sum (engine/comm/collective.py): exact, allgather, allreduce
     plans_on_network: bool = True  # False: rank 0's plans cross loopback (a --procs run): planning alone
 
     def __post_init__(self) -> None:
@@ -98,7 +98,7 @@ class Cluster:
 
 @dataclass
 class Exchanges:
-    """Bagpipe's partitioned cache (engine/partition.py): the rows each trainer moves among
+    """Bagpipe's partitioned cache (engine/planning/partition.py): the rows each trainer moves among
     the trainers per iteration, [I, 3, N] arrays of `flows`' counts by kind (`KINDS`), sent
     and received: `delivered`, rows (with their optimizer state) the homes send to the
     writers of b before b reads; `now`, `later`, partial gradients the writers send to the
@@ -118,7 +118,7 @@ class Exchanges:
         return self.sent.shape[2]
 
     def record(self, b: int, f) -> None:
-        """Iteration b's `engine.partition.Flows`."""
+        """Iteration b's `engine.planning.partition.Flows`."""
         for k, kind in enumerate(self.KINDS):
             self.sent[b, k], self.received[b, k] = getattr(f, f"{kind}_sent"), getattr(f, f"{kind}_received")
 

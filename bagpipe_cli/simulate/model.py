@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.registry import REFERENCE, SIMULATED_SYSTEMS
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Volumes, Workload
@@ -51,8 +51,8 @@ class Prediction:
     exposed_fetch_ms: float  # mean time the main thread waits for fetches
     exposed_sync_ms: float  # mean time it waits for all-reduces (sync_now + dense; late sync_later)
     link_busy: float  # busiest server link's busy fraction of the iterations after warm-up
-    oracle_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
-    oracle_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
+    planner_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
+    planner_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
     server_rows_mb_per_iter: float = 0.0  # rows (with their state) all the servers send, per iteration
@@ -224,7 +224,7 @@ class _Replay:
 
     def _exchange(self, nbytes: int) -> float:
         """An all-to-all in which the busiest trainer sends or receives `nbytes` (the
-        partitioned cache's rows by need: engine/partition.py)."""
+        partitioned cache's rows by need: engine/planning/partition.py)."""
         return self.cluster.trainer_network.transfer_seconds(nbytes) if nbytes else 0.0
 
     def sync(self, b: int) -> None:
@@ -288,8 +288,8 @@ class _Replay:
             # predicted time (not the whole run's: its first rounds fetch every cold row)
             link_busy=float((self.links.busy - self.busy_before).max() / times[m].sum())
             if I and times[m].sum() > 0 else 0.0,
-            oracle_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
-            oracle_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
+            planner_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
+            planner_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
             relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,
             exposed_plan_ms=1e3 * float(plan_wait[m].mean()) if I else 0.0,
             server_rows_mb_per_iter=1e-6 * work.row_bytes * float(

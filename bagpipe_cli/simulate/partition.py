@@ -1,4 +1,4 @@
-"""Bagpipe's partitioned cache in the volumes (engine/partition.py): what each trainer moves.
+"""Bagpipe's partitioned cache in the volumes (engine/planning/partition.py): what each trainer moves.
 
 Where the oracle partitions U_b (bagpipe, N > 1), every iteration's `Partition` says which
 trainers read each row (its writers), where the row is before b (its home, or the servers)
@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bagpipe_cli.engine.oracle import RoundPlan
-from bagpipe_cli.engine.partition import flows
+from bagpipe_cli.engine.planning.partition import flows
+from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.simulate.inputs import Exchanges
 
 

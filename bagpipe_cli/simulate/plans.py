@@ -20,7 +20,7 @@ every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP cl
 
 F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
 evicted after b, R: rows resident at the end, N trainers; 16 N: two arrays of N int64s per
-iteration (`no_sync_owner_rows`, `private_fetched`). A partitioned round (engine/partition.py)
+iteration (`no_sync_owner_rows`, `private_fetched`). A partitioned round (engine/planning/partition.py)
 sends no slots and no owners (each trainer's slots are its own): its U_b carries the LRPP
 class (1), the count of writers, the home and the source (2 each), and P_b, the (row,
 writer) pairs of b, a writer each (2).

@@ -46,9 +46,9 @@ def _plot(result: SimulateResult, path: Path, sweep: str, xcol: str, xlabel: str
         ax_s.plot(d[xcol], d["speedup"], label=system, **style)
         ax_t.plot(d[xcol], d["mean_ms"], label=system, **style)
         # rank 0's own time per iteration, in the system's colour, under its iteration time
-        ax_t.plot(d[xcol], d["oracle_ms_per_iter"], color=color(system), ls=":", lw=1.2,
+        ax_t.plot(d[xcol], d["planner_ms_per_iter"], color=color(system), ls=":", lw=1.2,
                   marker="x", ms=4)
-        ax_o.plot(d[xcol], 100 * d["oracle_ms_per_iter"] / d["mean_ms"], label=system, **style)
+        ax_o.plot(d[xcol], 100 * d["planner_ms_per_iter"] / d["mean_ms"], label=system, **style)
     ax_t.plot([], [], color="#555555", ls=":", marker="x", ms=4, lw=1.2,
               label="rank 0: planning +\nsending plans")
     for ax in (ax_s, ax_t, ax_o):

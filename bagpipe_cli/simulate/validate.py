@@ -74,7 +74,7 @@ class ValidationRow:
         if r.trace.runtime != "distributed":
             return ByteCheck(why="in-process run: its links are emulated, not counted")
         if kind == "plan":
-            got, pred = r.counted_plan_bytes, 1e6 * p.oracle_mb_per_iter
+            got, pred = r.counted_plan_bytes, 1e6 * p.planner_mb_per_iter
         elif kind == "rows":
             got, pred = r.counted_server_rows, 1e6 * p.server_rows_mb_per_iter
         elif r.cluster.trainers < 2:
@@ -121,7 +121,7 @@ class ValidationRow:
             "measured_ms": r.measured_median_ms, "error": self.error, "ok": self.ok,
             "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
             "exposed_fetch_ms": p.exposed_fetch_ms, "exposed_sync_ms": p.exposed_sync_ms,
-            "oracle_ms_per_iter": p.oracle_ms_per_iter, "exposed_plan_ms": p.exposed_plan_ms,
+            "planner_ms_per_iter": p.planner_ms_per_iter, "exposed_plan_ms": p.exposed_plan_ms,
         }
         for kind in BYTE_CHECKS:
             c = self.check(kind)

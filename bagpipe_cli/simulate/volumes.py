@@ -1,19 +1,18 @@
 """Per-iteration communication volumes of every system, from a dataset's batch trace.
 
-Each system's registry entry names its function here (`SystemSpec.volumes`). The plans
-are the engine's own (`Oracle` for bagpipe, `PolicyPlanner` for lru/lfu/fae and hotline,
-whose decisions are `bagpipe profile`'s simulators'), run over the batches `bagpipe train` would
-read, so the counts are the ones a run records in metrics.csv: rows fetched per
-round, written back per iteration, `sync_now` / `sync_later` per iteration. het's
-per-trainer fetches replay `HetSystem`'s staleness rule; sync and het push gradients. Rows
-are split by shard (`key % K`) because every server has its own link. Bagpipe's partitioned
-cache (N > 1) adds what each trainer moves among the trainers (`simulate/partition.py`).
+Each system's registry entry names its function here (`SystemSpec.volumes`). The plans are
+the engine's own (the `Oracle`, or a policy's `PolicyPlanner`, whose decisions are `bagpipe
+profile`'s simulators'), run over the batches `bagpipe train` would read, so the counts are
+the ones a run records in metrics.csv: rows fetched per round, written back per iteration,
+`sync_now` / `sync_later` per iteration. A bounded-staleness cache replays `HetSystem`'s rule
+per trainer; the systems that push gradients push them. Rows are split by shard (`key % K`):
+every server has its own link. A partitioned cache (N > 1) adds what each trainer moves among
+the trainers (`simulate/partition.py`).
 
-Rank 0 is traced too: what its plans weigh on the wire (`simulate/plans.py`, distributed
-runtime) and how long its planner takes per batch. As in a run, the planner is handed each
-batch already read and indexed (a run's loader workers do that in parallel), so its time is
-the planning alone; sync, het and local run the planner their runs' rank 0 runs (no_plan's
-oracle of lookahead 1).
+Rank 0, the planner, is traced too: what its plans weigh on the wire (`simulate/plans.py`,
+distributed runtime) and how long its planning takes per batch. As in a run, each batch
+comes already read and indexed (its reader threads do that in parallel), so its time is the
+planning alone (a system without a planned cache: no_plan's oracle of lookahead 1).
 """
 
 from __future__ import annotations
@@ -27,11 +26,12 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
-from bagpipe_cli.engine.feed import batch_start
-from bagpipe_cli.engine.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.memory import DATASET_FIX, estimate_simulate, refuse_over
-from bagpipe_cli.engine.oracle import Oracle, RoundPlan, plan_peak
-from bagpipe_cli.engine.planner import PolicyPlanner, trace_of
+from bagpipe_cli.engine.planning.builders import PolicyPlanner, trace_of
+from bagpipe_cli.engine.planning.feed import batch_start
+from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
+from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
@@ -259,7 +259,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
                       lrpp: bool = True) -> Volumes:
     """The lookahead oracle's rounds (bagpipe): prefetched one round ahead, LRPP's sync lists
     and, with N > 1, its partition's exchanges; at a fixed `lookahead` (rounds of one
-    iteration, no LRPP: prefetch) as `engine/planner.py` plans it."""
+    iteration, no LRPP: prefetch) as `engine/planning/builders.py` plans it."""
     cfg, k = t.cfg, t.cfg.servers
     L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
     oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp)
@@ -343,7 +343,7 @@ def _popular(t: _Trace, keys: np.ndarray, fetched: np.ndarray) -> float:
 
 
 def _no_plan(t: _Trace) -> Oracle:
-    """The planner of a system without a planned cache (engine/planner.py's `no_plan`)."""
+    """The planner of a system without a planned cache (engine/planning/builders.py's `no_plan`)."""
     return Oracle(t.total, 1, 1, t.cfg.trainers, None, lrpp=False)
 
 

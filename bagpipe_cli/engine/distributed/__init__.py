@@ -1,11 +1,11 @@
-"""Runs over torch.distributed: rank 0 is the data loader + oracle, ranks 1..K the embedding
+"""Runs over torch.distributed: rank 0 is the planner, ranks 1..K the embedding
 servers, ranks K+1..K+N the trainers (world size 1 + K + N). Every system runs here, with
-the same training loop as in-process (`engine/loop.py`).
+the same training loop as in-process (`engine/trainer/loop.py`).
 
     runtime     one rank's entry point (`run_rank`) and the local job (`spawn_train`)
     layout      which rank plays which role; every trainer's device
     wire        request codes, objects on the wire, failures that name the peer
-    loader      rank 0: plans, feeds the trainers, checkpoints, assembles the result
+    planner     rank 0: plans, feeds the trainers, checkpoints, assembles the result
     server      a server rank: its shard, served to the trainers in lockstep
     trainer     a trainer rank: the training loop over the parts below
     transport   a trainer's requests to the servers (lockstep: the same sequence on every trainer)

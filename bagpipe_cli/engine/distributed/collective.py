@@ -1,4 +1,4 @@
-"""Sums among the trainer ranks over torch.distributed (`--collective`: engine/collective.py).
+"""Sums among the trainer ranks over torch.distributed (`--collective`: engine/comm/collective.py).
 
 The exact sum (the default) moves a ring's bytes and gives bitwise the in-process sums:
 
@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
-from bagpipe_cli.engine.collective import Collective, ordered_sum, traffic
+from bagpipe_cli.engine.comm.collective import Collective, ordered_sum, traffic
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.wire import comm
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, trainer_role
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer, trainer_role
 
 # torch >= 2.12 names it all_gather_single; older ones all_gather_into_tensor.
 _ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor

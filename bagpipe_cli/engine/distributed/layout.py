@@ -1,6 +1,6 @@
 """Which rank plays which role, and where every trainer computes.
 
-Rank 0 is the data loader + oracle, ranks 1..K the embedding servers, ranks K+1..K+N the
+Rank 0 is the planner, ranks 1..K the embedding servers, ranks K+1..K+N the
 trainers (world size 1 + K + N).
 """
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from bagpipe_cli.data.format import META_FILE, read_meta
 from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
-from bagpipe_cli.engine.device import cuda_count, pick
+from bagpipe_cli.engine.trainer.device import cuda_count, pick
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.limits import machine_memory
 
@@ -50,7 +50,7 @@ class Layout:
 
     def role(self, rank: int) -> tuple[str, int]:
         if rank == 0:
-            return "oracle", 0
+            return "planner", 0
         if rank <= self.servers:
             return "server", rank - 1
         return "trainer", rank - 1 - self.servers
@@ -61,7 +61,7 @@ class Layout:
         if rank == ALL_RANKS:
             return "the other ranks (collective)"
         role, i = self.role(rank)
-        return "oracle/loader (rank 0)" if role == "oracle" else f"{role} {i} (rank {rank})"
+        return "planner (rank 0)" if role == "planner" else f"{role} {i} (rank {rank})"
 
 
 def rank_facts() -> dict[str, Any]:

@@ -17,11 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, send_encoded
-from bagpipe_cli.engine.feed import Round
-from bagpipe_cli.engine.oracle import RoundPlan
-from bagpipe_cli.engine.traffic import Traffic
+from bagpipe_cli.engine.planning.feed import Round
+from bagpipe_cli.engine.planning.plans import RoundPlan
 
 FANOUT = 2
 

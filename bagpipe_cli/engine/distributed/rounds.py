@@ -21,9 +21,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from bagpipe_cli.engine.feed import Round, SliceReader
-from bagpipe_cli.engine.keys import KeySets
-from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
+from bagpipe_cli.engine.planning.feed import Round, SliceReader
+from bagpipe_cli.engine.planning.keys import KeySets
+from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
 
 _EMPTY_KEYS = np.empty(0, np.int64)
 _EMPTY_SLOTS = np.empty(0, np.int32)

@@ -24,7 +24,6 @@ import torch.distributed as dist
 
 from bagpipe_cli import signals
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.device import computing_on, cuda_count
 from bagpipe_cli.engine.distributed.clock import clock_offset
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
@@ -36,15 +35,16 @@ from bagpipe_cli.engine.distributed.layout import (
     rank_facts,
     trainer_devices,
 )
-from bagpipe_cli.engine.distributed.loader import DistributedLoader
+from bagpipe_cli.engine.distributed.planner import DistributedPlanner
 from bagpipe_cli.engine.distributed.server import server_main
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
-from bagpipe_cli.engine.loop import ProgressFn
 from bagpipe_cli.engine.memory import check_hosts
-from bagpipe_cli.engine.result import TrainResult
+from bagpipe_cli.engine.records.result import TrainResult
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer, Tracer
 from bagpipe_cli.engine.setup import admit, estimate, prepare
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, Tracer
+from bagpipe_cli.engine.trainer.device import computing_on, cuda_count
+from bagpipe_cli.engine.trainer.loop import ProgressFn
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
 from bagpipe_cli.io import atomic_file, json_default, torch_save
 from bagpipe_cli.launch.netshape import ShapedNetwork
@@ -162,10 +162,10 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     plans = dist.new_group([0, *layout.trainer_ranks], timeout=timeout, backend="gloo")
     tracer = _tracer(cfg, layout, rank)
     s = prepare(cfg)
-    if role == "oracle":
+    if role == "planner":
         placements = [{"rank": r, "host": f["host"], "pid": f["pid"], **f["placement"]}
                       for r, f in enumerate(facts)]
-        return DistributedLoader(s, layout, devices, placements, faults, plans, progress, tracer).run()
+        return DistributedPlanner(s, layout, devices, placements, faults, plans, progress, tracer).run()
     if role == "server":
         server_main(s, layout, idx, faults, tracer)
     else:

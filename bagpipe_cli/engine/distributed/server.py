@@ -16,6 +16,9 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.comm.shards import Shard, init_shards
+from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
@@ -35,12 +38,9 @@ from bagpipe_cli.engine.distributed.wire import (
     recv_encoded,
     send_obj,
 )
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.setup import RunSetup
-from bagpipe_cli.engine.shards import Shard, init_shards
-from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
-from bagpipe_cli.engine.traffic import Traffic
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.environment import peak_rss_mb
 
 _TRACED = {OP_FETCH: "fetch", OP_WRITEBACK: "write-back", OP_GRAD: "push"}  # names on the trace

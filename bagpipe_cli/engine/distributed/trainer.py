@@ -1,4 +1,4 @@
-"""A trainer rank: the training loop (engine/loop.py) for one trainer of N.
+"""A trainer rank: the training loop (engine/trainer/loop.py) for one trainer of N.
 
 Its rounds' plans come from rank 0 down the relay tree (`relay.py`), ahead of use; it reads
 its own slice of every batch from the dataset (`rounds.RoundMaker`); its rows come from the
@@ -19,8 +19,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli.engine.collective import collective_figures
-from bagpipe_cli.engine.device import describe, to_cpu
+from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
@@ -28,13 +28,13 @@ from bagpipe_cli.engine.distributed.relay import PlanFeed
 from bagpipe_cli.engine.distributed.rounds import RoundMaker
 from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
-from bagpipe_cli.engine.feed import SliceReader
-from bagpipe_cli.engine.loop import Hook, TrainingLoop
+from bagpipe_cli.engine.planning.feed import SliceReader
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.setup import RunSetup, build_dense, restore_dense
 from bagpipe_cli.engine.systems import SystemParts
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer, traced, trainer_role
-from bagpipe_cli.engine.traffic import Traffic
-from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.trainer.device import describe, to_cpu
+from bagpipe_cli.engine.trainer.loop import Hook, TrainingLoop
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import RankFailure
 from bagpipe_cli.launch.contention import sched_times, wait_delta

@@ -15,6 +15,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.comm.shards import split_by_shard
+from bagpipe_cli.engine.comm.traffic import Traffic
+from bagpipe_cli.engine.comm.transport import Transport
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
     OP_CHECKPOINT,
@@ -26,11 +30,7 @@ from bagpipe_cli.engine.distributed.wire import (
     OP_WRITEBACK,
     comm,
 )
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.shards import split_by_shard
-from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer
-from bagpipe_cli.engine.traffic import Traffic
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer
 
 
 class DistributedRows:

@@ -29,7 +29,7 @@ OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT, OP_EVAL = 1, 2, 3, 4, 5
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
             OP_CHECKPOINT: "CHECKPOINT", OP_EVAL: "EVAL"}
 HEADER = 5  # int64s of a request's header
-# The kind of traffic a request is (its header, keys and payload: `engine/traffic.py`);
+# The kind of traffic a request is (its header, keys and payload: `engine/comm/traffic.py`);
 # the others are "control".
 OP_KINDS = {OP_FETCH: "rows", OP_WRITEBACK: "rows", OP_GRAD: "gradients"}
 

@@ -15,10 +15,10 @@ from concurrent.futures import Future
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.collective import Collective, traffic
+from bagpipe_cli.engine.comm.collective import Collective, traffic
+from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.local.server import Label, LocalServer
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer
 
 
 class LocalCollective(Collective):
@@ -62,7 +62,7 @@ class LocalCollective(Collective):
 
     def move_rows(self, sent: np.ndarray, received: np.ndarray, row_bytes: int,
                   x: torch.Tensor | None = None, later: bool = False):
-        """The partitioned cache's rows by need (engine/partition.py): trainer i sends
+        """The partitioned cache's rows by need (engine/planning/partition.py): trainer i sends
         `sent[i]` rows and receives `received[i]`; an all-to-all takes as long as the
         busiest trainer's link (sending and receiving at once), whose bytes are counted.
         The values are complete already: `later` returns a Future of `x`, else None."""

@@ -1,8 +1,8 @@
 """The in-process runtime: N logical trainers in one process over a local collective.
 
-    loader thread:   read batch b+L (with --loader-workers threads reading and indexing
-                     batches ahead), plan it (local/loader.py) -> bounded queue of rounds
-    main thread:     the training loop (engine/loop.py) for every trainer: their slices'
+    planner thread:  read batch b+L (with --loader-workers threads reading and indexing
+                     batches ahead), plan it (local/planner.py) -> bounded queue of rounds
+    main thread:     the training loop (engine/trainer/loop.py) for every trainer: their slices'
                      forward/backward in trainer order, the sums already complete, on the
                      trainers' device (--device); it and torch's threads on the compute
                      cores, the other threads on the reserved ones (launch/placement.py)
@@ -25,18 +25,25 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bagpipe_cli.engine.checkpoint import Checkpointer, dataset_identity, full_tables
-from bagpipe_cli.engine.collective import collective_figures
+from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.shards import Shard, init_shards, shards_from_tables
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.device import computing_on, cuda_count, describe, pick, to_cpu
-from bagpipe_cli.engine.evaluation import eval_point
-from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.local.collective import LocalCollective
-from bagpipe_cli.engine.local.loader import LocalLoader
+from bagpipe_cli.engine.local.planner import LocalPlanner
 from bagpipe_cli.engine.local.transport import LocalTransport
-from bagpipe_cli.engine.loop import Hook, ProgressFn, TrainingLoop
-from bagpipe_cli.engine.records import role_figures
-from bagpipe_cli.engine.result import TrainResult, finish_run
+from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
+from bagpipe_cli.engine.records.checkpoint import Checkpointer, dataset_identity, full_tables
+from bagpipe_cli.engine.records.metrics import role_figures
+from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.trace import (
+    NO_TRACE,
+    PLANNER,
+    Tracer,
+    trace_document,
+    trace_meta,
+    traced,
+    trainer_role,
+)
 from bagpipe_cli.engine.setup import (
     RunSetup,
     build_dense,
@@ -44,18 +51,11 @@ from bagpipe_cli.engine.setup import (
     prepare,
     restore_dense,
 )
-from bagpipe_cli.engine.shards import Shard, init_shards, shards_from_tables
 from bagpipe_cli.engine.systems import SystemParts
-from bagpipe_cli.engine.trace import (
-    NO_TRACE,
-    ORACLE,
-    Tracer,
-    trace_document,
-    trace_meta,
-    traced,
-    trainer_role,
-)
-from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.trainer.device import computing_on, cuda_count, describe, pick, to_cpu
+from bagpipe_cli.engine.trainer.evaluation import eval_point
+from bagpipe_cli.engine.trainer.loop import Hook, ProgressFn, TrainingLoop
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 from bagpipe_cli.launch.contention import LOADED, ContentionMeter, machine_load
 from bagpipe_cli.launch.placement import Pinned, Placement, available_cores, plan_in_process
 from bagpipe_cli.models import build_model
@@ -128,7 +128,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     role = trainer_role(0, cfg.trainers)
     tracer.name_thread(role, "main")
     transport = LocalTransport(servers, s.network, on_start=pinned.helper, tracer=tracer)
-    with tracer.span("planning pass", "planning", track=(ORACLE, "loader")):
+    with tracer.span("planning pass", "planning", track=(PLANNER, "planner")):
         planning = s.spec.plan(s, start)
     trainers = TrainerSet.everyone(cfg.trainers)
     system = s.spec.build_system(SystemParts(s, planning.slots, transport, trainers,
@@ -142,7 +142,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
-    feed = LocalLoader(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
+    feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
                                      loader_workers(cfg, placement)), on_start=pinned.helper,
                       tracer=tracer)
     meter = ContentionMeter(len(set(placement.compute) | set(placement.helpers)))
@@ -158,7 +158,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
             ckpt.close()
     wall = time.perf_counter() - t_start - loop.eval_s
     frame = pd.DataFrame(prior + records)
-    roles = {"oracle": {"busy_s": planning.planner.seconds},
+    roles = {"planner": {"busy_s": planning.planner.seconds},
              "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
                                       bytes_received=transport.bytes_received, device=str(device),
                                       **collective_figures(collective)),
@@ -177,7 +177,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
 
 
 def loader_workers(cfg: TrainConfig, placement: Placement) -> int:
-    """Loader threads: --loader-workers, or the cores placement keeps for the loader."""
+    """The planner's reader threads: --loader-workers, or the cores placement keeps for the planner."""
     if cfg.loader_workers is not None:
         return cfg.loader_workers
     return min(MAX_LOADER_WORKERS, len(placement.helpers)) if placement.policy != "off" else 1

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, NamedTuple
 
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer
 
 
 class Label(NamedTuple):

@@ -13,11 +13,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from bagpipe_cli.engine.comm.network import NetworkModel
+from bagpipe_cli.engine.comm.shards import Shard, split_by_shard
+from bagpipe_cli.engine.comm.transport import Transport
 from bagpipe_cli.engine.local.server import Label, LocalServer
-from bagpipe_cli.engine.network import NetworkModel
-from bagpipe_cli.engine.shards import Shard, split_by_shard
-from bagpipe_cli.engine.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 
 
 class LocalRows:

@@ -2,7 +2,7 @@
 
 A system object serves the trainers one process runs (`TrainerSet`): every trainer of the
 run in-process, one trainer on a torch.distributed trainer rank. The training loop
-(`engine/loop.py`) calls, in order:
+(`engine/trainer/loop.py`) calls, in order:
 
 - `begin_round(round, next_round)`: at a round boundary: write back the round's victims,
   insert its rows (prefetched during the previous round, or fetched now), start fetching
@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.collective import Collective
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import IterPlan, RoundPlan
-from bagpipe_cli.engine.records import Step
-from bagpipe_cli.engine.shards import Shard
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.comm.collective import Collective
+from bagpipe_cli.engine.comm.shards import Shard
+from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
+from bagpipe_cli.engine.records.metrics import Step
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 if TYPE_CHECKING:
     from bagpipe_cli.engine.setup import RunSetup

@@ -8,14 +8,14 @@ import time
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.cache import RowCache
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
-from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.comm.transport import RowsFuture, Transport
+from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
+from bagpipe_cli.engine.records.metrics import Step
+from bagpipe_cli.engine.records.trace import READ_FLOW
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, Rows, SystemParts
-from bagpipe_cli.engine.trace import READ_FLOW
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import RowsFuture, Transport
+from bagpipe_cli.engine.trainer.cache import RowCache
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 
 class CacheSystem(EmbeddingSystem):
@@ -122,7 +122,7 @@ class CacheSystem(EmbeddingSystem):
         step.cache_hits = len(p.uniq) - p.fetched
         coll = self.collective
         if p.part is not None and coll is not None and coll.size > 1:
-            # In-process, the partitioned cache's deliveries (engine/partition.py), emulated.
+            # In-process, the partitioned cache's deliveries (engine/planning/partition.py), emulated.
             f = p.part.moves(p.row_class, coll.size)
             coll.move_rows(f.delivered_sent, f.delivered_received,
                            4 * (self.cache.weight.shape[1] + self.cache.state.shape[1]))

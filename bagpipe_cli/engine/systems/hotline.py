@@ -21,12 +21,12 @@ import time
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.cache import RowCache
-from bagpipe_cli.engine.oracle import RoundPlan
-from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.comm.transport import RowsFuture
+from bagpipe_cli.engine.planning.plans import RoundPlan
+from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import Phase, SystemParts
 from bagpipe_cli.engine.systems.cached import CacheSystem
-from bagpipe_cli.engine.transport import RowsFuture
+from bagpipe_cli.engine.trainer.cache import RowCache
 
 
 class HotlineSystem(CacheSystem):

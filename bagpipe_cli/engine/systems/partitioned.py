@@ -1,4 +1,4 @@
-"""Bagpipe's cache on a trainer rank, physically partitioned (LRPP: engine/partition.py).
+"""Bagpipe's cache on a trainer rank, physically partitioned (LRPP: engine/planning/partition.py).
 
 A trainer holds the rows its own samples read and the rows it is home of, in slots of its
 own (`LocalSlots`): a round's rows fetched for its iterations (prefetched a round ahead,
@@ -21,14 +21,14 @@ import time
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.cache import RowCache
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
-from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.comm.transport import RowsFuture, Transport
+from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan, RoundPlan
+from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, Rows, SystemParts
 from bagpipe_cli.engine.systems.cached import CacheSystem
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import RowsFuture, Transport
+from bagpipe_cli.engine.trainer.cache import RowCache
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 _FIRST_SLOTS = 1024
 
@@ -171,7 +171,7 @@ class PartitionedCache(EmbeddingSystem):
         return rows.index_select(0, index)
 
     def _deliver(self, p: IterPlan) -> None:
-        """Each row this trainer reads at b from its home (see engine/partition.py)."""
+        """Each row this trainer reads at b from its home (see engine/planning/partition.py)."""
         part, n, i = p.part, self.collective.size, self.i
         mine = self._mine(p)
         src = part.src[mine].astype(np.int64)

@@ -8,12 +8,12 @@ import time
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import IterPlan
-from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.planning.plans import IterPlan
+from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, SystemParts
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 
 class _PushingSystem(EmbeddingSystem):

@@ -35,12 +35,12 @@ import math
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.cache import RowCache
-from bagpipe_cli.engine.records import Step
+from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import Phase, SystemParts
 from bagpipe_cli.engine.systems.cached import CacheSystem
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.trainer.cache import RowCache
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 
 def threshold(kth_drift: np.ndarray, drop: float) -> float:

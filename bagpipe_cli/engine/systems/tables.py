@@ -5,13 +5,13 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import IterPlan
-from bagpipe_cli.engine.records import Step
-from bagpipe_cli.engine.shards import Shard, scatter_to_shards, shard_tables
+from bagpipe_cli.engine.comm.shards import Shard, scatter_to_shards, shard_tables
+from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.planning.plans import IterPlan
+from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import EmbeddingSystem, SystemParts
-from bagpipe_cli.engine.trainer_set import TrainerSet
-from bagpipe_cli.engine.transport import Transport
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 TABLE_CHUNK = 1 << 20  # rows per request when a whole table crosses to or from a trainer
 

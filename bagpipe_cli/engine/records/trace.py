@@ -1,7 +1,7 @@
 """A run's trace in the Chrome trace-event format (`--trace PATH`): Perfetto (ui.perfetto.dev)
 and chrome://tracing open it.
 
-Every role records onto tracks of its own, one per thread: the loader/oracle (the planning
+Every role records onto tracks of its own, one per thread: the planner (the planning
 pass, each round's plan), each server (every request it serves: fetch, write-back, push),
 each trainer process (data wait, rows read, prefetch issued and landed, forward, backward,
 every collective with its bytes, optimizer, evictions, checkpoints, evaluations). Every
@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from bagpipe_cli.engine.collective import Collective
+from bagpipe_cli.engine.comm.collective import Collective
 
-ORACLE = "loader/oracle"
+PLANNER = "planner"
 REQUEST_FLOW = "request"  # a fetch request -> the server slice serving it
 READ_FLOW = "prefetch -> read"  # a prefetch -> each iteration that reads its rows
 TRACE_VERSION = 1
@@ -223,7 +223,7 @@ def trace_meta(cfg: Any, clock: str, parts: list[dict[str, Any]]) -> dict[str, A
 
 
 def _role_order(role: str) -> tuple[int, int]:
-    if role == ORACLE:
+    if role == PLANNER:
         return (0, 0)
     kind, _, rest = role.partition(" ")
     num = int(rest.split("-")[0].split()[0]) if rest[:1].isdigit() else 0

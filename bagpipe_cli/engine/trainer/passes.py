@@ -18,8 +18,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from bagpipe_cli.engine.collective import ordered_sum
-from bagpipe_cli.engine.staging import IterInputs, PhaseClock
+from bagpipe_cli.engine.comm.collective import ordered_sum
+from bagpipe_cli.engine.trainer.staging import IterInputs, PhaseClock
 
 ALIGN = 64  # bytes: what torch's allocators give a new tensor (CPU 64, CUDA 512)
 

@@ -13,8 +13,8 @@ import pandas as pd
 import torch
 
 from bagpipe_cli.data.format import Dataset
-from bagpipe_cli.engine.keys import batch_keys
-from bagpipe_cli.engine.shards import split_by_shard
+from bagpipe_cli.engine.comm.shards import split_by_shard
+from bagpipe_cli.engine.planning.keys import batch_keys
 from bagpipe_cli.metrics import auc
 
 if TYPE_CHECKING:

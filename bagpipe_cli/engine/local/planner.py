@@ -1,6 +1,6 @@
-"""The in-process runtime's data loader + oracle thread: it runs `feed.planned_rounds` ahead of
+"""The in-process runtime's planner thread (rank 0): it runs `feed.planned_rounds` ahead of
 the training loop into a bounded queue, so planning overlaps training. Traced, each round's
-reading and planning is a slice, and so is a wait on a full queue (the loader is ahead)."""
+reading and planning is a slice, and so is a wait on a full queue (the planner is ahead)."""
 
 from __future__ import annotations
 
@@ -10,15 +10,15 @@ import time
 from collections.abc import Callable, Iterator
 
 from bagpipe_cli.data.format import Batch
-from bagpipe_cli.engine.feed import Round
-from bagpipe_cli.engine.oracle import RoundPlan
-from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer
+from bagpipe_cli.engine.planning.feed import Round
+from bagpipe_cli.engine.planning.plans import RoundPlan
+from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer
 
 QUEUE_WAIT_S = 1e-4  # a wait on a full queue shorter than this is not traced
 
 
-class LocalLoader:
-    """The data loader + oracle thread: plans rounds ahead into a bounded queue; iterating
+class LocalPlanner:
+    """The planner thread: plans rounds ahead into a bounded queue; iterating
     yields its Rounds (an error on the thread is raised here)."""
 
     def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4,
@@ -27,14 +27,14 @@ class LocalLoader:
         self._stop = threading.Event()
         self._on_start = on_start
         self.tracer = tracer
-        self._thread = threading.Thread(target=self._run, args=(rounds,), name="oracle", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(rounds,), name="planner", daemon=True)
         self._thread.start()
 
     def _run(self, rounds) -> None:
         if self._on_start is not None:
             self._on_start()  # e.g. pin this thread to the helper cores
         tr = self.tracer
-        tr.name_thread(ORACLE, "loader")
+        tr.name_thread(PLANNER, "planner")
         try:
             it = iter(rounds)
             t0 = time.perf_counter()

@@ -3,7 +3,7 @@ only that the files are as some writer left them): state.json's keys and types (
 reader's, `records.KINDS["checkpoint state"]`), metrics.json's records, what tables.pt and
 dense.pt hold, and the tables' shapes against this run's dataset and config.
 
-Each check returns the problem in words (None: there is none); `engine/checkpoint.py` names
+Each check returns the problem in words (None: there is none); `engine/records/checkpoint.py` names
 the file and the checkpoint to resume from instead. Nothing here imports the checkpoint
 module, which imports this one.
 """
@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.models import ModelConfig, row_dim
 from bagpipe_cli.records import check_fields, load_record, read_record, shown
 

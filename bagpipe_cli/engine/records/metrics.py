@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from bagpipe_cli.engine.oracle import IterPlan
+from bagpipe_cli.engine.planning.plans import IterPlan
 from bagpipe_cli.errors import ConfigError
 
 
@@ -146,7 +146,7 @@ SUMMARY_KEYS = {
     "skipped_share": "slipstream: the share of the samples skipped",
     "stale_thresholds": "slipstream: each threshold T it used, with the iteration it was set "
                         "(None for other systems)",
-    "oracle_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
+    "planner_ms_per_batch": "the planner's milliseconds per batch (NaN without one)",
     "peak_resident_rows": "the run's own peak of resident cache rows (None without a planned cache)",
     "bagpipe_peak_rows": "bagpipe's peak resident rows at --lookahead: the default --cache-rows "
                          "(None without a planned cache)",

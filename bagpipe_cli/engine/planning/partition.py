@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2  # a row's LRPP class at b (engine/oracle.py)
+SYNC_NOW, SYNC_LATER, NO_SYNC = 0, 1, 2  # a row's LRPP class at b (engine/planning/oracle.py)
 
 
 def pairs_of(inverse: np.ndarray, rows: int, trainers: np.ndarray, n: int) -> np.ndarray:

@@ -5,7 +5,7 @@ the oracle stay on the CPU. On a GPU, results stay bitwise those of `sync` and o
 run because (a) torch runs its deterministic kernels (the sums of row gradients are a sorted
 segment sum instead of atomic adds; cuBLAS with a fixed workspace), unless
 `--nondeterministic` trades that away, and (b) the row optimizer is written in elementwise
-operations that round the same on a CPU and a GPU (`engine/optim.py`), so a row updated on a
+operations that round the same on a CPU and a GPU (`engine/trainer/optim.py`), so a row updated on a
 server's CPU (sync) equals the same row updated in a GPU cache (bagpipe).
 """
 

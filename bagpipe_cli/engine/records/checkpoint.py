@@ -7,7 +7,7 @@ value), the dense model and its optimizer, the next iteration `b`, the torch RNG
 the metrics rows so far. A resumed run starts at `b` with a fresh oracle over batches b..
 and an empty cache (the oracle is deterministic; batch b's data is the same), or, for a
 fixed-capacity cache, with the rows the run never stopped held at `b`, fetched back first
-(`engine/planner.py`), so its parameters and loss curve are bitwise those of that run
+(`engine/planning/builders.py`), so its parameters and loss curve are bitwise those of that run
 (hotline's too, though it splits each batch by what is cached).
 
 Layout (one directory per checkpoint, written with `io.atomic_dir`: temp + rename):
@@ -42,9 +42,10 @@ import numpy as np
 import torch
 
 from bagpipe_cli import __version__, claims
+from bagpipe_cli.engine.comm.shards import gather_shards
 from bagpipe_cli.engine.config import TrainConfig, option_name
-from bagpipe_cli.engine.lineage import checkpoint_lineage
-from bagpipe_cli.engine.resume_checks import (
+from bagpipe_cli.engine.records.lineage import checkpoint_lineage
+from bagpipe_cli.engine.records.resume_checks import (
     dense_problem,
     expected_shapes,
     metrics_problem,
@@ -52,7 +53,6 @@ from bagpipe_cli.engine.resume_checks import (
     state_problem,
     tables_problem,
 )
-from bagpipe_cli.engine.shards import gather_shards
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.io import atomic_dir, json_default, stale_temporaries, torch_save
 from bagpipe_cli.outputs import os_error_words
@@ -133,7 +133,7 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
                     metrics: list[list[dict[str, Any]]], keep: int = 2,
                     lineage: str | None = None) -> Path:
     """Write `root/ckpt-<iteration>` atomically, then drop all but the newest `keep` ones (and
-    never the one just written). `lineage`: the run lineage's id (`engine/lineage.py`)."""
+    never the one just written). `lineage`: the run lineage's id (`engine/records/lineage.py`)."""
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     out = root / checkpoint_name(iteration)

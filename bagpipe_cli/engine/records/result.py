@@ -17,12 +17,17 @@ import torch
 
 from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import read_rows
-from bagpipe_cli.engine.checkpoint import Checkpoint, Checkpointer
-from bagpipe_cli.engine.evaluation import accuracy_summary, eval_frame, evaluate
-from bagpipe_cli.engine.planner import Planning
-from bagpipe_cli.engine.records import auc_warning, complete_summary, merge_records, summarize
+from bagpipe_cli.engine.comm.shards import Shard, assemble_tables
+from bagpipe_cli.engine.planning.builders import Planning
+from bagpipe_cli.engine.records.checkpoint import Checkpoint, Checkpointer
+from bagpipe_cli.engine.records.metrics import (
+    auc_warning,
+    complete_summary,
+    merge_records,
+    summarize,
+)
 from bagpipe_cli.engine.setup import RunSetup, run_config
-from bagpipe_cli.engine.shards import Shard, assemble_tables
+from bagpipe_cli.engine.trainer.evaluation import accuracy_summary, eval_frame, evaluate
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.limits import machine_memory
 
@@ -62,7 +67,7 @@ def planner_summary(planning: Planning) -> dict[str, Any]:
     its peak); None without a cache."""
     p = planning.planner
     cached = planning.slots is not None
-    return {"oracle_ms_per_batch": p.ms_per_batch if p is not None else math.nan,
+    return {"planner_ms_per_batch": p.ms_per_batch if p is not None else math.nan,
             "peak_resident_rows": int(p.peak_resident) if cached else None,
             "bagpipe_peak_rows": planning.bagpipe_peak, "cache_rows": planning.cache_rows}
 

@@ -1,16 +1,16 @@
 """The batch and plan feed: global batches in order, read ahead, planned a round at a time.
 
     batch_stream:    batch b.. of the training rows, read and indexed (U_b and its inverse:
-                     `engine/keys.py`) by `workers` threads ahead of the planner, in order
+                     `engine/planning/keys.py`) by `workers` threads ahead of the planner, in order
     planned_rounds:  those batches -> the planner -> (RoundPlan, the round's batches)
 
 Reading a batch and finding U_b is most of the feed's work and depends on nothing but the
 batch, so workers do it for several batches at once (numpy releases the GIL); the planner's
 pass, which carries state from batch to batch, consumes their results in order.
 
-The in-process runtime runs `planned_rounds` on its loader thread (`engine/local/loader.py`);
+The in-process runtime runs `planned_rounds` on its planner thread (`engine/local/planner.py`);
 rank 0 of a distributed run runs it directly, on keys alone, and sends each round's plan
-(`engine/distributed/loader.py`), while every trainer reads its own samples (`SliceReader`).
+(`engine/distributed/planner.py`), while every trainer reads its own samples (`SliceReader`).
 The training loop reads `Round`s: a round's plan and, per iteration, the dense features and
 labels of the samples this process trains on.
 """
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset, read_rows
-from bagpipe_cli.engine.keys import KeySets, UniqueKeys
-from bagpipe_cli.engine.oracle import RoundPlan
+from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.planning.plans import RoundPlan
 
 if TYPE_CHECKING:
     from bagpipe_cli.engine.config import TrainConfig

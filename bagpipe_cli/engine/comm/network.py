@@ -55,7 +55,7 @@ class NetworkModel:
         return 2 * (n - 1) * self.transfer_seconds(nbytes // n)
 
     def collective_seconds(self, kind: str, nbytes: int, n: int) -> float:
-        """A sum of `nbytes` per trainer over `n` trainers (`engine/collective.py`): a ring's
+        """A sum of `nbytes` per trainer over `n` trainers (`engine/comm/collective.py`): a ring's
         time for `exact` and `allreduce` (2(n-1) steps of nbytes/n), n-1 whole vectors for
         `allgather`."""
         if n <= 1 or not self.emulated or nbytes == 0:

@@ -43,19 +43,19 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.checkpoint import checkpoint_due
-from bagpipe_cli.engine.collective import Collective, add_floats, ordered_sum
+from bagpipe_cli.engine.comm.collective import Collective, add_floats, ordered_sum
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.feed import Round
-from bagpipe_cli.engine.optim import RowOptimizer
-from bagpipe_cli.engine.oracle import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
-from bagpipe_cli.engine.passes import TrainerGrads, sample_partial, slice_partials
-from bagpipe_cli.engine.records import Step, check_loss, iteration_record
-from bagpipe_cli.engine.staging import IterInputs, PhaseClock, Stager
+from bagpipe_cli.engine.planning.feed import Round
+from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW, IterPlan
+from bagpipe_cli.engine.records.checkpoint import checkpoint_due
+from bagpipe_cli.engine.records.metrics import Step, check_loss, iteration_record
+from bagpipe_cli.engine.records.trace import NO_TRACE, READ_FLOW, NoTracer
 from bagpipe_cli.engine.systems import EmbeddingSystem, Rows
 from bagpipe_cli.engine.systems.base import Phase
-from bagpipe_cli.engine.trace import NO_TRACE, READ_FLOW, NoTracer
-from bagpipe_cli.engine.trainer_set import TrainerSet
+from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.engine.trainer.passes import TrainerGrads, sample_partial, slice_partials
+from bagpipe_cli.engine.trainer.staging import IterInputs, PhaseClock, Stager
+from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 ProgressFn = Callable[[int, dict[str, Any]], None]
 Hook = Callable[[int, "TrainingLoop"], None]  # at the boundary before iteration b
@@ -311,7 +311,7 @@ class TrainingLoop:
             loss = coll.allreduce_([grad, *count], losses, **hidden)
             return loss, _Sync(None, grad, np.empty(0, np.int64), None, None), total()
         if self.system.partitioned:  # each row's partials go to its home, with the losses
-            # (engine/partition.py); the dense gradients were summed in the backward
+            # (engine/planning/partition.py); the dense gradients were summed in the backward
             assert not count, "a partitioned cache computes every sample"
             idx, g, later, later_sum, loss = self.system.reduce(plan, grad, cls, losses[0])
             return loss, _Sync(idx, g, later, later_sum, cls), total()

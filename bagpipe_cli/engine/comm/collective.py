@@ -76,7 +76,7 @@ class Collective(ABC):
         """The sum of `x` over all trainers, in the background: `.result()` waits for it."""
 
     def exchange(self, parts: list[torch.Tensor], counts: list[int], later: bool = False):
-        """Rows by need, not a sum (the partitioned cache, engine/partition.py): `parts[j]`
+        """Rows by need, not a sum (the partitioned cache, engine/planning/partition.py): `parts[j]`
         [rows, width] go to trainer j, and `counts[j]` rows come from it; returns what came,
         per trainer, or with `later` a Future of it, exchanged in the background."""
         raise NotImplementedError(f"{type(self).__name__} does not exchange rows")

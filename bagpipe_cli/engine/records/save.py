@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bagpipe_cli.engine.result import TrainResult
+from bagpipe_cli.engine.records.result import TrainResult
 from bagpipe_cli.io import atomic_file, torch_save
 
 

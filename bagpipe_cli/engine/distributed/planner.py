@@ -1,4 +1,4 @@
-"""Rank 0: the data loader + oracle. It plans every round and sends its plan, ahead of use, down
+"""Rank 0: the planner. It plans every round and sends its plan, ahead of use, down
 the trainers' relay tree (`relay.py`: one copy leaves rank 0; every trainer reads its own
 samples), writes the checkpoints, and at the end gathers every trainer's records and every
 server's shard into the run's TrainResult.
@@ -21,27 +21,27 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.engine.checkpoint import (
+from bagpipe_cli.engine.comm.shards import Shard
+from bagpipe_cli.engine.comm.traffic import Traffic
+from bagpipe_cli.engine.distributed.faults import Faults
+from bagpipe_cli.engine.distributed.layout import Layout
+from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
+from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
+from bagpipe_cli.engine.planning.builders import Planning
+from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, planned_rounds
+from bagpipe_cli.engine.records.checkpoint import (
     Checkpoint,
     Checkpointer,
     checkpoint_due,
     dataset_identity,
     full_tables,
 )
-from bagpipe_cli.engine.distributed.faults import Faults
-from bagpipe_cli.engine.distributed.layout import Layout
-from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
-from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
-from bagpipe_cli.engine.evaluation import eval_point
-from bagpipe_cli.engine.feed import MAX_LOADER_WORKERS, planned_rounds
-from bagpipe_cli.engine.loop import ProgressFn, eval_due
-from bagpipe_cli.engine.planner import Planning
-from bagpipe_cli.engine.records import role_figures
-from bagpipe_cli.engine.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.metrics import role_figures
+from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer, trace_document, trace_meta
 from bagpipe_cli.engine.setup import RunSetup, open_resume
-from bagpipe_cli.engine.shards import Shard
-from bagpipe_cli.engine.trace import NO_TRACE, ORACLE, NoTracer, trace_document, trace_meta
-from bagpipe_cli.engine.traffic import Traffic
+from bagpipe_cli.engine.trainer.evaluation import eval_point
+from bagpipe_cli.engine.trainer.loop import ProgressFn, eval_due
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.contention import ContentionMeter
@@ -49,7 +49,7 @@ from bagpipe_cli.launch.placement import available_cores
 from bagpipe_cli.models import build_model
 
 
-class DistributedLoader:
+class DistributedPlanner:
     """Rank 0 of a run laid out as `layout` (see the module docstring)."""
 
     def __init__(self, s: RunSetup, layout: Layout, devices: list[str], placements: list[dict],
@@ -58,7 +58,7 @@ class DistributedLoader:
         self.s, self.layout, self.devices, self.faults, self.progress = s, layout, devices, faults, progress
         self.placements, self.tracer, self.start = placements, tracer, 0
         self.plans = plans  # the relay's process group (rank 0 and the trainers)
-        tracer.name_thread(ORACLE, "loader")
+        tracer.name_thread(PLANNER, "planner")
         self.evals: list[dict[str, Any]] = []
         self.eval_s = self.end_eval_s = 0.0  # evaluating (all; after training ended)
         self.traffic = Traffic()
@@ -202,7 +202,7 @@ class DistributedLoader:
         frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
         iters = self.iterations
         sent = sum(self.traffic.sent.values())
-        roles = {"oracle": {"busy_s": planning.planner.seconds, "waiting_s": self.waiting_s,
+        roles = {"planner": {"busy_s": planning.planner.seconds, "waiting_s": self.waiting_s,
                             "bytes_sent": sent, "bytes_received": sum(self.traffic.received.values()),
                             "cpu_s": self.cpu_s, "bytes_per_iteration": sent / max(1, iters),
                             "peak_rss_mb": peak_rss_mb(), "traffic": self.traffic.figures(iters)},

@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.feed import Round
-from bagpipe_cli.engine.oracle import IterPlan
-from bagpipe_cli.engine.trace import NO_TRACE, NoTracer
+from bagpipe_cli.engine.planning.feed import Round
+from bagpipe_cli.engine.planning.plans import IterPlan
+from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer
 
 
 @dataclass

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from bagpipe_cli.engine.network import NetworkModel
+from bagpipe_cli.engine.comm.network import NetworkModel
 
 
 class RowsFuture(Protocol):

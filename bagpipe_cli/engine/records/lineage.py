@@ -21,7 +21,7 @@ from pathlib import Path
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.records import load_record
 
-NAME = re.compile(r"^ckpt-(\d{8})$")  # a checkpoint folder's name (engine/checkpoint.py)
+NAME = re.compile(r"^ckpt-(\d{8})$")  # a checkpoint folder's name (engine/records/checkpoint.py)
 
 
 def new_lineage() -> str:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bagpipe_cli.engine.oracle import IterPlan
+from bagpipe_cli.engine.planning.plans import IterPlan
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 - `no_plan`: systems without a planned cache need only U_b and its
   inverse per iteration: an oracle with lookahead 1 and no cache plans them;
-- `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/oracle.py`), planned as
+- `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/planning/oracle.py`), planned as
   training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
   round needs more), so no pass over the whole run comes first; prefetch's is the same
   oracle at a lookahead of one batch, without LRPP;
@@ -28,9 +28,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bagpipe_cli.engine.feed import key_batches
-from bagpipe_cli.engine.keys import KeySets, UniqueKeys
-from bagpipe_cli.engine.oracle import IterPlan, Oracle, RoundPlan, plan_peak
+from bagpipe_cli.engine.planning.feed import key_batches
+from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
+from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
+from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
 from bagpipe_cli.policies.table import policy as cache_policy
 from bagpipe_cli.policies.trace import Trace, trace_from_parts
 

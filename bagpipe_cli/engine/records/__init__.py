@@ -1,0 +1,10 @@
+"""Records: what a run leaves behind.
+
+    metrics        every metrics.csv column and summary.json key; a step's record
+    result         a finished run's result (`TrainResult`) and its writing
+    checkpoint     checkpoints: writing, verifying, finding and resuming
+    lineage        whose checkpoints a --checkpoint-dir holds
+    resume_checks  what --resume checks in a checkpoint
+    trace          --trace's Chrome trace-event document (`Tracer`)
+    save           --save-model
+"""
