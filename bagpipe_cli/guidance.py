@@ -1,6 +1,6 @@
 """Guidance from the size of the data: whether every embedding table fits on a trainer.
 
-A cache (Bagpipe, prefetch, lru, lfu, fae, ...) exists because the tables do not fit in a
+A cache (Bagpipe's, or any other system's) exists because the tables do not fit in a
 trainer's memory. When they fit many times over, `local` (every table resident on the
 trainer) is the answer: it fetches nothing and plans nothing, and every cache only adds
 work. `table_fit` says so, for `profile` (a dataset and this machine's memory), `bench` and

@@ -103,16 +103,12 @@ def communicate_all(procs: list[subprocess.Popen], timeout: float) -> list[tuple
 
 
 def one_per_volumes(systems: dict[str, Any] | None = None) -> tuple[str, ...]:
-    """The first engine system of each simulated traffic model (`SystemSpec.volumes`): sync,
-    bagpipe, prefetch, lru (for lru, lfu, fae), hotline, het, local. A new system with
-    volumes of its own is one of them; a system simulate has no model of (no volumes) is not."""
+    """The first engine system of each simulated traffic model (`SystemSpec.volumes`): the
+    registry's group `each-model`. A new system with volumes of its own is one of them; a
+    system simulate has no model of (no volumes) is not."""
     from bagpipe_cli.engine import registry
 
-    seen: dict[str, str] = {}
-    for s in (systems or registry.SYSTEMS).values():
-        if not s.external and s.volumes:
-            seen.setdefault(s.volumes, s.name)
-    return tuple(seen.values())
+    return registry.group("each-model", systems)
 
 
 def wait_until(p: subprocess.Popen, ready: Any, what: str, timeout: float = 120,

@@ -1,18 +1,21 @@
-"""Every list of systems that should hold every system (or every system of a kind) holds it.
+"""No list of systems is written by hand: every one is made from the registry.
 
-Code and tests enumerate the registry (`ENGINE_SYSTEMS`, `SYSTEMS` filtered by a spec's
-attributes). A bench file, a cluster file or a table of the docs cannot: `LISTINGS` names
-each such list and which systems it must name, and `test_every_list_names_every_system`
-fails naming the file and the system it lacks. A file that names systems on purpose only
-for some is in `SUBSETS`, with the reason; a new file that names several systems must be in
-one or the other. Lists in code (tests, benchmarks) of three or more system names are in
-`CODE_SUBSETS`, with the reason; any other is to be the registry's.
+Code, help texts and docs ask the registry (`ENGINE_SYSTEMS`, `names_where`, `bagpipe
+systems`); a bench or cluster file that means every system names a group (`all`,
+`simulated`, `each-model`), and a table of the docs that must cover every traffic model
+`simulate` has is keyed by the model (a registry entry's `volumes`), not by system.
+`LISTINGS` names each such list and what it must hold, and `test_every_list_names_every_system`
+fails naming the file and the entry it lacks. A file that names several systems on purpose
+(prose about some of them) is in `SUBSETS`, with the reason. No string literal of the
+package lists three or more system names (`test_no_string_lists_systems`), and lists in
+code (tests, benchmarks) of three or more are in `CODE_SUBSETS`, with the reason.
 """
 
 from __future__ import annotations
 
 import ast
 import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -20,57 +23,26 @@ from pathlib import Path
 import yaml
 
 from bagpipe_cli.engine import registry
-from bagpipe_cli.engine.registry import Lazy, SystemSpec
+from bagpipe_cli.engine.registry import SystemSpec
+from bagpipe_cli.policies.table import POLICIES
 
 ROOT = Path(__file__).resolve().parents[1]
 Systems = dict[str, SystemSpec]
 
 
-def _engine(systems: Systems) -> list[set[str]]:
-    return [{n} for n, s in systems.items() if not s.external]
+def _groups(name: str) -> Callable[[Systems], list[set[str]]]:
+    """Every system of registry group `name`."""
+    return lambda systems: [{n} for n in registry.group(name, systems)]
 
 
-def _simulated(systems: Systems) -> list[set[str]]:
-    """The systems `bagpipe simulate` has a performance model of (their volumes)."""
-    return [{n} for n, s in systems.items() if not s.external and s.volumes]
+def _model(s: SystemSpec) -> str:
+    """A system's traffic model: its `volumes` function's name without `_volumes`."""
+    return (s.volumes or "").partition(":")[2].removesuffix("_volumes")
 
 
-def _every(systems: Systems) -> list[set[str]]:
-    return [{n} for n in systems]
-
-
-def _peak_capacity(systems: Systems) -> list[set[str]]:
-    return [{n} for n, s in systems.items() if s.capacity_from_peak]
-
-
-def _cached(systems: Systems) -> list[set[str]]:
-    """The systems `engine/systems/cached.py` builds (`CacheSystem`)."""
-    return [{n} for n, s in systems.items()
-            if isinstance(s.build_system, Lazy) and s.build_system.target.endswith(":CacheSystem.build")]
-
-
-def _replicated(systems: Systems) -> list[set[str]]:
-    return [{n} for n, s in systems.items() if s.replicated and not s.external]
-
-
-def _pushing(systems: Systems) -> list[set[str]]:
-    return [{n} for n, s in systems.items() if not s.replicated and not s.external]
-
-
-def _planned_by(builder: str) -> Callable[[Systems], list[set[str]]]:
-    """The engine systems whose plan is `engine/planning/builders.py`'s `builder`."""
-    return lambda systems: [{n} for n, s in systems.items() if not s.external
-                            and isinstance(s.plan, Lazy) and s.plan.target.endswith(f":{builder}")]
-
-
-def _per_volumes(systems: Systems) -> list[set[str]]:
-    """One system of each simulated traffic model (any one of those sharing it; systems
-    `simulate` has no model of are not simulated)."""
-    groups: dict[str | None, set[str]] = {}
-    for n, s in systems.items():
-        if not s.external and s.volumes:
-            groups.setdefault(s.volumes, set()).add(n)
-    return list(groups.values())
+def _models(systems: Systems) -> list[set[str]]:
+    """Every traffic model `simulate` has (a registry entry's `volumes`)."""
+    return [{m} for m in dict.fromkeys(_model(s) for s in systems.values() if s.volumes)]
 
 
 def _words(text: str, systems: Systems) -> set[str]:
@@ -86,44 +58,35 @@ def _block(lines: list[str], anchor: str) -> list[str]:
     return lines[start:end]
 
 
-def table(anchor: str) -> Callable[[str, Systems], set[str]]:
-    """The systems named in the first column of the Markdown table whose header holds `anchor`."""
+def model_table(anchor: str) -> Callable[[str, Systems], set[str]]:
+    """The models named first (in backticks) in the first column of the Markdown table whose
+    header holds `anchor`."""
     def names(text: str, systems: Systems) -> set[str]:
-        rows = [ln.split("|")[1] for ln in _block(text.splitlines(), anchor)[2:]]
-        return _words(" ".join(rows), systems)
+        return {m for ln in _block(text.splitlines(), anchor)[2:]
+                for m in re.findall(r"`(\w+)`", ln.split("|")[1])}
     return names
 
 
-def line(anchor: str, upto: bool = False) -> Callable[[str, Systems], set[str]]:
-    """The systems named on the line (or table row) that holds `anchor`; with `upto`, before it."""
-    def names(text: str, systems: Systems) -> set[str]:
-        ln = _block(text.splitlines(), anchor)[0]
-        return _words(ln.split(anchor)[0] if upto else ln, systems)
-    return names
-
-
-def bold_items(heading: str) -> Callable[[str, Systems], set[str]]:
-    """The systems named in bold (`- **lru, lfu, fae**: ...`) in the section `heading`."""
-    def names(text: str, systems: Systems) -> set[str]:
-        section = text.split(heading, 1)[1].split("\n## ", 1)[0]
-        return _words(" ".join(re.findall(r"\*\*(.+?)\*\*", section)), systems)
-    return names
-
-
-def _yaml_systems(raw: dict, systems: Systems) -> set[str]:
-    return {e["name"] if isinstance(e, dict) else e for e in raw["systems"]} & set(systems)
+def _expanded(entries: list, systems: Systems) -> set[str]:
+    """A `systems:` list's systems, its groups expanded among `systems`."""
+    out = set()
+    for e in entries:
+        name = e["name"] if isinstance(e, dict) else e
+        out |= set(registry.group(name, systems) or {name} if not isinstance(e, dict) else {name})
+    return out & set(systems)
 
 
 def yaml_file(text: str, systems: Systems) -> set[str]:
-    """The `systems` of a bench or cluster file."""
-    return _yaml_systems(yaml.safe_load(text), systems)
+    """The systems of a bench or cluster file's `systems` (a group, or a list)."""
+    v = yaml.safe_load(text)["systems"]
+    return _expanded(v if isinstance(v, list) else [v], systems)
 
 
 def yaml_example(anchor: str) -> Callable[[str, Systems], set[str]]:
     """The `systems` of the YAML code block that follows `anchor` in a Markdown page."""
     def names(text: str, systems: Systems) -> set[str]:
         after = text.split(anchor, 1)[1]
-        return _yaml_systems(yaml.safe_load(after.split("```yaml\n", 1)[1].split("```", 1)[0]), systems)
+        return yaml_file(after.split("```yaml\n", 1)[1].split("```", 1)[0], systems)
     return names
 
 
@@ -131,33 +94,31 @@ def yaml_example(anchor: str) -> Callable[[str, Systems], set[str]]:
 class Listing:
     path: str
     what: str  # the list, in words (the failure names it)
-    names: Callable[[str, Systems], set[str]]  # the systems it names, from the file's text
+    names: Callable[[str, Systems], set[str]]  # what it names (systems, or models), from its text
     wants: Callable[[Systems], list[set[str]]]  # what it must name: one of each set
 
 
 LISTINGS = (
-    Listing("README.md", "the systems table", table("| system | what it models |"), _every),
-    Listing("README.md", "the systems whose default --cache-rows is Bagpipe's peak",
-            line("the default `--cache-rows` is Bagpipe's peak", upto=True), _peak_capacity),
-    Listing("README.md", "the quick bench file shown", yaml_example("A YAML or TOML matrix"), _engine),
-    Listing("docs/architecture.md", "How the systems map onto trainers and servers",
-            bold_items("## How the systems map onto trainers and servers"), _engine),
-    Listing("docs/architecture.md", "the systems CacheSystem runs (engine/systems/cached.py)",
-            line("| `engine/systems/cached.py` |"), _cached),
-    Listing("docs/performance-model.md", "the table of what each system exposes",
-            table("| system | what is exposed |"), _simulated),
+    Listing("README.md", "the quick bench file shown", yaml_example("A YAML or TOML matrix"),
+            _groups("all")),
+    Listing("docs/performance-model.md", "the table of what each model exposes",
+            model_table("| what is exposed |"), _models),
     Listing("docs/performance-model.md", "the table of a round's plan bytes",
-            table("| system | bytes of a round's plan |"), _simulated),
-    *(Listing(f"benchmarks/{name}.yaml", "systems (every system of the engine)", yaml_file, _engine)
+            model_table("| bytes of a round's plan |"), _models),
+    *(Listing(f"benchmarks/{name}.yaml", "systems (all: every system of the engine)", yaml_file,
+              _groups("all"))
       for name in ("quick", "paper", "criteo-kaggle", "distributed")),
     Listing("benchmarks/paper-scenario.yaml", "systems (every system simulate models)", yaml_file,
-            _simulated),
+            _groups("simulated")),
     Listing("benchmarks/distributed-validate.yaml", "systems (one of each traffic model)",
-            yaml_file, _per_volumes),
+            yaml_file, _groups("each-model")),
 )
 
 # Files that name systems but list only some, on purpose.
 SUBSETS = {
+    "README.md": "prose on the systems that need more than `bagpipe systems`' line",
+    "docs/architecture.md": "the published designs behind the built-in systems, one by one",
+    "docs/performance-model.md": "each model's formulas name the systems they were drawn from",
     "benchmarks/het-tradeoff.yaml": "het's staleness against sync and bagpipe",
     "benchmarks/successors.yaml": "bagpipe against the systems after it (hotline, slipstream, "
                                   "prefetch) and the two they build on (fae, sync)",
@@ -171,42 +132,42 @@ SUBSETS = {
 
 
 def missing_from_lists(systems: Systems) -> list[str]:
-    """'file: list lacks system' for every list in LISTINGS that lacks one of its systems."""
+    """'file: list lacks entry' for every list in LISTINGS that lacks one of its entries."""
     out = []
     for ls in LISTINGS:
         named = ls.names((ROOT / ls.path).read_text(), systems)
-        for group in ls.wants(systems):
-            if not group & named:
-                out.append(f"{ls.path}: {ls.what} lacks {' or '.join(sorted(group))}")
+        for want in ls.wants(systems):
+            if not want & named:
+                out.append(f"{ls.path}: {ls.what} lacks {' or '.join(sorted(want))}")
     return out
 
 
 def test_every_list_names_every_system():
     assert not missing_from_lists(registry.SYSTEMS), (
-        "add the system to each, or move the file to SUBSETS with the reason")
+        "name the group (all, simulated, each-model) or add the model's row")
 
 
-def test_a_new_system_is_missing_from_every_list(monkeypatch):
-    """A system registered and listed nowhere: each list that must hold it says it lacks it."""
+def test_a_new_system_is_in_every_list_but_a_new_model_is_not():
+    """A system registered and listed nowhere is in every list (they name groups); only the
+    docs' tables of models lack the traffic model it brings."""
     fake = replace(registry.SYSTEMS["lru"], name="fakecache", volumes="tests:fake_volumes")
-    systems = {**registry.SYSTEMS, "fakecache": fake}
-    monkeypatch.setattr(registry, "SYSTEMS", systems)
-    monkeypatch.setattr(registry, "ENGINE_SYSTEMS", (*registry.ENGINE_SYSTEMS, "fakecache"))
-    found = missing_from_lists(registry.SYSTEMS)
-    # An lru with traffic of its own: every list.
-    wanted = list(LISTINGS)
-    assert len(found) == len(wanted), found
-    for ls in wanted:
-        assert f"{ls.path}: {ls.what} lacks fakecache" in found
+    found = missing_from_lists({**registry.SYSTEMS, "fakecache": fake})
+    assert sorted(found) == sorted(f"{ls.path}: {ls.what} lacks fake" for ls in LISTINGS
+                                   if ls.wants is _models), found
+    same = replace(registry.SYSTEMS["lru"], name="fakecache")  # lru's model: nothing lacks it
+    assert missing_from_lists({**registry.SYSTEMS, "fakecache": same}) == []
 
 
-def test_a_system_of_a_kind_already_listed_is_missing_only_where_all_are_named():
+def test_a_hand_written_list_is_found_lacking(tmp_path, monkeypatch):
+    """A bench file that lists the systems by hand lacks the next one: the failure names it."""
+    hand = tmp_path / "hand.yaml"
+    hand.write_text("systems: [" + ", ".join(registry.ENGINE_SYSTEMS) + "]\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "LISTINGS",
+                        (Listing("hand.yaml", "systems", yaml_file, _groups("all")),))
     fake = replace(registry.SYSTEMS["local"], name="fakelocal")
-    found = missing_from_lists({**registry.SYSTEMS, "fakelocal": fake})
-    assert "benchmarks/distributed-validate.yaml: systems (one of each traffic model) lacks fakelocal" \
-        not in found  # local stands for its traffic model
-    assert "benchmarks/quick.yaml: systems (every system of the engine) lacks fakelocal" in found
-    assert not any("Bagpipe's peak" in f or "CacheSystem" in f for f in found)  # not of that kind
+    assert missing_from_lists({**registry.SYSTEMS, "fakelocal": fake}) == [
+        "hand.yaml: systems lacks fakelocal"]
 
 
 def _named_files() -> list[str]:
@@ -220,6 +181,37 @@ def test_every_file_that_names_systems_is_checked_or_a_known_subset():
     unknown = [f for f in _named_files() if f not in listed and f not in SUBSETS]
     assert not unknown, f"{unknown}: add their lists of systems to LISTINGS or the file to SUBSETS"
     assert all((ROOT / f).exists() for f in SUBSETS)
+
+
+_ALT = "|".join(map(re.escape, sorted(registry.ALL_SYSTEMS, key=len, reverse=True)))
+_ITEM = rf"`?(?:{_ALT})`?(?:'s)?"
+_SEP = r"(?:\s*[,/|]\s*(?:and\s+|or\s+)?|\s+(?:and|or)\s+)"
+_RUN = re.compile(rf"(?<![\w/.-]){_ITEM}(?:{_SEP}{_ITEM})+(?![\w/-])")
+
+
+def string_lists(text: str) -> list[str]:
+    """The runs of three or more system names in `text` ("lru, lfu and fae", "a/b/c")."""
+    return [m.group(0) for m in _RUN.finditer(text)
+            if len(set(re.findall(rf"\b({_ALT})\b", m.group(0)))) >= 3]
+
+
+def test_string_lists_are_found():
+    assert string_lists("fixed caches (lru, lfu and fae) here") == ["lru, lfu and fae"]
+    assert string_lists("cache rows of bagpipe/lru/lfu/fae") == ["bagpipe/lru/lfu/fae"]
+    assert string_lists("sync and bagpipe; later local") == []
+
+
+def test_no_string_lists_systems():
+    """No string of the package (help, docstring, message) lists three or more systems:
+    such a list is made from the registry, or says what the systems have in common."""
+    found = []
+    for p in sorted((ROOT / "bagpipe_cli").rglob("*.py")):
+        if p.relative_to(ROOT).as_posix() == "bagpipe_cli/engine/registry.py":
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                found += [f"{p.relative_to(ROOT)}:{node.lineno}: {r!r}" for r in string_lists(node.value)]
+    assert not found, found
 
 
 # Lists of three or more system names in code, on purpose; the rest enumerate the registry.
@@ -266,7 +258,8 @@ def _code_lists() -> list[tuple[str, frozenset[str], int]]:
                 firsts = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
                 found = frozenset(e.value for e in firsts  # names, or (name, ...) pairs
                                   if isinstance(e, ast.Constant) and e.value in names)
-                if len(found) >= 3:
+                policies = {e.value for e in firsts if isinstance(e, ast.Constant)} & set(POLICIES)
+                if len(found) >= 3 and not policies - names:  # else: a list of policies
                     out.append((rel, found, node.lineno))
     return out
 

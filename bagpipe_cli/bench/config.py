@@ -9,7 +9,7 @@ A bench file names datasets, models and systems, a `base` of `TrainConfig` setti
         path: results/datasets/synth-criteo-0.01      # relative to the current directory
         synth: {preset: criteo-kaggle, scale: 0.01, rows: 300000}   # generated if missing
     models: [dlrm]
-    systems: [sync, bagpipe]
+    systems: [sync, bagpipe]         # or: all (every system of the engine; `bagpipe systems`)
     repeat: 3
     base: {batch_size: 2048, iterations: 60, warmup: 10}
     matrix:
@@ -47,7 +47,7 @@ from bagpipe_cli.bench.plan import (
     value_label,
 )
 from bagpipe_cli.data.synth import SynthConfig
-from bagpipe_cli.engine.registry import ALL_SYSTEMS
+from bagpipe_cli.engine.registry import ALL_SYSTEMS, GROUPS, group
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.models import MODELS
 from bagpipe_cli.profile import POLICIES
@@ -120,12 +120,15 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
 def _systems(v: Any, tf: dict[str, Any], where: str, known: tuple[str, ...]
              ) -> tuple[tuple[str, ...], dict[str, tuple[MatrixAxis, ...]]]:
     """`[sync, {name: bagpipe, lookahead: [4, 16, 64]}]`: a mapping adds settings crossed
-    for that system only (its own sweep)."""
+    for that system only (its own sweep). A group (`all`, registry.GROUPS) stands for its
+    systems, in registry order; a mapping may then give one of them settings of its own."""
     if isinstance(v, str):
         v = [v]
     if not isinstance(v, list) or not v:
         raise ConfigError(f"{where}: systems must be a non-empty list of names (got {v!r})")
-    names, axes = [], {}
+    names: list[str] = []
+    grouped: dict[str, str] = {}  # a system a group brought in -> the group
+    axes = {}
     for i, e in enumerate(v):
         own: dict[str, Any] = {}
         if isinstance(e, dict):
@@ -136,12 +139,20 @@ def _systems(v: Any, tf: dict[str, Any], where: str, known: tuple[str, ...]
             own = e
         else:
             name = e
+        members = group(name) if isinstance(name, str) and not own else None
+        if members is not None:
+            for m in members:
+                if m not in names:  # one listed before the group keeps its place
+                    names.append(m)
+                    grouped[m] = name
+            continue
         if not isinstance(name, str) or name not in known:
             raise ConfigError(f"{where}: systems: unknown system {name!r}; this bagpipe has "
-                              f"{', '.join(known)}")
-        if name in names:
+                              f"{', '.join(known)} (or a group: {', '.join(GROUPS)})")
+        if name in names and not (own and grouped.pop(name, None)):
             raise ConfigError(f"{where}: systems lists {name!r} twice")
-        names.append(name)
+        if name not in names:
+            names.append(name)
         unread = sorted(ignored_settings(name) & own.keys())
         if unread:  # set for this system alone, so a setting it never reads is a mistake
             readers = [s for s in known if unread[0] not in ignored_settings(s)]

@@ -28,7 +28,7 @@ from bagpipe_cli.cli.common import (
 )
 from bagpipe_cli.engine.config import EMB_OPTIMIZERS
 from bagpipe_cli.outputs import Input
-from bagpipe_cli.policies.table import POLICIES
+from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES
 
 if TYPE_CHECKING:
     from bagpipe_cli.profile import ProfileResult
@@ -48,7 +48,7 @@ def _int(v: str) -> int:
 @click.option("--lookahead", "lookahead", default="200", show_default=True,
               help="Bagpipe lookahead(s) L in batches, comma-separated.")
 @click.option("--cache-rows", "cache_rows", default=None,
-              help="Cache capacities R (rows) for lru, lfu, fae and belady, comma-separated "
+              help=f"Cache capacities R (rows) for {', '.join(CAPACITY_POLICIES)}, comma-separated "
                    "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
 @click.option("--policies", default=",".join(POLICIES), show_default=True,
               help="Policies to simulate, comma-separated.")

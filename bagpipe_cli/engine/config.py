@@ -20,7 +20,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any
 
 from bagpipe_cli.engine.comm.network import NetworkModel
-from bagpipe_cli.engine.registry import ALL_SYSTEMS, SYSTEMS, spec
+from bagpipe_cli.engine.registry import ALL_SYSTEMS, OURS, SYSTEMS, listed, names_where, spec
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.limits import INT32_MAX
@@ -105,8 +105,8 @@ class TrainConfig:
     lookahead: int = setting(16, "L: batches the oracle looks ahead.", at_least=1, section="system")
     round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].",
                                 section="system")
-    cache_rows: int | None = setting(None, "Cache rows of bagpipe/lru/lfu/fae [default: "
-                                           "bagpipe's peak at --lookahead].", at_least=1, section="system")
+    cache_rows: int | None = setting(None, f"Cache rows of {listed(names_where(lambda s: 'cache_rows' in s.reads))} "
+                                           f"[default: {OURS}'s peak at --lookahead].", at_least=1, section="system")
     staleness: int = setting(0, "het: versions a cached row may lag behind the servers.", at_least=0, section="system")
     hot_sample: float = setting(1.0, "fae: fraction of the run's batches profiled to pick the "
                                      "--cache-rows hot rows.", section="system")

@@ -4,8 +4,9 @@
 `--procs` or torchrun the planner (rank 0), each server and each trainer, and `--procs`' launcher):
 
 - tables: the servers' embedding rows and their optimizer state (float32);
-- planner: the oracle's per-row state (PLANNER_BYTES_PER_ROW) and, for a fixed-capacity
-  cache (lru, lfu, fae), the run's trace it plans from;
+- planner: the oracle's per-row state (PLANNER_BYTES_PER_ROW), what the system's own planner
+  keeps per row (its registry entry's `planner_bytes_per_row`) and, for a fixed-capacity
+  cache (`capacity_from_peak`), the run's trace it plans from;
 - caches: the trainer's cache, --cache-rows rows, or by default a bound on bagpipe's peak
   (the accesses of L + C batches, at most every row);
 - dense model: weights, gradients and (adam) its two moments and its step's temporaries;
@@ -32,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bagpipe_cli.engine.registry import SystemSpec
+from bagpipe_cli.engine.registry import SystemSpec, listed, names_where
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import human_bytes, machine_memory, memory_source
 
@@ -55,7 +56,7 @@ FIXES = {
     "tables": "lower --emb-dim, or use a dataset with fewer rows per table "
               "(preprocess --max-rows-per-table)",
     "planner": "use a dataset with fewer rows per table (preprocess --max-rows-per-table), or "
-               "fewer --iterations for lru/lfu/fae",
+               f"fewer --iterations for {listed(names_where(lambda s: s.capacity_from_peak))}",
     "caches": "lower --lookahead (the cache holds the rows of the batches it looks ahead at), "
               "or give a smaller --cache-rows",
     "dense model": "use smaller --bottom-mlp/--top-mlp layers",
@@ -220,11 +221,13 @@ def _cache(cfg: Any, spec: SystemSpec, shape: RunShape) -> tuple[int, int]:
 
 
 def _planner(cfg: Any, spec: SystemSpec, shape: RunShape) -> int:
-    """The oracle's per-row state, and a fixed-capacity cache's trace of the run."""
+    """The oracle's per-row state, the system's own planner's, and a fixed-capacity cache's
+    trace of the run."""
     trace = 0
     if spec.capacity_from_peak:
         trace = TRACE_BYTES_PER_ACCESS * cfg.iterations * shape.unique_rows(cfg.batch_size)
-    per_row = PLANNER_BYTES_PER_ROW + (PARTITION_BYTES_PER_ROW if spec.partitioned and cfg.trainers > 1 else 0)
+    per_row = (PLANNER_BYTES_PER_ROW + spec.planner_bytes_per_row
+               + (PARTITION_BYTES_PER_ROW if spec.partitioned and cfg.trainers > 1 else 0))
     return per_row * shape.total_rows + trace
 
 

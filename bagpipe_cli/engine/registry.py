@@ -4,9 +4,11 @@ Each `SystemSpec` builds its planner (`plan`), its embedding system for one proc
 (`build_system`) and its simulated per-iteration volumes (`volumes`), and says what it
 is: which settings it reads, whether it gives the same parameters as `sync`, its role and
 colour. `train`, `bench`, `simulate`, `report` and the tests ask this registry instead of
-comparing system names, so a new system is one entry here plus its implementation
-(a plan builder in `engine/planning/builders.py`, an `EmbeddingSystem` in `engine/systems/` and
-its volumes in `simulate/volumes.py`, or an external runner).
+comparing system names, and every list of systems (help texts, memory estimates and
+advice, `bagpipe systems`, a bench file's `systems: all`) is made from it, so a new system
+is its module (an `EmbeddingSystem` in `engine/systems/`, with its planner policy if it has
+one of its own) plus one entry here. `register` adds one at run time (a plugin's, a test's),
+before anything reads the lists.
 
 The builders are named ("module:function", as `runner` and `volumes` are) and imported when
 first called (`Lazy`), so this table, and the configs whose choices come from it, import
@@ -33,11 +35,10 @@ VOLUMES = "bagpipe_cli.simulate.volumes"  # where the engine's systems' simulate
 
 class Lazy:
     """A function named "module:name" (`name` may be dotted, a class's method), imported when
-    first called, with `kwargs` bound as `functools.partial` binds them; with `made_by`, the
-    named function is a factory and the function called is the one it makes of `made_by`."""
+    first called, with `kwargs` bound as `functools.partial` binds them."""
 
-    def __init__(self, target: str, *, made_by: tuple[Any, ...] | None = None, **kwargs: Any):
-        self.target, self.made_by, self.kwargs = target, made_by, kwargs
+    def __init__(self, target: str, **kwargs: Any):
+        self.target, self.kwargs = target, kwargs
         self._fn: Callable[..., Any] | None = None
 
     def resolve(self) -> Callable[..., Any]:
@@ -47,8 +48,6 @@ class Lazy:
             fn: Any = importlib.import_module(module)
             for part in name.split("."):
                 fn = getattr(fn, part)
-            if self.made_by is not None:
-                fn = fn(*self.made_by)
             self._fn = partial(fn, **self.kwargs) if self.kwargs else fn
         return self._fn
 
@@ -59,9 +58,8 @@ class Lazy:
         return {**self.__dict__, "_fn": None}  # what it resolved to may be a closure
 
     def __repr__(self) -> str:
-        made = f"({', '.join(map(repr, self.made_by))})" if self.made_by is not None else ""
         bound = "".join(f", {k}={v!r}" for k, v in self.kwargs.items())
-        return f"Lazy({self.target}{made}{bound})"
+        return f"Lazy({self.target}{bound})"
 
 
 # A builder: a function, or a `Lazy` naming one. The registry imports nothing of the engine, not
@@ -104,6 +102,11 @@ class SystemSpec:
     resumable: bool = True  # when not exact, a checkpoint still holds the parameters it
     #                         trains (hotline's, bitwise; not het's stale copies or
     #                         slipstream's snapshots)
+    decisions: Builder | None = None  # a fixed-capacity cache's planner policy: (trace,
+    #                                   capacity, hot_sample) -> decisions, as policies/decisions.py's
+    #                                   (None: its `policy`'s in policies/table.py)
+    planner_bytes_per_row: int = 0  # what its planner keeps per embedding row beyond the
+    #                                 oracle's (engine/memory.py's estimate counts it)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
     install: str | None = None  # how to install an external runner's library
     role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"
@@ -140,6 +143,33 @@ class SystemSpec:
         """Iterations per round at these settings."""
         return (round_len or max(1, lookahead // 4)) if self.rounds else 1
 
+    def planner_decisions(self) -> Builder:
+        """Its fixed-capacity cache's planner policy: its own, or its `policy`'s."""
+        if self.decisions is not None:
+            return self.decisions
+        decide = policy(self.policy).decisions if self.policy else None
+        if decide is None:
+            raise ValueError(f"system {self.name!r} has no planner policy a trainer can follow")
+        return decide
+
+    def facts(self) -> dict[str, Any]:
+        """What `bagpipe systems` shows of it."""
+        fidelity = {"exact": "yes" if self.role != "reference" else "(it is sync)", "rounding": "up to the order of summation",
+                    "approximate": "no"}[("exact" if self.exact and not self.exact_only_if else
+                                          "rounding" if self.up_to_order else "approximate")]
+        if self.exact and self.exact_only_if:
+            key, value = self.exact_only_if
+            fidelity = f"for --{key.replace('_', '-')} {value}"
+        cache = ("partitioned among the trainers (N > 1)" if self.partitioned else
+                 "replicated" if self.replicated and self.reads & {"cache_rows"} else
+                 "every row" if self.replicated else "none: gradients pushed to the servers")
+        return {"name": self.name, "role": self.role, "summary": self.summary,
+                "fidelity": fidelity, "reads": sorted(f"--{s.replace('_', '-')}" for s in self.reads),
+                "cache": cache if not self.external else f"external ({self.install})",
+                "simulated": (self.volumes or "").partition(":")[2].removesuffix("_volumes"),
+                "color": self.color,
+                "runner": self.runner}
+
     def simulated_volumes(self, trace: Any) -> Any:
         """Its per-iteration volumes on a simulated trace (`simulate/volumes.py`)."""
         module, fn = (self.volumes or "").partition(":")[::2]
@@ -157,7 +187,7 @@ _CACHE_SETTINGS = frozenset({"lookahead", "round", "cache_rows"})
 
 def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS) -> SystemSpec:
     """A fixed-capacity cache that follows cache policy `name` (lru, lfu, fae)."""
-    return SystemSpec(name, summary, plan=Lazy(f"{PLANNER}:policy_plan", made_by=(name,)),
+    return SystemSpec(name, summary, plan=Lazy(f"{PLANNER}:policy_plan"),
                       build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build",
                                         prefetch_ahead=False, lrpp=False),
                       volumes=f"{VOLUMES}:policy_volumes", replicated=True, reads=reads,
@@ -190,14 +220,14 @@ _SPECS = (
               reads=_CACHE_SETTINGS | {"hot_sample"}),
     SystemSpec("hotline", "fae's hot set; each batch split: samples whose rows are all hot "
                "compute while the others' rows are fetched, then the rest, one optimizer step",
-               plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
+               plan=Lazy(f"{PLANNER}:policy_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.hotline:HotlineSystem.build"),
                volumes=f"{VOLUMES}:hotline_volumes", replicated=True, reads=_CACHE_SETTINGS | {"hot_sample"},
                capacity_from_peak=True, policy="fae", exact=False, up_to_order=True,
                color="#bcbd22"),
     SystemSpec("slipstream", "fae's hot set, snapshotted every --snapshot-every iterations; "
                "samples whose rows mostly stopped changing are skipped (--drop-target of them)",
-               plan=Lazy(f"{PLANNER}:policy_plan", made_by=("fae",)),
+               plan=Lazy(f"{PLANNER}:policy_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.slipstream:SlipstreamSystem.build"),
                volumes=None, replicated=True,
                reads=_CACHE_SETTINGS | {"hot_sample", "snapshot_every", "drop_target", "stale_share"},
@@ -222,10 +252,69 @@ _SPECS = (
                install="make torchrec", exact=False, up_to_order=True, color="#8c564b"),
 )
 SYSTEMS: dict[str, SystemSpec] = {s.name: s for s in _SPECS}
-ENGINE_SYSTEMS = tuple(s.name for s in _SPECS if not s.external)
-SIMULATED_SYSTEMS = tuple(s.name for s in _SPECS if s.volumes)  # those `simulate` models
-ALL_SYSTEMS = tuple(SYSTEMS)
 REFERENCE = next(s.name for s in _SPECS if s.role == "reference")  # "sync": speed-ups are over it
+OURS = next(s.name for s in _SPECS if s.role == "ours")  # "bagpipe"
+
+
+def _lists() -> None:
+    """The lists made of SYSTEMS (made again when a system is registered)."""
+    global ENGINE_SYSTEMS, SIMULATED_SYSTEMS, ALL_SYSTEMS
+    ENGINE_SYSTEMS = tuple(s.name for s in SYSTEMS.values() if not s.external)
+    SIMULATED_SYSTEMS = tuple(s.name for s in SYSTEMS.values() if s.volumes)  # `simulate` models these
+    ALL_SYSTEMS = tuple(SYSTEMS)
+
+
+ENGINE_SYSTEMS: tuple[str, ...]
+SIMULATED_SYSTEMS: tuple[str, ...]
+ALL_SYSTEMS: tuple[str, ...]
+_lists()
+
+
+def register(s: SystemSpec) -> None:
+    """Add system `s` (a plugin's, or a test's). Modules copy the lists when they are first
+    imported (a command's choices, `simulate`'s systems), so register before importing them."""
+    if s.name in SYSTEMS:
+        raise ValueError(f"system {s.name!r} is registered already")
+    SYSTEMS[s.name] = s
+    _lists()
+
+
+# A bench or cluster file's `systems:` may name a group instead of listing its systems.
+GROUPS = {"all": "every system of the engine", "simulated": "every system `simulate` models",
+          "each-model": "one system of each traffic model `simulate` has"}
+
+
+def group(name: str, systems: dict[str, SystemSpec] | None = None) -> tuple[str, ...] | None:
+    """The systems of group `name` (GROUPS) among `systems` (default: the registry's), in
+    their order; None if `name` is no group."""
+    systems = SYSTEMS if systems is None else systems
+    simulated = [n for n, s in systems.items() if s.volumes]
+    if name == "all":
+        return tuple(n for n, s in systems.items() if not s.external)
+    if name == "simulated":
+        return tuple(simulated)
+    if name == "each-model":
+        first: dict[str | None, str] = {}
+        for n in simulated:
+            first.setdefault(systems[n].volumes, n)
+        return tuple(first.values())
+    return None
+
+
+def names_where(test: Callable[[SystemSpec], bool]) -> tuple[str, ...]:
+    """The systems for which `test(spec)` holds, in registry order."""
+    return tuple(s.name for s in SYSTEMS.values() if test(s))
+
+
+def listed(names: Any) -> str:
+    """Names in words: "a", "a and b", "a, b and c"."""
+    names = list(names)
+    return ", ".join(names[:-1]) + (" and " if len(names) > 1 else "") + (names[-1] if names else "")
+
+
+def system_facts() -> list[dict[str, Any]]:
+    """`bagpipe systems`'s rows: every system's `facts()`, in registry order."""
+    return [s.facts() for s in SYSTEMS.values()]
 
 
 def spec(name: str, option: str = "--system") -> SystemSpec:

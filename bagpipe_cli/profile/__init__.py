@@ -8,7 +8,7 @@ result is written by `bagpipe_cli.profile.report.write_profile`. The simulators 
 Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the per-batch
 unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
 row). The trace is kept in memory (about 8 bytes per unique access) only when a
-fixed-capacity policy (lru, lfu, fae, belady) is requested, since Belady needs the future
+fixed-capacity policy (`CAPACITY_POLICIES`) is requested, since Belady needs the future
 and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
 spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
 rows and the caches: see `bagpipe_cli.policies.trace`).
@@ -44,7 +44,7 @@ from bagpipe_cli.policies.simulators import (
     simulate_lru,
     simulate_none,
 )
-from bagpipe_cli.policies.table import POLICIES, TABLE, Policy, policy, with_role
+from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES, TABLE, Policy, policy, with_role
 from bagpipe_cli.policies.trace import (
     SPILL_ENTRIES,
     DiskArray,
@@ -275,7 +275,7 @@ def admit_profile(config: ProfileConfig, meta: Any, keeps_trace: bool) -> None:
              "trace": f"--batch-size {b}: the trace of {num_batches(meta.rows, b):,} batches",
              "inputs": f"--batch-size {b}: a batch of {b:,} samples of {meta.num_tables} rows",
              "processes": "profile"}
-    fixes = {"rows": DATASET_FIX, "trace": "leave lru, lfu, fae and belady out of --policies",
+    fixes = {"rows": DATASET_FIX, "trace": f"leave {', '.join(CAPACITY_POLICIES)} out of --policies",
              "inputs": "lower --batch-size", "processes": "use a machine with more memory"}
     refuse_over([estimate_profile(meta.cardinalities, meta.rows, b, keeps_trace, SPILL_ENTRIES)],
                 leads.__getitem__, fixes)

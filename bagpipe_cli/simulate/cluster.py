@@ -24,7 +24,7 @@ the file. Besides the fields, a file may have a `description` and a `synth:` map
     optimizer: adagrad
     bottom_mlp: [512, 256, 64]
     top_mlp: [1024, 1024, 1024, 256, 128]
-    systems: [sync, bagpipe, lru]    # [default: every system of the engine]
+    systems: simulated               # [default: every system simulate models] or a list: [sync, bagpipe]
     sweep_trainers: [1, 2, 4, 8, 16]  # or: sweep: {trainers: [...], net_gbps: [...]}
     sweep_gbps: [1, 10, 25, 100]
     sweep_scaling: strong             # the trainers sweep keeps the global batch; weak: the
@@ -45,7 +45,7 @@ from typing import Any
 
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
-from bagpipe_cli.engine.registry import ALL_SYSTEMS
+from bagpipe_cli.engine.registry import ALL_SYSTEMS, group
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.records import read_record
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes
@@ -72,7 +72,7 @@ class SimulateConfig:
     """
 
     data: str = shared("data")
-    systems: tuple[str, ...] = setting(SYSTEMS, "Systems to predict, comma-separated.",
+    systems: tuple[str, ...] = setting(SYSTEMS, "Systems to predict, comma-separated, or a group: simulated (every system simulate models), each-model (one of each traffic model).",
                                        section="system")
     model: str = shared("model")
     batch_size: int = shared("batch_size")
@@ -132,6 +132,8 @@ class SimulateConfig:
     def __post_init__(self) -> None:
         if not self.systems:
             raise ConfigError("--systems: give at least one system")
+        # A group (registry.GROUPS: all, simulated, each-model) stands for its systems.
+        object.__setattr__(self, "systems", tuple(m for s in self.systems for m in (group(s) or (s,))))
         for i, s in enumerate(self.systems):
             if s not in SYSTEMS:
                 why = (f"{s} has no performance model yet" if s in ALL_SYSTEMS

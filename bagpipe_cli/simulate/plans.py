@@ -9,13 +9,13 @@ rounds. `tests/test_simulate.py` holds these formulas equal to `wire.encode` of 
 (to a few bytes) and to the bytes real runs count. With `kb` the bytes of a key (4 where
 every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1:
 
-    lookahead (bagpipe)   757 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
+    lookahead (bagpipe)   774 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
     partitioned (bagpipe, N > 1)
-                          812 + 324 C + F kb + sum_b [U_b (kb + 7) + 2 P_b + E_b kb + 16 N]
-    policy (lru/lfu/fae)  843 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
-                          423 + R (kb + 4)       the last round: every resident row written back
-    global view (het, local)   752 + U kb + 16 N                      (one iteration a round)
-    no global view (sync)      730 + 16 N
+                          830 + 324 C + F kb + sum_b [U_b (kb + 7) + 2 P_b + E_b kb + 16 N]
+    policy planner        859 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
+                          440 + R (kb + 4)       the last round: every resident row written back
+    global view (het, local)   769 + U kb + 16 N                      (one iteration a round)
+    no global view (sync)      747 + 16 N
     the end of the plans       31
 
 F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
@@ -47,17 +47,17 @@ ROW_CLASS = 1  # int8 LRPP class of a row (bagpipe)
 PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per iteration
 
 # The fixed part of an encoded round (bytes), measured on wire.encode(shared_round(...)).
-LOOKAHEAD_ROUND = 757
+LOOKAHEAD_ROUND = 774
 LOOKAHEAD_ITER = 264
-UNCLASSED_ITER = 194  # an iteration without LRPP classes and users (prefetch)
-PARTITIONED_ROUND = 812  # a partitioned round (bagpipe, N > 1): no slots, a Partition an iteration
+UNCLASSED_ITER = 178  # an iteration without LRPP classes and users (prefetch)
+PARTITIONED_ROUND = 830  # a partitioned round (bagpipe, N > 1): no slots, a Partition an iteration
 PARTITIONED_ITER = 324
 PARTITION = 2 + 2 + 2  # int16 count of writers, home and source of a row of U_b
 WRITER = 2  # int16 writer of a (row, writer) pair
-POLICY_ROUND = 843  # a policy round: always one iteration
-POLICY_LAST = 423  # the write-back round after the last iteration (no iterations)
-VIEW_ROUND = 752  # U_b and nothing else
-COUNT_ROUND = 730  # |U_b| alone
+POLICY_ROUND = 859  # a policy round: always one iteration
+POLICY_LAST = 440  # the write-back round after the last iteration (no iterations)
+VIEW_ROUND = 769  # U_b and nothing else
+COUNT_ROUND = 747  # |U_b| alone
 END = 31  # the None that ends the plans
 RELAY_FANOUT = 2  # engine/distributed/relay.py's FANOUT (a test holds them equal): the trainers
 #                   a trainer passes each plan on to
@@ -85,7 +85,7 @@ def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evict
 
 
 def policy_round(kb: int, fetched: int, pre_evicted: int, uniq: int, evicted: int) -> int:
-    """An lru/lfu/fae round of one iteration: every list with its slots."""
+    """A policy planner's round of one iteration: every list with its slots."""
     return POLICY_ROUND + (fetched + pre_evicted + uniq + evicted) * (kb + SLOT) + 8
 
 

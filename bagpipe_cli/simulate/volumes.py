@@ -35,7 +35,6 @@ from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.policies.table import policy
 from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.inputs import Exchanges, Volumes
 from bagpipe_cli.simulate.model import SYSTEMS
@@ -299,12 +298,12 @@ def prefetch_volumes(t: _Trace, s: SystemSpec) -> Volumes:
 
 
 def policy_volumes(t: _Trace, s: SystemSpec, split: bool = False) -> Volumes:
-    """A fixed-capacity cache following policy `s.policy` (lru/lfu/fae): misses fetched when
+    """A fixed-capacity cache following its planner policy (`s.planner_decisions()`): misses fetched when
     the iteration starts, victims written back first, by the plan its registry entry builds;
     `split` (hotline): the share of samples computed while the misses are fetched too."""
     k, capacity, kb = t.cfg.servers, t.capacity(), t.key_bytes
     trace = t.trace()
-    decisions = policy(s.policy).decisions(trace, capacity, t.cfg.hot_sample)
+    decisions = s.planner_decisions()(trace, capacity, t.cfg.hot_sample)
     v = t.empty(s.name)
     if split:
         v.popular = np.ones(t.iterations)

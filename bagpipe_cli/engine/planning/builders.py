@@ -6,7 +6,7 @@
   training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
   round needs more), so no pass over the whole run comes first; prefetch's is the same
   oracle at a lookahead of one batch, without LRPP;
-- `policy_plan(name)`: a fixed-capacity cache that follows policy `name`'s
+- `policy_plan`: a fixed-capacity cache that follows its system's planner policy's
   decisions (`policies/decisions.py`, the same as `bagpipe profile`'s simulators), so
   fetched-row counts of a training run equal the profile's on the same batches.
 
@@ -32,7 +32,7 @@ from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
-from bagpipe_cli.policies.table import policy as cache_policy
+from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.policies.trace import Trace, trace_from_parts
 
 if TYPE_CHECKING:
@@ -194,19 +194,12 @@ def lookahead_plan(s: RunSetup, start: int = 0, lookahead: int | None = None,
                            grow=cfg.cache_rows is None, lrpp=lrpp))
 
 
-def policy_plan(name: str) -> PlanBuilder:
-    """The plan builder of a fixed-capacity cache following policy `name`'s decisions."""
-    decide = cache_policy(name).decisions
-    if decide is None:
-        raise ValueError(f"policy {name!r} has no decisions a trainer can follow")
-
-    def build(s: RunSetup, start: int = 0) -> Planning:
-        # A resumed run plans the whole run (its capacity, hot set and cache state at
-        # `start` are those of the run never stopped): see the module docstring.
-        peak, capacity = _peak(s)
-        trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets), s.total_rows)
-        planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows,
-                                start)
-        return Planning(planner, peak, capacity)
-
-    return build
+def policy_plan(s: RunSetup, start: int = 0) -> Planning:
+    """A fixed-capacity cache following its system's planner policy (its registry entry's
+    `planner_decisions`). A resumed run plans the whole run (its capacity, hot set and cache
+    state at `start` are those of the run never stopped): see the module docstring."""
+    decide = spec(s.cfg.system).planner_decisions()
+    peak, capacity = _peak(s)
+    trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets), s.total_rows)
+    planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows, start)
+    return Planning(planner, peak, capacity)

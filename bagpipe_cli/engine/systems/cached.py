@@ -19,11 +19,12 @@ from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 
 class CacheSystem(EmbeddingSystem):
-    """A trainer cache run by a plan: bagpipe (oracle, prefetched a round ahead, LRPP) or the
-    lru/lfu/fae baselines (policy planner, fetched on miss when the iteration starts).
+    """A trainer cache run by a plan: the oracle's (prefetched a round ahead, with LRPP for
+    bagpipe) or a fixed-capacity policy's (its planner's, fetched on miss when the iteration
+    starts): every registry entry whose `build_system` is `CacheSystem.build`.
 
     At the start of round r: grow the cache if the plan's capacity grew (a growing oracle's),
-    write back the round's victims (lru/lfu), get round r's rows
+    write back the round's victims (an evicting policy's), get round r's rows
     (prefetched during round r-1, or fetched now), insert them at the plan's slots, and, with
     prefetch, start fetching round r+1 (the transport does the transfer while the model
     computes). Rows are read and updated by slot; evicted rows are written back

@@ -2,7 +2,7 @@
 that the samples it can serve compute while the others' rows are gathered.
 
 The trainer cache holds fae's hot set (the hottest rows, sized like fae's: --cache-rows, or
-bagpipe's peak by default; `policy_plan("fae")` plans it), so the rows a batch needs beyond
+bagpipe's peak by default; `policy_plan` plans it by fae's decisions), so the rows a batch needs beyond
 it are known when its round starts. There the fetch of those rows is issued and not waited
 for. Each trainer's samples are split into *popular* ones, whose every row is in the hot
 set, and the rest: the popular samples run forward and backward while the fetch is in

@@ -1,7 +1,7 @@
 """Slipstream (Maboud et al., 2024): fae's hot set, and samples whose rows have stopped
 changing are skipped.
 
-The trainer cache holds fae's hot set (`policy_plan("fae")`): a hot row, once inserted,
+The trainer cache holds fae's hot set (`policy_plan`, by fae's decisions): a hot row, once inserted,
 stays in its slot, while the other rows pass through the cache for one iteration. Every K
 iterations (--snapshot-every), once the iteration's updates are applied and its passing
 rows evicted, the cache holds exactly the hot rows, and a snapshot of them is taken. A hot
