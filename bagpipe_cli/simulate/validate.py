@@ -5,7 +5,8 @@ For each run: the trace is rebuilt from the run's dataset and settings (batch si
 iterations, lookahead, round, cache rows, staleness, trainers, servers), compute is
 calibrated from the same run's non-communication timers (`calibrate.compute_of`), the
 network from its config, and the prediction's median iteration time is compared with the
-measured `median_iter_ms`.
+measured `median_iter_ms`. A run's label (`setting`) has its network, trainers, servers and
+batch, and every other setting that differs among the runs validated (`setting_labels`).
 
 For every distributed run that counted its traffic, three byte counts per iteration are
 checked against the model's too, each within `BYTES_TOLERANCE` (`BYTE_CHECKS`):
@@ -23,11 +24,15 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
+from bagpipe_cli.bench.plan import SHORT, ignored_settings, value_label
+from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.registry import SYSTEMS as REGISTRY
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import SkippedRun
 from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
@@ -67,6 +72,7 @@ class ByteCheck:
 class ValidationRow:
     run: MeasuredRun
     prediction: Prediction
+    setting: str = ""  # the run's label among the runs validated (`setting_labels`)
 
     def check(self, kind: str) -> ByteCheck:
         """`kind` (of BYTE_CHECKS) predicted against what the run counted."""
@@ -116,7 +122,7 @@ class ValidationRow:
     def to_dict(self) -> dict:
         r, p = self.run, self.prediction
         d = {
-            "run_id": r.run_id, "system": r.system, "setting": r.setting,
+            "run_id": r.run_id, "system": r.system, "setting": self.setting,
             "compute_ms": r.compute.total_ms, "predicted_ms": p.median_ms,
             "measured_ms": r.measured_median_ms, "error": self.error, "ok": self.ok,
             "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
@@ -140,6 +146,63 @@ class ValidationResult:
     unmodelled: dict[str, int] = field(default_factory=dict)  # runs left out, by system
 
 
+# What a run's label leaves out: its system (a column of its own) and its checkpoints.
+_UNLABELLED = {"system", *(f.name for f in fields(TrainConfig) if f.metadata["section"] == "checkpoints")}
+
+
+def setting_labels(settings: list[dict[str, Any]]) -> list[str]:
+    """A label per run, from its train settings (`MeasuredRun.settings`): always its lookahead
+    (a system planned in rounds), staleness (a system that reads it), network, trainers (N),
+    servers (K), batch (B) and runtime; then every other setting whose value differs among
+    `settings` (a system's own setting only where the run's system reads it), so that two
+    runs configured apart never share a label: "L16 no-net N1K1 B512 R=default"."""
+    shown = [_shown(s) for s in settings]
+    values: dict[str, set[str]] = {}
+    for sh in shown:
+        for k, v in sh.items():
+            values.setdefault(k, set()).add(v)
+    out = []
+    for s, sh in zip(settings, shown, strict=True):
+        base, keys = _base_label(s)
+        out.append(" ".join([base, *(v for k, v in sh.items() if k not in keys and len(values[k]) > 1)]))
+    return out
+
+
+def _shown(s: dict[str, Any]) -> dict[str, str]:
+    """Each setting of a run as its label shows it (`L16`, `opt=adagrad`, `R=default`,
+    `data=NAME`), less those its system does not read."""
+    ignored = ignored_settings(s.get("system", ""), s.get("cache_rows"))
+    return {k: _text(k, v) for k, v in s.items() if k not in _UNLABELLED and k not in ignored}
+
+
+def _text(name: str, v: Any) -> str:
+    if name == "data":
+        return f"data={Path(str(v)).name}"
+    return f"{SHORT.get(name, name)}=default" if v is None else value_label(name, v)
+
+
+def _base_label(s: dict[str, Any]) -> tuple[str, set[str]]:
+    """The part of a run's label every run has, and the settings it shows."""
+    spec, parts, keys = REGISTRY.get(s.get("system", "")), [], set()
+    if spec is not None and spec.rounds:
+        parts.append(f"L{s.get('lookahead')}")
+        keys.add("lookahead")
+    if spec is not None and "staleness" in spec.reads:
+        parts.append(f"s{s.get('staleness', 0)}")
+        keys.add("staleness")
+    if s.get("net_gbps") or s.get("net_latency_us"):
+        parts.append(f"{s.get('net_gbps') or 'inf'}G/{s.get('net_latency_us') or 0:g}us")
+    else:
+        parts.append("no-net")
+    parts.append(f"N{s.get('trainers', 1)}K{s.get('servers', 1)} B{s.get('batch_size')}")
+    if s.get("transport") == "torch":
+        parts.append("procs" + (" shaped" if s.get("net_shape") else ""))
+    # (the ranks a run starts itself, --procs, follow from N and K)
+    keys |= {"net_gbps", "net_latency_us", "trainers", "servers", "batch_size", "transport",
+             "net_shape", "procs"}
+    return " ".join(parts), keys
+
+
 def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = None
              ) -> ValidationResult:
     """Predict every readable run under `paths` from its own trace and calibration (runs
@@ -150,6 +213,7 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
     runs = [r for r in runs if r.system in SYSTEMS]
     cache: dict[tuple, Volumes] = {}
     out = []
+    labels = setting_labels([r.settings for r in runs])
     for i, run in enumerate(runs):
         if progress:
             progress(i, len(runs), run.run_id)
@@ -161,7 +225,7 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
             vols, _ = trace_volumes(run.trace, [run.system])
             cache[key] = vols[run.system]
         pred = predict(cache[key], run.cluster, run.workload, run.compute)
-        out.append(ValidationRow(run, pred))
+        out.append(ValidationRow(run, pred, labels[i]))
     return ValidationResult(out, skipped, dict(unmodelled))
 
 
