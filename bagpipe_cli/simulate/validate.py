@@ -36,6 +36,7 @@ from bagpipe_cli.engine.registry import SYSTEMS as REGISTRY
 from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import SkippedRun
 from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
+from bagpipe_cli.simulate.compare import TextTable
 from bagpipe_cli.simulate.inputs import Volumes
 from bagpipe_cli.simulate.model import SYSTEMS, Prediction, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
@@ -231,3 +232,63 @@ def validate(*paths: Path, progress: Callable[[int, int, str], None] | None = No
 
 def validation_frame(rows: list[ValidationRow]) -> pd.DataFrame:
     return pd.DataFrame([r.to_dict() for r in rows])
+
+
+BYTE_CHECK_NAMES = {"plan": "rank 0's plan bytes", "rows": "the servers' row bytes",
+                    "collective": "each trainer's collective bytes"}  # of BYTE_CHECKS, in words
+
+
+def validation_table(rows: list[ValidationRow]) -> TextTable:
+    """Each run's predicted and measured time and its byte counts' errors; a cell outside its
+    tolerance says "OUT" (at its end), an unchecked byte count "-"."""
+    title = (f"model vs measured median iteration time ({len(rows)} runs; within "
+             f"±{TOLERANCE:.0%} passes) and counted bytes (±{BYTES_TOLERANCE:.0%})")
+    caption = ("ms per iteration; compute: calibrated from the run's own timers; bytes per "
+               "iteration, predicted / counted - 1: rank 0's plans, the servers' rows, the "
+               "trainers' collectives (the worst trainer's); -: not counted")
+    columns = ["system", "setting", "compute", "predicted", "measured", "error", "",
+               "rank 0", "rows", "collective"]
+    table = TextTable(title, caption, columns, left=("system", "setting"))
+    for r in rows:
+        d = r.to_dict()
+        marks = []
+        for kind in BYTE_CHECKS:
+            c = r.check(kind)
+            marks.append("-" if c.ok is None else f"{100 * c.error:+.1f}%" + ("" if c.ok else " OUT"))
+        table.rows.append([d["system"], d["setting"], f"{d['compute_ms']:.2f}",
+                           f"{d['predicted_ms']:.2f}", f"{d['measured_ms']:.2f}",
+                           f"{100 * d['error']:+.1f}%", "ok" if r.ok else "OUT", *marks])
+    return table
+
+
+def summary_lines(rows: list[ValidationRow]) -> list[str]:
+    """The tallies under the table: runs within TOLERANCE (in all and by system), each byte
+    count's runs within BYTES_TOLERANCE and why the others were not checked, and the
+    emulated-network runs whose fetch CPU had no no-network twin to come from."""
+    by_sys: dict[str, list[bool]] = {}
+    for r in rows:
+        by_sys.setdefault(r.run.system, []).append(r.ok)
+    lines = [f"{sum(r.ok for r in rows)} of {len(rows)} runs within ±{TOLERANCE:.0%}; by system: "
+             + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items())]
+    for kind in BYTE_CHECKS:
+        name = BYTE_CHECK_NAMES[kind]
+        checks = [r.check(kind) for r in rows]
+        checked = [c for c in checks if c.ok is not None]
+        if checked:
+            lines.append(f"{name}: {sum(c.ok for c in checked)} of {len(checked)} distributed "
+                         f"runs within ±{BYTES_TOLERANCE:.0%}")
+        for why, n in Counter(c.why for c in checks if c.ok is None).items():
+            lines.append(f"{name} not checked for {n} run(s): {why}")
+    twinless = sum(r.run.network_emulated and r.run.fetch_cpu_from.startswith("none") for r in rows)
+    if twinless:
+        lines.append(f"note: {twinless} emulated-network run(s) have no no-network twin; their "
+                     "fetch CPU is taken as 0")
+    return lines
+
+
+def unmodelled_note(unmodelled: dict[str, int]) -> str:
+    """The runs left out because the model has no traffic of their system; "" for none."""
+    if not unmodelled:
+        return ""
+    return ("note: left out " + ", ".join(f"{n} {s} run(s)" for s, n in unmodelled.items())
+            + f": simulate has no model of their traffic (it models {', '.join(SYSTEMS)})")
