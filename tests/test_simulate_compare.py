@@ -1,6 +1,6 @@
-"""What `bagpipe simulate` shows, as the library returns it: the speed-up table (with a
-scenario's published figures), the fastest system in words, the reference's wait share, and
-`--validate`'s labels, table and tallies."""
+"""What `bagpipe simulate` shows, as the library returns it: the speed-up table (with the
+published figures only beside the systems the publication compared), the fastest system in
+words, the reference's wait share, and `--validate`'s labels, table and tallies."""
 
 from __future__ import annotations
 
@@ -38,14 +38,31 @@ def test_ratio_is_a_dash_where_it_is_not_a_number():
     assert ratio(3.0, 2.0) == "1.50x" and ratio(1.0, 0.0) == "-" and ratio(np.nan, 1.0) == "-"
 
 
-def test_reported_figures_stand_beside_the_baselines_not_the_bound():
-    table = speedup_table([pred(OURS, 2.0), pred(REFERENCE, 4.0), pred(BOUND, 1.0)],
-                          {**REPORTED, "speedup": {REFERENCE: "3x"}})
+def test_reported_figures_stand_only_beside_the_systems_the_publication_compared():
+    """Every other system, ours at half its time: the published figure beside exactly the
+    systems whose registry entry is `published`, "-" beside the rest (the bound included)."""
+    others = [n for n in SYSTEMS if n != OURS]
+    table = speedup_table([pred(OURS, 2.0), *(pred(n, 4.0) for n in others)], REPORTED)
     assert table.columns == ["system", "bagpipe speed-up", "reported"]
     assert "(reported: a paper)" in table.title
-    assert table.rows == [[REFERENCE, "2.00x", "3x"], [BOUND, "0.50x", "-"]]
-    plain = speedup_table([pred(OURS, 2.0), pred(REFERENCE, 4.0)], REPORTED)
-    assert plain.rows == [[REFERENCE, "2.00x", "up to 5.6x"]]
+    got = {row[0]: row[1:] for row in table.rows}
+    assert set(got) == set(others)  # ours is not compared with itself
+    for name in others:
+        want = "up to 5.6x" if SYSTEMS[name].published else "-"
+        assert got[name] == ["2.00x", want], name
+    assert got[BOUND][1] == "-" and got[REFERENCE][1] == "up to 5.6x"
+    assert sum(SYSTEMS[n].published for n in others) >= 2  # some are, some are not
+    assert not all(SYSTEMS[n].published for n in others)
+
+
+def test_a_system_s_own_published_figure_wins_over_the_maximum_where_it_was_compared():
+    compared = next(n for n, s in SYSTEMS.items() if s.published and s.role == "baseline")
+    other = next(n for n, s in SYSTEMS.items() if not s.published and s.role == "baseline")
+    rep = {**REPORTED, "speedup": {compared: "2.1x", other: "9x"}}
+    rows = {r[0]: r for r in speedup_table([pred(OURS, 1.0), pred(compared, 3.0),
+                                            pred(other, 0.5)], rep).rows}
+    assert rows[compared] == [compared, "3.00x", "2.1x"]
+    assert rows[other] == [other, "0.50x", "-"]  # not compared there: its entry is not shown
 
 
 def test_without_published_figures_or_without_ours():

@@ -1,6 +1,6 @@
 """What `bagpipe simulate` shows of a prediction, as text the command prints: the table of
 every system's predicted times, bagpipe's speed-up over each other system (next to a
-scenario's published figures), the fastest system in
+scenario's published figures, for the systems its source compared), the fastest system in
 words, and the share of the reference's iteration spent waiting for embeddings.
 
 Each function returns rows of strings or lines; none prints (`cli/simulate.py` does).
@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bagpipe_cli.engine.registry import role
+from bagpipe_cli.engine.registry import SYSTEMS, role
 from bagpipe_cli.simulate.model import Prediction
 
 
@@ -32,6 +32,13 @@ def ratio(slow_ms: float, fast_ms: float) -> str:
     """slow / fast as "2.50x"; "-" where it is not a number."""
     r = slow_ms / fast_ms if fast_ms > 0 else math.nan
     return f"{r:.2f}x" if math.isfinite(r) else "-"
+
+
+def published(system: str) -> bool:
+    """Whether a scenario's `reported:` figures apply to `system` (its registry entry says the
+    published comparison ran it; a name the registry does not know: no)."""
+    s = SYSTEMS.get(system)
+    return bool(s is not None and s.published)
 
 
 def prediction_table(result: Any) -> TextTable:
@@ -64,8 +71,8 @@ def prediction_table(result: Any) -> TextTable:
 def speedup_table(preds: list[Prediction], reported: dict[str, Any] | None) -> TextTable | None:
     """bagpipe's predicted speed-up over every other system simulated (the bound `local`
     included), with a `reported` column where the scenario has published figures: a system's
-    own entry of `reported.speedup`, else "up to" `reported.speedup_max` ("-" for the bound).
-    None without bagpipe."""
+    own entry of `reported.speedup`, else "up to" `reported.speedup_max`, for the systems the
+    publication compared (`published`), "-" for the others. None without bagpipe."""
     ours = next((p for p in preds if role(p.system) == "ours"), None)
     if ours is None:
         return None
@@ -87,9 +94,9 @@ def speedup_table(preds: list[Prediction], reported: dict[str, Any] | None) -> T
 
 def _reported(rep: dict[str, Any], system: str) -> str:
     """The published speed-up of bagpipe over `system`, or "-" where none was published."""
-    per = rep.get("speedup") or {}
-    # "up to" a paper's best is over its baselines, not over the bound
-    best = "-" if role(system) == "bound" else f"up to {rep.get('speedup_max', '?')}x"
+    if not published(system):
+        return "-"
+    per, best = rep.get("speedup") or {}, f"up to {rep.get('speedup_max', '?')}x"
     return str(per.get(system, best) if isinstance(per, dict) else per)
 
 
@@ -111,12 +118,12 @@ def fastest_line(preds: Iterable[Prediction]) -> str:
 
 def embedding_wait_line(preds: Iterable[Prediction], reported: dict[str, Any] | None) -> str:
     """The share of the reference's mean iteration spent waiting for rows and
-    synchronisation, with the published share where the scenario has one; "" without the
-    reference (or a zero iteration)."""
+    synchronisation, with the published share where the scenario has one and its source
+    ran the reference; "" without the reference (or a zero iteration)."""
     ref = next((p for p in preds if role(p.system) == "reference"), None)
     if ref is None or not ref.mean_ms > 0:
         return ""
     share = (ref.exposed_fetch_ms + ref.exposed_sync_ms) / ref.mean_ms
-    note = (reported or {}).get("embedding_share")
+    note = (reported or {}).get("embedding_share") if published(ref.system) else None
     return (f"{ref.system} waits for embedding rows and synchronisation {share:.0%} of its "
             f"iteration" + (f" (reported: {note})" if note else ""))
