@@ -151,14 +151,15 @@ def _print_result(result) -> None:
 
 
 def _table(t) -> Table:
-    """A rich table of a `TextTable`; a cell that ends in "OUT" (outside a tolerance) has it in red."""
+    """A rich table of a `TextTable`; a mark outside a tolerance ("OUT", "+12.0% OUT") has
+    OUT in red."""
     tab = Table(title=t.title, caption=t.caption)
     for col in t.columns:
         tab.add_column(col, justify="left" if col in t.left else "right")
     for row in t.rows:
         cells = [Text(c) for c in row]
         for c in cells:
-            if c.plain.endswith("OUT"):
+            if c.plain == "OUT" or c.plain.endswith("% OUT"):
                 c.stylize("red", len(c.plain) - 3)
         tab.add_row(*cells)
     return tab
