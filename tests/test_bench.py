@@ -276,3 +276,21 @@ def test_bench_help_has_example():
 def test_unknown_key_error_names_file(tmp_path):
     with pytest.raises(ConfigError, match="x.yaml: unknown key 'base.lookahed'"):
         parse_bench_config({"datasets": ["d"], "systems": ["sync"], "base": {"lookahed": 3}}, "x.yaml")
+
+
+def test_one_table_of_short_names_with_no_name_twice():
+    """bench's run ids and labels, the report's variants and simulate's labels share `SHORT`:
+    `K` is the servers (N trainers, K servers), not also slipstream's snapshot interval."""
+    import pandas as pd
+
+    from bagpipe_cli.bench.plan import SHORT, train_fields, value_label
+    from bagpipe_cli.engine.registry import SYSTEMS as REGISTRY
+    from bagpipe_cli.report.analysis import annotate
+
+    assert len(set(SHORT.values())) == len(SHORT), SHORT
+    # every name is a setting's, and no short name is another setting's own name
+    assert set(SHORT) <= set(train_fields()) and not set(SHORT.values()) & set(train_fields())
+    assert value_label("servers", 2) == "K2" and value_label("snapshot_every", 5) == "snap5"
+    system = next(n for n, s in REGISTRY.items() if "snapshot_every" in s.reads)
+    runs = pd.DataFrame({"system": [system] * 2, "snapshot_every": [5, 10], "servers": [2, 2]})
+    assert annotate(runs)["variant"].tolist() == [f"{system} snap=5", f"{system} snap=10"]

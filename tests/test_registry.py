@@ -270,3 +270,10 @@ def test_code_enumerates_the_registry():
     assert not hand, f"{hand}: enumerate registry.SYSTEMS/ENGINE_SYSTEMS, or add to CODE_SUBSETS why not"
     gone = set(CODE_SUBSETS) - {(f, found) for f, found, _ in lists}
     assert not gone, f"{gone}: no longer in the code; remove from CODE_SUBSETS"
+
+
+def test_the_published_figures_belong_to_the_systems_the_paper_compared():
+    """Bagpipe (SOSP 2023) compared itself with FAE, HET and a parameter server without a
+    cache: a scenario's `reported:` figures are shown beside those alone (`simulate/compare.py`)."""
+    published = {n for n, s in registry.SYSTEMS.items() if s.published}
+    assert published == {"bagpipe", "fae", "het", "sync"}

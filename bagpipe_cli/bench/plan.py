@@ -28,11 +28,13 @@ SYSTEM_OWN_SETTINGS = SYSTEM_SETTINGS
 MAX_REPEAT = 1000  # repeats of every run
 MAX_RUNS = 100_000  # runs of a bench, repeats included
 TRACE_FILE = "trace.json"  # a traced bench run's --trace: its trace, in its run folder
-# Short names for run ids and labels.
+# Short names of settings, the one table of them: run ids and labels here, the report's
+# variants (`report.analysis`), `simulate --validate`'s settings. No two share a name; a
+# setting without one is shown by its own name.
 SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "trainers": "N", "servers": "K",
          "batch_size": "B", "emb_dim": "E", "net_gbps": "net", "net_latency_us": "lat",
          "iterations": "it", "optimizer": "opt", "dense_optimizer": "dopt", "staleness": "s",
-         "hot_sample": "hot"}
+         "hot_sample": "hot", "snapshot_every": "snap", "drop_target": "D", "stale_share": "alpha"}
 
 
 def ignored_settings(system: str, cache_rows: int | None = None) -> set[str]:

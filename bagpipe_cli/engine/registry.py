@@ -111,6 +111,7 @@ class SystemSpec:
     install: str | None = None  # how to install an external runner's library
     role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"
     color: str = "#333333"  # its colour in every plot
+    published: bool = False  # the Bagpipe paper compared it (a scenario's `reported:` applies)
 
     def is_exact(self, cfg: Any) -> bool:
         """Whether `cfg` (a TrainConfig) trains the same parameters as `sync` would."""
@@ -185,13 +186,14 @@ class SystemSpec:
 _CACHE_SETTINGS = frozenset({"lookahead", "round", "cache_rows"})
 
 
-def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS) -> SystemSpec:
+def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS,
+              **kw: Any) -> SystemSpec:
     """A fixed-capacity cache that follows cache policy `name` (lru, lfu, fae)."""
     return SystemSpec(name, summary, plan=Lazy(f"{PLANNER}:policy_plan"),
                       build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build",
                                         prefetch_ahead=False, lrpp=False),
                       volumes=f"{VOLUMES}:policy_volumes", replicated=True, reads=reads,
-                      capacity_from_peak=True, policy=name, color=policy(name).color)
+                      capacity_from_peak=True, policy=name, color=policy(name).color, **kw)
 
 
 _SPECS = (
@@ -199,14 +201,14 @@ _SPECS = (
                "(parameter server)", plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:SyncSystem.build"),
                volumes=f"{VOLUMES}:fetched_volumes", replicated=False, global_view=False,
-               role="reference",
+               role="reference", published=True,
                color=policy("none").color),
     SystemSpec("bagpipe", "lookahead oracle cache + prefetch one round ahead + LRPP",
                plan=Lazy(f"{PLANNER}:lookahead_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.partitioned:bagpipe_system"),
                volumes=f"{VOLUMES}:lookahead_volumes", replicated=True, reads=_CACHE_SETTINGS,
                partitioned=True,
-               rounds=True, role="ours", color=policy("bagpipe").color),
+               rounds=True, role="ours", published=True, color=policy("bagpipe").color),
     SystemSpec("prefetch", "one-batch prefetch pipeline (TorchRec/FBGEMM style): batch b+1's "
                "rows are fetched into the cache while batch b trains; no lookahead beyond it",
                plan=Lazy(f"{PLANNER}:lookahead_plan", lookahead=1, lrpp=False),
@@ -217,7 +219,7 @@ _SPECS = (
     _baseline("lru", "fixed cache, fetch on miss, evict the least recently used"),
     _baseline("lfu", "fixed cache, fetch on miss, evict the least frequently used"),
     _baseline("fae", "static cache of the hottest rows (FAE); the others fetched every iteration",
-              reads=_CACHE_SETTINGS | {"hot_sample"}),
+              reads=_CACHE_SETTINGS | {"hot_sample"}, published=True),
     SystemSpec("hotline", "fae's hot set; each batch split: samples whose rows are all hot "
                "compute while the others' rows are fetched, then the rest, one optimizer step",
                plan=Lazy(f"{PLANNER}:policy_plan"),
@@ -239,7 +241,7 @@ _SPECS = (
                volumes=f"{VOLUMES}:stale_volumes",
                per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}),
                exact_only_if=("staleness", 0), inexact_when="--staleness > 0", resumable=False,
-               color="#ff7f0e"),
+               published=True, color="#ff7f0e"),
     SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:LocalSystem.build"),

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
+from bagpipe_cli.bench.plan import SHORT, SYSTEM_OWN_SETTINGS, ignored_settings, train_fields
 from bagpipe_cli.engine.comm.traffic import KINDS
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records.metrics import TIME_KEYS
@@ -40,8 +40,6 @@ TIME_COLUMNS = TIME_KEYS
 _NOT_SETTING = {"system", "data", "dataset_path", "dataset_rows", "dataset_tables",
                 "embedding_rows", *SYSTEM_OWN_SETTINGS,
                 *(f.name for f in fields(TrainConfig) if f.metadata["section"] == "output")}
-_OWN_SHORT = {"lookahead": "L", "round": "C", "cache_rows": "R", "staleness": "s", "hot_sample": "hot",
-              "snapshot_every": "K", "drop_target": "D", "stale_share": "α"}  # else the option
 SUMMARY_COLUMNS = [
     "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
     "samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90", "speedup",
@@ -112,7 +110,7 @@ def annotate(runs: pd.DataFrame) -> pd.DataFrame:
         for c in own_vary[r["system"]]:
             if c in reads(r):
                 v = _fmt(r[c])
-                short = _OWN_SHORT.get(c, c.replace("_", "-"))
+                short = SHORT.get(c, c.replace("_", "-"))
                 parts.append(f"{short}={'auto' if v == UNSET else v}")
         return " ".join(parts)
 

@@ -21,13 +21,14 @@ updates, untimed work, fetch CPU) stay each system's own.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import MISSING, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records.metrics import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
@@ -62,7 +63,7 @@ class MeasuredRun:
     path: Path
     run_id: str
     system: str
-    setting: str  # a short label: "L16 net=0.25Gbps/50us N1 K1"
+    settings: dict[str, Any]  # its TrainConfig settings (`validate.setting_labels` names it)
     trace: TraceConfig
     cluster: Cluster
     workload: Workload
@@ -149,7 +150,6 @@ def read_measured(folder: Path) -> MeasuredRun:
     work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
                     state_dim=state_dim(train.get("optimizer", "sgd")),
                     dense_bytes=dense_bytes(mcfg), warmup=warmup)
-    setting = _setting(train)
     bench = config.get("bench") or {}
     emulated = bool(summary.get("network_emulated", cluster.network.emulated))
     if distributed:
@@ -158,7 +158,7 @@ def read_measured(folder: Path) -> MeasuredRun:
         compute = compute_of(metrics, warmup, _round_len(train), emulated)
     return MeasuredRun(
         path=Path(folder), run_id=str(bench.get("run_id", Path(folder).name)), system=system,
-        setting=setting, trace=trace, cluster=cluster, workload=work, compute=compute,
+        settings=_settings(train, data), trace=trace, cluster=cluster, workload=work, compute=compute,
         measured_median_ms=float(summary.get("median_iter_ms", math.nan)),
         measured_mean_ms=1e3 * float(m["time"].mean()) if len(m) else math.nan,
         network_emulated=emulated,
@@ -237,21 +237,11 @@ def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulate
     return replace(c, cpu_bound_ms=1e3 * demand / iters / len(cores) if cores else 0.0)
 
 
-def _setting(train: dict[str, Any]) -> str:
-    parts = []
-    s = SYSTEMS.get(train.get("system"))
-    if s is not None and s.rounds:
-        parts.append(f"L{train.get('lookahead')}")
-    if s is not None and "staleness" in s.reads:
-        parts.append(f"s{train.get('staleness', 0)}")
-    if train.get("net_gbps") or train.get("net_latency_us"):
-        parts.append(f"{train.get('net_gbps') or 'inf'}G/{train.get('net_latency_us') or 0:g}us")
-    else:
-        parts.append("no-net")
-    parts.append(f"N{train.get('trainers', 1)}K{train.get('servers', 1)} B{train.get('batch_size')}")
-    if train.get("transport") == "torch":
-        parts.append("procs" + (" shaped" if train.get("net_shape") else ""))
-    return " ".join(parts)
+def _settings(train: dict[str, Any], data: Path) -> dict[str, Any]:
+    """Every `TrainConfig` setting of a run: as recorded, else its default (a run from before
+    the setting); `data` as the run's dataset folder."""
+    return {f.name: train.get(f.name, None if f.default is MISSING else f.default)
+            for f in fields(TrainConfig)} | {"data": str(data)}
 
 
 def read_measured_runs(*paths: Path) -> tuple[list[MeasuredRun], list[SkippedRun]]:

@@ -124,7 +124,9 @@ class SimulateConfig:
                                  choices=SCALINGS, section="output")
     name: str = setting("", "The scenario's name in the output [default: the dataset's].",
                         section="output")
-    reported: dict[str, Any] = setting(None, "Published figures shown next to the predictions.",
+    reported: dict[str, Any] = setting(None, "Published figures shown next to the predictions "
+                                             "of the systems the publication compared (the "
+                                             "registry's `published`).",
                                        cli=False, factory=dict, section="output")
     source: str = setting("", "What the input was (dataset, profile, cluster file).", cli=False,
                           section="data")
