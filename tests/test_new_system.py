@@ -70,7 +70,7 @@ from bagpipe_cli.bench.config import parse_bench_config
 from bagpipe_cli.engine import TrainConfig, memory, train
 from bagpipe_cli.engine.setup import estimate
 from bagpipe_cli.simulate.cluster import SimulateConfig
-from tests.helpers import parameters
+from helpers import parameters
 
 data = sys.argv[1]
 out = {}

@@ -4,7 +4,7 @@ too few batches, a thin held-out AUC."""
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from helpers import user_warnings
+from helpers import policy_replay, user_warnings
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import open_dataset, table_offsets
@@ -12,7 +12,6 @@ from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.planning.builders import trace_of
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.policies.table import policy
 
 SMALL = dict(batch_size=256, iterations=12, eval_rows=1000, lookahead=4)
 
@@ -26,8 +25,8 @@ def _trace(data, iterations, batch_size):
 
 @pytest.mark.parametrize("system", [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak])
 def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system):
-    def simulate(trace, capacity):  # the profile's simulator of its policy
-        return policy(spec(system).policy).simulate(trace, capacity, None, None)
+    def peak(trace, capacity):  # the profile's simulator of its policy, or its decisions
+        return policy_replay(system, trace, capacity)[1]
 
     trace = _trace(tiny_dataset, SMALL["iterations"], SMALL["batch_size"])
     bagpipe = train(TrainConfig(data=str(tiny_dataset), system="bagpipe", **SMALL)).summary
@@ -35,11 +34,11 @@ def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system):
     # The default capacity is bagpipe's peak; the run's own peak is its policy's.
     s = train(TrainConfig(data=str(tiny_dataset), system=system, **SMALL)).summary
     assert s["bagpipe_peak_rows"] == s["cache_rows"] == bagpipe["peak_resident_rows"]
-    assert s["peak_resident_rows"] == simulate(trace, s["cache_rows"]).peak_resident_rows
+    assert s["peak_resident_rows"] == peak(trace, s["cache_rows"])
     # A cache larger than the run's rows never fills: its peak is not bagpipe's.
     s = train(TrainConfig(data=str(tiny_dataset), system=system, cache_rows=9000, **SMALL)).summary
     assert s["bagpipe_peak_rows"] == bagpipe["peak_resident_rows"] and s["cache_rows"] == 9000
-    assert s["peak_resident_rows"] == simulate(trace, 9000).peak_resident_rows
+    assert s["peak_resident_rows"] == peak(trace, 9000)
     assert bagpipe["peak_resident_rows"] < s["peak_resident_rows"] < 9000
 
 
