@@ -22,6 +22,7 @@ from bagpipe_cli.results import (
     open_bench,
     open_run,
     read_runs,
+    read_summary,
     write_run,
 )
 from bagpipe_cli.simulate.calibrate import calibrate
@@ -199,3 +200,16 @@ def test_validate_warns_about_a_damaged_run(tmp_path, tiny_dataset):
                                          "3 rows, but summary.json counts 4 iterations; the file "
                                          "is truncated or damaged, rerun the run")
     assert "(1 runs;" in r.stdout
+
+
+def test_a_summary_of_the_previous_version_names_rank_0_as_today(tmp_path):
+    """Before rank 0 had one name, summary.json called it the oracle: such a run still
+    loads, its figures under today's names (`roles.planner`, `planner_ms_per_batch`)."""
+    (tmp_path / "summary.json").write_text(json.dumps({
+        "schema_version": 1, "system": "bagpipe", "oracle_ms_per_batch": 1.5, "iterations": 4,
+        "roles": {"oracle": {"busy_s": 0.2, "traffic": {"sent_per_iteration": {"plan": 9.0}}},
+                  "trainer0": {"busy_s": 1.0}}}))
+    s = read_summary(tmp_path)
+    assert s["planner_ms_per_batch"] == 1.5 and "oracle_ms_per_batch" not in s
+    assert set(s["roles"]) == {"planner", "trainer0"}
+    assert s["roles"]["planner"]["traffic"]["sent_per_iteration"]["plan"] == 9.0
