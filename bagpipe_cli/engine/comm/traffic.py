@@ -1,4 +1,5 @@
-"""Bytes a process sent and received, by kind: what `summary.json` reports per role.
+"""Bytes a process sent and received, by kind: what `summary.json` reports per role
+(`roles.<role>.traffic`).
 
     plan        a round's plan (rank 0, and the trainers that relay it down the tree)
     samples     batches' samples (none cross the network: every trainer reads its own)
@@ -7,6 +8,13 @@
     gradients   row gradients pushed to the servers (sync, het)
     collective  the trainers' sums (dense gradients, synchronised rows, losses)
     control     start-up state, checkpoints, evaluations, results and the requests' headers
+
+A request to a server is counted as it crosses (`request_bytes`: its header, its keys, its
+payload), by the trainer that sends it (`engine/distributed/transport.py`) and the server
+that serves it (`engine/distributed/server.py`); the rows a fetch brings back are the
+server's sent and the trainer's received. A plan is counted as the planner encodes it
+(`engine/distributed/rounds.py`'s `PlanWire`); a process's sums by its collective
+(`comm.collective.count_collective`).
 """
 
 from __future__ import annotations
@@ -14,6 +22,13 @@ from __future__ import annotations
 from typing import Any
 
 KINDS = ("plan", "samples", "rows", "gradients", "collective", "control")
+HEADER = 5  # int64s of a request's header: op, rows, sequence number, iteration, round
+
+
+def request_bytes(rows: int, payload: int = 0) -> int:
+    """A request to a server as it crosses: its header, then (with rows) their int64 local
+    indices and its `payload` bytes (rows and state of a write-back, a push's gradients)."""
+    return 8 * HEADER + (8 * rows + payload if rows else 0)
 
 
 class Traffic:

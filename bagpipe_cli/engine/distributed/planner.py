@@ -25,7 +25,7 @@ from bagpipe_cli.engine.comm.shards import Shard
 from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
-from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
+from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
 from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, planned_rounds
@@ -125,19 +125,18 @@ class DistributedPlanner:
     def _feed(self, planning: Planning, start: int) -> None:
         """Plan and send every round; take the checkpoints inside the round before."""
         s, lay = self.s, self.layout
-        keys = key_dtype(s.total_rows)
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         tr, t0 = self.tracer, time.perf_counter()
         root = lay.trainer_rank(0)  # of the relay tree
-        cached = planning.slots is not None
+        wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
         for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
                                     start, workers, samples=False):
             t1 = time.perf_counter()
             where = (rp.iters[0].b if rp.iters else -1, rp.r)
             tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
-            self._send(shared_round(rp, s.spec.global_view, cached, keys), root, "plan", self.plans)
+            self._send(wire(rp), root, "plan", self.plans)
             self.iterations += len(rp.iters)
             tr.complete("send round", "send", t1, time.perf_counter(), position=where)
             # The trainers got this round while they train the previous one, which is when
@@ -149,7 +148,7 @@ class DistributedPlanner:
             if self.progress and rp.iters:
                 self.progress(done - 1, {"loss": math.nan, "time": math.nan})
             t0 = time.perf_counter()
-        self._send(None, root, "plan", self.plans)
+        self._send(wire(None), root, "plan", self.plans)
         if prev is not None:
             self._boundaries([p.b for p in prev.iters])
         t = time.perf_counter()

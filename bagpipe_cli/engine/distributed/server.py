@@ -18,11 +18,10 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.comm.shards import Shard, init_shards
-from bagpipe_cli.engine.comm.traffic import Traffic
+from bagpipe_cli.engine.comm.traffic import HEADER, Traffic, request_bytes
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
-    HEADER,
     OP_CHECKPOINT,
     OP_DONE,
     OP_EVAL,
@@ -110,7 +109,7 @@ class DistributedServer:
             self.stats.waiting_s += t1 - t0
             op, n, their_seq, b, r = hdr.tolist()
             kind = OP_KINDS.get(op, "control")
-            self.traffic.receive(kind, HEADER * 8 + n * 8)  # the header, the keys
+            self.traffic.receive(kind, request_bytes(n))  # the header, the keys
             self.tracer.at(b, r)
             if first is None:
                 first = (op, their_seq)

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.collective import count_collective
 from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
@@ -79,9 +79,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
     cpu = time.process_time() - cpu
     system.flush()
     transport.close()
-    figures = collective_figures(collective)
-    traffic.send("collective", figures["collective_bytes_sent"])
-    traffic.receive("collective", figures["collective_bytes_received"])
+    figures = count_collective(collective, traffic)
     out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
            "bytes_received": transport.bytes_received, "device": str(device),
            "device_info": describe(device), **figures, "traffic": traffic,
