@@ -1,5 +1,5 @@
 """Bytes a process sent and received, by kind: what `summary.json` reports per role
-(`roles.<role>.traffic`).
+(`roles.<role>.traffic`), counted alike by both runtimes.
 
     plan        a round's plan (rank 0, and the trainers that relay it down the tree)
     samples     batches' samples (none cross the network: every trainer reads its own)
@@ -10,11 +10,15 @@
     control     start-up state, checkpoints, evaluations, results and the requests' headers
 
 A request to a server is counted as it crosses (`request_bytes`: its header, its keys, its
-payload), by the trainer that sends it (`engine/distributed/transport.py`) and the server
-that serves it (`engine/distributed/server.py`); the rows a fetch brings back are the
-server's sent and the trainer's received. A plan is counted as the planner encodes it
-(`engine/distributed/rounds.py`'s `PlanWire`); a process's sums by its collective
-(`comm.collective.count_collective`).
+payload), by the trainer that sends it and the server that serves it; the rows a fetch
+brings back are the server's sent and the trainer's received. Over torch.distributed these
+are the messages themselves (`engine/distributed/transport.py` and
+`engine/distributed/server.py`); in-process (`engine/local/transport.py`) the same requests
+are counted as the distributed runtime would send them, one process's: every server gets
+every request, empty or not, as in lockstep. A plan is counted as the planner encodes it
+(`engine/distributed/rounds.py`'s `PlanWire`), in both runtimes; a process's sums by its
+collective (`comm.collective.count_collective`). In-process nothing else crosses a process
+boundary (start-up state, checkpoints, evaluations, results), so its `control` stays 0.
 """
 
 from __future__ import annotations

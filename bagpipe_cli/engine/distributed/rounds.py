@@ -13,7 +13,8 @@ space fits, a row's user as int16; the trainer widens them back, so it computes 
 the values in-process training does. A system whose trainers need no view of the global
 batch (sync: each fetches and pushes its own rows) gets |U_b| alone per iteration, so its
 rank 0 sends nothing that grows with the batch. `PlanWire` is that rule for one run; its
-`nbytes` is what a plan costs on the wire (`engine/comm/traffic.py`).
+`nbytes` is what a plan costs on the wire, which an in-process run counts as its planner's
+(`engine/comm/traffic.py`).
 """
 
 from __future__ import annotations

@@ -13,6 +13,8 @@
                      with the dense state; training goes on with the same cache
     evaluations:     --eval-every, at the same boundaries and from the same true tables (timed
                      apart); --trace records every thread on one clock
+    traffic:         every role's, counted as the distributed runtime counts it
+                     (engine/comm/traffic.py)
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.collective import count_collective
 from bagpipe_cli.engine.comm.shards import Shard, init_shards, shards_from_tables
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.planner import LocalPlanner
 from bagpipe_cli.engine.local.transport import LocalTransport
@@ -142,9 +145,10 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
+    wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
     feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
-                                     loader_workers(cfg, placement)), on_start=pinned.helper,
-                      tracer=tracer)
+                                       loader_workers(cfg, placement)), on_start=pinned.helper,
+                        tracer=tracer, plan_bytes=wire.nbytes, received=transport.traffic)
     meter = ContentionMeter(len(set(placement.compute) | set(placement.helpers)))
     t_start = time.perf_counter()
     try:
@@ -158,11 +162,13 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
             ckpt.close()
     wall = time.perf_counter() - t_start - loop.eval_s
     frame = pd.DataFrame(prior + records)
-    roles = {"planner": {"busy_s": planning.planner.seconds},
+    figures = count_collective(collective, transport.traffic)
+    iters = len(records)  # the traffic per iteration of this run, as a distributed run's
+    roles = {"planner": {"busy_s": planning.planner.seconds, "traffic": feed.traffic.figures(iters)},
              "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
                                       bytes_received=transport.bytes_received, device=str(device),
-                                      **collective_figures(collective)),
-             **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
+                                      **figures, traffic=transport.traffic.figures(iters)),
+             **transport.server_figures(iters), "collectives": {"busy_s": collective.busy_s}}
     layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
               "trainer_devices": [str(device)] * cfg.trainers, "devices": [describe(device)],
               "backend": None, "placement": [placement.to_json()]}

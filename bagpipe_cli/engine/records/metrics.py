@@ -163,9 +163,10 @@ SUMMARY_KEYS = {
     "roles": "per role (oracle, each trainer process, each server): busy_s, waiting_s, "
              "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb; "
              "trainers also collective_bytes_sent/_received and collective_exposed_s/"
-             "_overlapped_s; the oracle of a distributed run bytes_per_iteration; in a "
-             "distributed run every role's traffic: bytes sent and received by kind (plan, "
-             "samples, rows, gradients, collective, control), in total and per iteration",
+             "_overlapped_s; the oracle of a distributed run bytes_per_iteration; every "
+             "role's traffic: bytes sent and received by kind (plan, samples, rows, "
+             "gradients, collective, control), in total and per iteration (in-process: the "
+             "planner's, the trainers' process's and each server's, control 0)",
     "contention": "how much of the machine the run had (launch/contention.py): cores, "
                   "load_per_core (other runnable tasks per core at the start), loadavg (1-min, "
                   "start and end), run_queue_wait_share (of its compute threads' runnable "
