@@ -37,6 +37,7 @@ from bagpipe_cli.engine.distributed.wire import (
     recv_encoded,
     send_obj,
 )
+from bagpipe_cli.engine.records.run_record import ServerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.setup import RunSetup
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
@@ -204,5 +205,5 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults,
     server = DistributedServer(shard, layout, s.network, s.rowopt, faults, tracer)
     server.traffic.receive("control", enc.nbytes)
     stats = server.serve()
-    send_obj({"weight": shard.weight, "state": shard.state, "stats": stats,
-              "traffic": server.traffic, "trace": tracer.export()}, 0, layout)
+    send_obj(ServerReport(shard.weight, shard.state, stats, server.traffic, tracer.export()), 0,
+             layout)

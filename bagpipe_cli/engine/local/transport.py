@@ -23,6 +23,7 @@ from bagpipe_cli.engine.comm.shards import Shard, split_by_shard
 from bagpipe_cli.engine.comm.traffic import Traffic, request_bytes
 from bagpipe_cli.engine.comm.transport import Transport
 from bagpipe_cli.engine.local.server import Label, LocalServer
+from bagpipe_cli.engine.records.run_record import ServerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 
 
@@ -149,13 +150,12 @@ class LocalTransport(Transport):
             futures.append(self._workers[k].submit(run, label))
         return futures
 
-    def server_figures(self, iterations: int) -> dict[str, dict[str, Any]]:
-        """Per server: seconds its worker was busy (serving, and holding the emulated link),
-        the bytes it sent and received, and its traffic (per iteration of `iterations`)."""
-        return {f"server{s.shard}": {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
-                                     "bytes_received": s.bytes_received,
-                                     "traffic": t.figures(iterations)}
-                for s, w, t in zip(self.servers, self._workers, self.server_traffic, strict=True)}
+    def server_reports(self) -> list[ServerReport]:
+        """Per server: its shard, the seconds its worker was busy (serving, and holding the
+        emulated link), the bytes it sent and received, and its traffic."""
+        return [ServerReport(s.weight, s.state, {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
+                                                 "bytes_received": s.bytes_received}, t)
+                for s, w, t in zip(self.servers, self._workers, self.server_traffic, strict=True)]
 
     def close(self) -> None:
         for w in self._workers:

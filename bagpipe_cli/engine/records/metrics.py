@@ -269,6 +269,8 @@ def complete_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def role_figures(frame: pd.DataFrame, **extra: Any) -> dict[str, Any]:
-    """A trainer process's busy and waiting seconds from its own records."""
-    return {"busy_s": float(frame[["forward", "backward", "optimizer"]].sum().sum()),
-            "waiting_s": float(frame["prefetch_wait"].sum() + frame["sync"].sum()), **extra}
+    """A trainer process's busy and waiting seconds from its own records (none: 0)."""
+    f = frame.reindex(columns=["forward", "backward", "optimizer", "prefetch_wait", "sync"],
+                      fill_value=0.0)
+    return {"busy_s": float(f[["forward", "backward", "optimizer"]].sum().sum()),
+            "waiting_s": float(f["prefetch_wait"].sum() + f["sync"].sum()), **extra}
