@@ -26,6 +26,7 @@ from helpers import (
 from bagpipe_cli.data import DatasetWriter, TableSpec, open_dataset
 from bagpipe_cli.data.format import table_offsets
 from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.comm.traffic import KINDS
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
 from bagpipe_cli.engine.distributed.layout import check_datasets, dataset_fact
 from bagpipe_cli.engine.planning.feed import key_batches
@@ -96,7 +97,8 @@ def test_odd_trainer_slices_of_a_first_order_model_equal_in_process(real_data, t
 @pytest.mark.parametrize("system", ENGINE_SYSTEMS)
 def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp_path, system):
     """Bitwise: the same parameters, loss curve and traffic totals as the in-process engine,
-    for every system of the registry (het with staleness 2 too: the same stale reads)."""
+    for every system of the registry (het with staleness 2 too: the same stale reads), and
+    rank 0's plan bytes are those the in-process planner counts."""
     r = _run(tmp_path, tiny_dataset, system, "--system", system, "--staleness", "2", "--procs", "4")
     assert r.returncode == 0, r.stderr[-2000:]
     inproc = train(TrainConfig(data=str(tiny_dataset), system=system, staleness=2, **KW))
@@ -118,6 +120,9 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     assert s["transport"] == "torch" and s["backend"] == "gloo"
     assert s["trainer_devices"] == ["cpu", "cpu"]
     assert set(s["roles"]) == {"planner", "trainer0", "trainer1", "server0"}
+    # rank 0 sent the plans the in-process planner counted (engine/comm/traffic.py)
+    plan = [x["roles"]["planner"]["traffic"]["sent"]["plan"] for x in (s, inproc.summary)]
+    assert plan[0] == plan[1] > 0
     for role in s["roles"].values():  # per role: busy, waiting, bytes sent
         assert role["busy_s"] > 0 and role["waiting_s"] >= 0 and role["bytes_sent"] > 0
     server = s["roles"]["server0"]
@@ -260,6 +265,52 @@ def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_p
         per_iteration.append(_traffic(s, "planner")["sent_per_iteration"]["plan"])
     assert per_iteration[1] <= per_iteration[0] * 1.05, per_iteration
     assert per_iteration[1] < 1500  # bytes: a few numbers an iteration
+
+
+@pytest.mark.parametrize("system", ["sync", pytest.param("bagpipe", marks=pytest.mark.extended)])
+def test_in_process_counts_the_traffic_a_procs_run_sends(tiny_dataset, tmp_path, system):
+    """One trainer, two servers, the same run in-process and over --procs: `roles.*.traffic`
+    of the planner, the trainer process (in-process `trainers`, over --procs `trainer0`) and
+    each server has the same kinds, and the same bytes of every kind but `control`: `plan`
+    (each round as the planner encodes it, and the end of the plans), `rows` (fetches: the
+    requests' headers and keys, the rows served; bagpipe's write-backs), `gradients` (sync's
+    pushes), `samples` and `collective` (none: one trainer has no one to sum with).
+
+    `control` differs by nature: over --procs it is what only crosses between processes (rank
+    0's start-up state to every rank, the DONE requests that end a trainer's requests),
+    while in-process the planner, trainer and servers share it in memory: 0 there. With
+    several trainers the bytes differ too, by design: in-process one process makes every
+    trainer's requests (sync fetches U_b once, not each trainer its slice's rows), so only
+    one trainer compares. The report's bytes-by-role table stays a table of ranks: an
+    in-process run has no rows in it."""
+    args = ["--system", system, "--trainers", "1", "--servers", "2", "--iterations", "6",
+            "--batch-size", "128", "--eval-rows", "0"]
+    r = [_run(tmp_path, tiny_dataset, name, *args, *extra)
+         for name, extra in (("in", ()), ("procs", ("--procs", "4")))]
+    assert all(x.returncode == 0 for x in r), r[0].stderr[-1000:] + r[1].stderr[-1000:]
+    inproc, procs = (json.loads((tmp_path / n / "summary.json").read_text())["roles"]
+                     for n in ("in", "procs"))
+    pairs = {"planner": "planner", "trainers": "trainer0", "server0": "server0", "server1": "server1"}
+    assert {k for k, v in inproc.items() if "traffic" in v} == set(pairs)
+    moved = {"plan", "rows"} | ({"gradients"} if system == "sync" else set())
+    for a, b in pairs.items():
+        ta, tb = inproc[a]["traffic"], procs[b]["traffic"]
+        assert list(ta) == list(tb) and ta["iterations"] == tb["iterations"] == 6, a
+        for way in ("sent", "received", "sent_per_iteration", "received_per_iteration"):
+            assert list(ta[way]) == list(tb[way]) == list(KINDS), (a, way)
+            same = {k: ta[way][k] for k in KINDS if k != "control"}
+            assert same == {k: tb[way][k] for k in same}, (a, way)
+            assert ta[way]["control"] == 0, (a, way)
+    assert procs["planner"]["traffic"]["sent"]["control"] > 0
+    assert procs["trainer0"]["traffic"]["sent"]["control"] > 0  # its DONE requests
+    t, servers = inproc["trainers"]["traffic"], [inproc[f"server{k}"]["traffic"] for k in range(2)]
+    # the kinds compared above are not 0 = 0: the trainer process moved these, and only these
+    assert {k for k in KINDS if t["sent"][k] + t["received"][k]} == moved
+    for kind in ("rows", "gradients"):  # what the trainer process sent, the servers received
+        assert t["sent"][kind] == sum(sv["received"][kind] for sv in servers), kind
+        assert t["received"][kind] == sum(sv["sent"][kind] for sv in servers), kind
+    assert t["received"]["plan"] == inproc["planner"]["traffic"]["sent"]["plan"]
+    assert load_runs(tmp_path / "in").traffic.empty and not load_runs(tmp_path / "procs").traffic.empty
 
 
 @pytest.mark.extended  # failure handling: make test-all

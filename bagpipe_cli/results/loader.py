@@ -216,7 +216,11 @@ def eval_rows(run: StoredRun) -> pd.DataFrame | None:
 
 def traffic_rows(run: StoredRun) -> list[dict[str, Any]]:
     """A distributed run's bytes per iteration, one row per (role, direction, kind), from
-    summary.json's `roles.<role>.traffic` (none for an in-process run, or an older one)."""
+    summary.json's `roles.<role>.traffic` (none for an older run). No rows for an in-process
+    run: it counts its traffic too, but its one trainer process makes every trainer's
+    requests, which is not one trainer rank's traffic (the report's table is per rank)."""
+    if run.summary.get("runner") == "inproc":
+        return []
     roles = run.summary.get("roles")
     out: list[dict[str, Any]] = []
     for role, figures in (roles.items() if isinstance(roles, dict) else ()):

@@ -28,6 +28,7 @@ from concurrent.futures import Future
 
 import torch
 
+from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.config import COLLECTIVE_KINDS
 
 KINDS = COLLECTIVE_KINDS
@@ -117,3 +118,12 @@ def collective_figures(c: Collective) -> dict[str, float]:
     return {"collective_bytes_sent": int(c.bytes_sent), "collective_bytes_received": int(c.bytes_received),
             "collective_exposed_s": float(c.exposed_s),
             "collective_overlapped_s": max(0.0, float(c.busy_s) - float(c.exposed_s))}
+
+
+def count_collective(c: Collective, traffic: Traffic) -> dict[str, float]:
+    """`collective_figures` of a trainer process whose training ended, its bytes also
+    counted in its `traffic` (kind `collective`): the one count of both runtimes."""
+    figures = collective_figures(c)
+    traffic.send("collective", figures["collective_bytes_sent"])
+    traffic.receive("collective", figures["collective_bytes_received"])
+    return figures

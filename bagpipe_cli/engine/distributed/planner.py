@@ -1,7 +1,7 @@
 """Rank 0: the planner. It plans every round and sends its plan, ahead of use, down
 the trainers' relay tree (`relay.py`: one copy leaves rank 0; every trainer reads its own
-samples), writes the checkpoints, and at the end gathers every trainer's records and every
-server's shard into the run's TrainResult.
+samples), writes the checkpoints, and at the end gathers every trainer's and every server's
+report (`records/run_record.py`) into the run's RunRecord, and so its TrainResult.
 
 A checkpoint at the boundary before iteration b: every trainer sends its new records and
 its resident rows (a partitioned cache's trainers each their own, a replicated cache's
@@ -19,13 +19,11 @@ import math
 import time
 from typing import Any
 
-import pandas as pd
-
 from bagpipe_cli.engine.comm.shards import Shard
 from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
-from bagpipe_cli.engine.distributed.rounds import key_dtype, shared_round
+from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
 from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, planned_rounds
@@ -36,8 +34,8 @@ from bagpipe_cli.engine.records.checkpoint import (
     dataset_identity,
     full_tables,
 )
-from bagpipe_cli.engine.records.metrics import role_figures
 from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.run_record import RunLayout, RunRecord, ServerReport, TrainerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer, trace_document, trace_meta
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.trainer.evaluation import eval_point
@@ -101,12 +99,12 @@ class DistributedPlanner:
         finally:
             if self.ckpt is not None:
                 self.ckpt.close()
-        # The results (not counted: their senders count none of them either).
-        outs = [recv_obj(r, lay) for r in lay.trainer_ranks]
-        shards = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
+        # The reports (not counted: their senders count none of them either).
+        reports = [recv_obj(r, lay) for r in lay.trainer_ranks]
+        servers = [recv_obj(lay.server_rank(k), lay) for k in range(lay.servers)]
         wall = time.perf_counter() - t_start - self.end_eval_s
         self.cpu_s = time.process_time() - cpu
-        return self._result(planning, prior, outs, shards, wall, ck)
+        return self._result(planning, prior, reports, servers, wall, ck)
 
     def _initial_state(self, ck: Checkpoint | None, planning: Planning, start: int) -> None:
         """Each server's initial shard (the checkpoint's, or None: seeded), each trainer its
@@ -125,19 +123,18 @@ class DistributedPlanner:
     def _feed(self, planning: Planning, start: int) -> None:
         """Plan and send every round; take the checkpoints inside the round before."""
         s, lay = self.s, self.layout
-        keys = key_dtype(s.total_rows)
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         tr, t0 = self.tracer, time.perf_counter()
         root = lay.trainer_rank(0)  # of the relay tree
-        cached = planning.slots is not None
+        wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
         for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
                                     start, workers, samples=False):
             t1 = time.perf_counter()
             where = (rp.iters[0].b if rp.iters else -1, rp.r)
             tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
-            self._send(shared_round(rp, s.spec.global_view, cached, keys), root, "plan", self.plans)
+            self._send(wire(rp), root, "plan", self.plans)
             self.iterations += len(rp.iters)
             tr.complete("send round", "send", t1, time.perf_counter(), position=where)
             # The trainers got this round while they train the previous one, which is when
@@ -149,7 +146,7 @@ class DistributedPlanner:
             if self.progress and rp.iters:
                 self.progress(done - 1, {"loss": math.nan, "time": math.nan})
             t0 = time.perf_counter()
-        self._send(None, root, "plan", self.plans)
+        self._send(wire(None), root, "plan", self.plans)
         if prev is not None:
             self._boundaries([p.b for p in prev.iters])
         t = time.perf_counter()
@@ -193,47 +190,32 @@ class DistributedPlanner:
                        parts[0]["rng"], self.records, t)
         self.faults.checkpoint_done()
 
-    def _result(self, planning: Planning, prior: list[list[dict]], outs: list[dict],
-                shards: list[dict], wall: float, ck: Checkpoint | None) -> TrainResult:
-        s, lay = self.s, self.layout
+    def _result(self, planning: Planning, prior: list[list[dict]], reports: list[TrainerReport],
+                servers: list[ServerReport], wall: float, ck: Checkpoint | None) -> TrainResult:
+        s, lay, iters = self.s, self.layout, self.iterations
         model = build_model(s.mcfg)
-        model.load_state_dict(outs[0]["dense"])
-        servers = [_shard(k, lay, sh) for k, sh in enumerate(shards)]
-        frames = [pd.DataFrame(prior[i] + o["records"]) for i, o in enumerate(outs)]
-        iters = self.iterations
+        model.load_state_dict(reports[0].dense)
         sent = sum(self.traffic.sent.values())
         roles = {"planner": {"busy_s": planning.planner.seconds, "waiting_s": self.waiting_s,
-                            "bytes_sent": sent, "bytes_received": sum(self.traffic.received.values()),
-                            "cpu_s": self.cpu_s, "bytes_per_iteration": sent / max(1, iters),
-                            "peak_rss_mb": peak_rss_mb(), "traffic": self.traffic.figures(iters)},
-                 **{f"trainer{i}": role_figures(pd.DataFrame(o["records"]), device=o["device"],
-                                                cpu_s=o["cpu_s"], peak_rss_mb=o["peak_rss_mb"],
-                                                bytes_sent=o["bytes_sent"],
-                                                bytes_received=o["bytes_received"],
-                                                **({"peak_resident_rows": o["peak_resident_rows"]}
-                                                   if o["peak_resident_rows"] is not None else {}),
-                                                **{k: v for k, v in o.items()
-                                                   if k.startswith("collective_")},
-                                                traffic=o["traffic"].figures(iters))
-                    for i, o in enumerate(outs)},
-                 **{f"server{k}": {**sh["stats"], "traffic": sh["traffic"].figures(iters)}
-                    for k, sh in enumerate(shards)}}
-        layout = {"world": lay.world, "servers": lay.servers, "trainers": lay.trainers,
-                  "trainer_devices": self.devices, "devices": [o["device_info"] for o in outs],
-                  "backend": s.cfg.backend,
-                  "placement": self.placements}
-        # this machine's load; the trainers' own waits for a CPU, wherever they ran
-        facts = {"runner": "distributed", "transport": "torch", "roles": roles,
-                 "contention": self.meter.figures([o["sched"] for o in outs]),
-                 "rows_written_back_at_end": int(sum(o["written_back_at_end"] for o in outs))}
+                             "bytes_sent": sent, "bytes_received": sum(self.traffic.received.values()),
+                             "cpu_s": self.cpu_s, "bytes_per_iteration": sent / max(1, iters),
+                             "peak_rss_mb": peak_rss_mb(), "traffic": self.traffic.figures(iters)},
+                 **{f"trainer{i}": r.role(iters) for i, r in enumerate(reports)},
+                 **{f"server{k}": sv.role(iters) for k, sv in enumerate(servers)}}
+        layout = RunLayout(world=lay.world, servers=lay.servers, trainers=lay.trainers,
+                           trainer_devices=self.devices, devices=[r.device_info for r in reports],
+                           backend=s.cfg.backend, placement=self.placements)
         trace = None
         if self.tracer.enabled:
-            parts = [self.tracer.export(), *(o["trace"] for o in outs),
-                     *(sh["trace"] for sh in shards)]
+            parts = [self.tracer.export(), *(r.trace for r in reports), *(sv.trace for sv in servers)]
             clock = "ranks aligned to rank 0's clock (offsets measured at start-up)"
             trace = trace_document(parts, trace_meta(s.cfg, clock, parts))
-        return finish_run(s, planning, frames, wall, model, servers, layout, facts, self.ckpt, ck,
-                          evals=self.evals, eval_s=self.eval_s, trace=trace)
+        # this machine's load; the trainers' own waits for a CPU, wherever they ran
+        contention = self.meter.figures([r.sched for r in reports])
+        shards = [sv.shard(k, lay.servers) for k, sv in enumerate(servers)]
+        return finish_run(RunRecord(
+            s, planning, reports, prior, wall, model, shards, layout, runner="distributed",
+            transport="torch", roles=roles, contention=contention, checkpointer=self.ckpt, resumed=ck, evals=self.evals, eval_s=self.eval_s, trace=trace))
 
 
 def _resident(parts: list[dict[str, Any]]) -> list[tuple]:

@@ -12,7 +12,9 @@ iteration U_b, the slots, the LRPP classes, each row's one user and the eviction
 space fits, a row's user as int16; the trainer widens them back, so it computes on exactly
 the values in-process training does. A system whose trainers need no view of the global
 batch (sync: each fetches and pushes its own rows) gets |U_b| alone per iteration, so its
-rank 0 sends nothing that grows with the batch.
+rank 0 sends nothing that grows with the batch. `PlanWire` is that rule for one run; its
+`nbytes` is what a plan costs on the wire, which an in-process run counts as its planner's
+(`engine/comm/traffic.py`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from bagpipe_cli.engine.distributed.wire import encode
 from bagpipe_cli.engine.planning.feed import Round, SliceReader
 from bagpipe_cli.engine.planning.keys import KeySets
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
@@ -50,6 +53,21 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
                    pre_evict_keys=rp.pre_evict_keys.astype(keys),
                    warm=None if rp.warm is None else (rp.warm[0].astype(keys), rp.warm[1]),
                    iters=[_shared_iter(p, keys) for p in rp.iters])
+
+
+class PlanWire:
+    """A run's rounds as the planner sends them (`shared_round` with the run's settings;
+    None, the end of the plans, as it is)."""
+
+    def __init__(self, global_view: bool, cached: bool, total_rows: int):
+        self.global_view, self.cached, self.keys = global_view, cached, key_dtype(total_rows)
+
+    def __call__(self, rp: RoundPlan | None) -> RoundPlan | None:
+        return None if rp is None else shared_round(rp, self.global_view, self.cached, self.keys)
+
+    def nbytes(self, rp: RoundPlan | None) -> int:
+        """The bytes of round `rp` (or of the end) on the wire, as `wire.send_obj` sends it."""
+        return encode(self(rp)).nbytes
 
 
 def _shared_iter(p: IterPlan, keys: type) -> IterPlan:

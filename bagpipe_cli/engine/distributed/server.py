@@ -18,11 +18,10 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.comm.shards import Shard, init_shards
-from bagpipe_cli.engine.comm.traffic import Traffic
+from bagpipe_cli.engine.comm.traffic import HEADER, Traffic, request_bytes
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
-    HEADER,
     OP_CHECKPOINT,
     OP_DONE,
     OP_EVAL,
@@ -38,6 +37,7 @@ from bagpipe_cli.engine.distributed.wire import (
     recv_encoded,
     send_obj,
 )
+from bagpipe_cli.engine.records.run_record import ServerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.setup import RunSetup
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
@@ -110,7 +110,7 @@ class DistributedServer:
             self.stats.waiting_s += t1 - t0
             op, n, their_seq, b, r = hdr.tolist()
             kind = OP_KINDS.get(op, "control")
-            self.traffic.receive(kind, HEADER * 8 + n * 8)  # the header, the keys
+            self.traffic.receive(kind, request_bytes(n))  # the header, the keys
             self.tracer.at(b, r)
             if first is None:
                 first = (op, their_seq)
@@ -205,5 +205,5 @@ def server_main(s: RunSetup, layout: Layout, k: int, faults: Faults,
     server = DistributedServer(shard, layout, s.network, s.rowopt, faults, tracer)
     server.traffic.receive("control", enc.nbytes)
     stats = server.serve()
-    send_obj({"weight": shard.weight, "state": shard.state, "stats": stats,
-              "traffic": server.traffic, "trace": tracer.export()}, 0, layout)
+    send_obj(ServerReport(shard.weight, shard.state, stats, server.traffic, tracer.export()), 0,
+             layout)

@@ -7,7 +7,8 @@ also the dense model, its optimizer and the RNG state) and its resident rows, th
 server a CHECKPOINT request after its write-backs; at an evaluation (--eval-every) every
 trainer sends its resident rows (a partitioned cache's are its own; a replicated cache's,
 trainer 0's), trainer 0 its dense model, and every trainer the servers an EVAL request.
-Traced, its events go to rank 0 with its result.
+At the end it sends rank 0 its `TrainerReport` (records, figures, traffic; trainer 0 its
+dense model; traced, its events).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.collective import count_collective
 from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
@@ -29,6 +30,7 @@ from bagpipe_cli.engine.distributed.rounds import RoundMaker
 from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
 from bagpipe_cli.engine.planning.feed import SliceReader
+from bagpipe_cli.engine.records.run_record import TrainerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, NoTracer, traced, trainer_role
 from bagpipe_cli.engine.setup import RunSetup, build_dense, restore_dense
 from bagpipe_cli.engine.systems import SystemParts
@@ -79,18 +81,13 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
     cpu = time.process_time() - cpu
     system.flush()
     transport.close()
-    figures = collective_figures(collective)
-    traffic.send("collective", figures["collective_bytes_sent"])
-    traffic.receive("collective", figures["collective_bytes_received"])
-    out = {"records": records, "bytes_sent": transport.bytes_sent, "cpu_s": cpu, "peak_rss_mb": peak_rss_mb(),
-           "bytes_received": transport.bytes_received, "device": str(device),
-           "device_info": describe(device), **figures, "traffic": traffic,
-           "written_back_at_end": system.written_back_at_end, "trace": tracer.export(),
-           "peak_resident_rows": system.peak_held,
-           "sched": wait_delta(sched, sched_times())}
-    if i == 0:
-        out["dense"] = to_cpu(model.state_dict())
-    send_obj(out, 0, layout)  # (the result itself is not counted: it is sent after the count)
+    report = TrainerReport(
+        records, str(device), describe(device), transport.bytes_sent, transport.bytes_received,
+        count_collective(collective, traffic), traffic, system.written_back_at_end,
+        peak_resident_rows=system.peak_held, cpu_s=cpu, peak_rss_mb=peak_rss_mb(),
+        sched=wait_delta(sched, sched_times()), trace=tracer.export(),
+        dense=to_cpu(model.state_dict()) if i == 0 else None)
+    send_obj(report, 0, layout)  # (the report itself is not counted: it is sent after the count)
 
 
 def _resident(loop: TrainingLoop) -> tuple | None:

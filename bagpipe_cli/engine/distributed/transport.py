@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.comm.shards import split_by_shard
-from bagpipe_cli.engine.comm.traffic import Traffic
+from bagpipe_cli.engine.comm.traffic import Traffic, request_bytes
 from bagpipe_cli.engine.comm.transport import Transport
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
@@ -85,12 +85,12 @@ class DistributedTransport(Transport):
         self._seq[k] += 1
         msgs = [hdr] + ([torch.from_numpy(np.ascontiguousarray(local, dtype=np.int64)), *payload]
                         if len(local) else [])
-        kind = OP_KINDS.get(op, "control")
         for m in msgs:
             if m.numel():
                 self._pending.append((comm(self.layout, dst, dist.isend, m.contiguous(), dst), m, dst))
                 self.bytes_sent += m.numel() * m.element_size()
-                self.traffic.send(kind, m.numel() * m.element_size())
+        payload_bytes = sum(m.numel() * m.element_size() for m in payload)
+        self.traffic.send(OP_KINDS.get(op, "control"), request_bytes(len(local), payload_bytes))
         if len(self._pending) > 256:
             self._pending = [p for p in self._pending if not p[0].is_completed()]
 

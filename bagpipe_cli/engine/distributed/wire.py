@@ -4,10 +4,10 @@ the peer (docs/architecture.md describes the schedule).
 A trainer's request to a server is a header [op, rows, sequence number, iteration, round]
 (the last two name the trainer's position on the trace; -1 untraced) followed, when it
 has rows, by their int64 local indices and the payload (rows + optimizer state for a
-write-back, gradients for a push). Everything else (plans, batches, checkpoints, results)
-travels as an object: its length, then its pickled bytes, then every large CPU tensor or
-numpy array inside it sent as it is (`send_obj`), so a shard of a full-size table crosses
-without a pickled copy on either side.
+write-back, gradients for a push): `engine/comm/traffic.py` counts it. Everything else
+(plans, batches, checkpoints, results) travels as an object: its length, then its pickled
+bytes, then every large CPU tensor or numpy array inside it sent as it is (`send_obj`), so
+a shard of a full-size table crosses without a pickled copy on either side.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from bagpipe_cli.errors import BagpipeError, RankFailure
 OP_FETCH, OP_WRITEBACK, OP_GRAD, OP_DONE, OP_CHECKPOINT, OP_EVAL = 1, 2, 3, 4, 5, 6
 OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DONE: "DONE",
             OP_CHECKPOINT: "CHECKPOINT", OP_EVAL: "EVAL"}
-HEADER = 5  # int64s of a request's header
 # The kind of traffic a request is (its header, keys and payload: `engine/comm/traffic.py`);
 # the others are "control".
 OP_KINDS = {OP_FETCH: "rows", OP_WRITEBACK: "rows", OP_GRAD: "gradients"}

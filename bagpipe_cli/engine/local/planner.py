@@ -1,6 +1,10 @@
 """The in-process runtime's planner thread (rank 0): it runs `feed.planned_rounds` ahead of
 the training loop into a bounded queue, so planning overlaps training. Traced, each round's
-reading and planning is a slice, and so is a wait on a full queue (the planner is ahead)."""
+reading and planning is a slice, and so is a wait on a full queue (the planner is ahead).
+
+Given `plan_bytes` (`distributed/rounds.py`'s `PlanWire.nbytes`), it counts each round's
+plan, and the end of the plans, as the distributed planner sends them: its own `traffic`'s
+`plan` sent on its thread, the trainers' `received` as the training loop takes them."""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator
 
 from bagpipe_cli.data.format import Batch
+from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.planning.feed import Round
 from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer
@@ -22,7 +27,12 @@ class LocalPlanner:
     yields its Rounds (an error on the thread is raised here)."""
 
     def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4,
-                 on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE):
+                 on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE,
+                 plan_bytes: Callable[[RoundPlan | None], int] | None = None,
+                 received: Traffic | None = None):
+        self.traffic = Traffic()  # the planner's
+        self._received = received or Traffic()  # the trainers'
+        self._plan_bytes = plan_bytes or (lambda rp: 0)
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._on_start = on_start
@@ -43,12 +53,17 @@ class LocalPlanner:
                 where = (rp.iters[0].b if rp.iters else -1, rp.r)
                 tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys),
                             position=where)
-                if not self._put(Round(rp, [b.dense for b in batches], [b.labels for b in batches])):
+                n = self._plan_bytes(rp)
+                self.traffic.send("plan", n)
+                t2 = time.perf_counter()
+                if not self._put((Round(rp, [b.dense for b in batches], [b.labels for b in batches]), n)):
                     return
                 t0 = time.perf_counter()
-                if t0 - t1 > QUEUE_WAIT_S:
-                    tr.complete("queue full (ahead)", "queue", t1, t0, position=where)
-            self._put(None)
+                if t0 - t2 > QUEUE_WAIT_S:
+                    tr.complete("queue full (ahead)", "queue", t2, t0, position=where)
+            n = self._plan_bytes(None)
+            self.traffic.send("plan", n)
+            self._put((None, n))
         except BaseException as e:  # re-raised on the main thread
             self._put(e)
 
@@ -66,9 +81,11 @@ class LocalPlanner:
             item = self._q.get()
             if isinstance(item, BaseException):
                 raise item
-            if item is None:
+            rnd, n = item
+            self._received.receive("plan", n)
+            if rnd is None:
                 return
-            yield item
+            yield rnd
 
     def close(self) -> None:
         self._stop.set()

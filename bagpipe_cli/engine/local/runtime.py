@@ -13,6 +13,10 @@
                      with the dense state; training goes on with the same cache
     evaluations:     --eval-every, at the same boundaries and from the same true tables (timed
                      apart); --trace records every thread on one clock
+    the result:      this process's `TrainerReport` and the servers' figures in a
+                     `RunRecord` (engine/records/run_record.py), as rank 0 of a distributed
+                     run makes it; every role's traffic counted as the distributed runtime
+                     counts it (engine/comm/traffic.py)
 """
 
 from __future__ import annotations
@@ -21,20 +25,21 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import pandas as pd
 import torch
 import torch.nn.functional as F
 
-from bagpipe_cli.engine.comm.collective import collective_figures
+from bagpipe_cli.engine.comm.collective import count_collective
 from bagpipe_cli.engine.comm.shards import Shard, init_shards, shards_from_tables
 from bagpipe_cli.engine.config import TrainConfig
+from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.local.collective import LocalCollective
 from bagpipe_cli.engine.local.planner import LocalPlanner
 from bagpipe_cli.engine.local.transport import LocalTransport
+from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.records.checkpoint import Checkpointer, dataset_identity, full_tables
-from bagpipe_cli.engine.records.metrics import role_figures
 from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.run_record import RunLayout, RunRecord, TrainerReport
 from bagpipe_cli.engine.records.trace import (
     NO_TRACE,
     PLANNER,
@@ -142,9 +147,10 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
+    wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
     feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
-                                     loader_workers(cfg, placement)), on_start=pinned.helper,
-                      tracer=tracer)
+                                       loader_workers(cfg, placement)), on_start=pinned.helper,
+                        tracer=tracer, plan_bytes=wire.nbytes, received=transport.traffic)
     meter = ContentionMeter(len(set(placement.compute) | set(placement.helpers)))
     t_start = time.perf_counter()
     try:
@@ -157,23 +163,33 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
         if ckpt is not None:
             ckpt.close()
     wall = time.perf_counter() - t_start - loop.eval_s
-    frame = pd.DataFrame(prior + records)
-    roles = {"planner": {"busy_s": planning.planner.seconds},
-             "trainers": role_figures(frame.iloc[len(prior):], bytes_sent=transport.bytes_sent,
-                                      bytes_received=transport.bytes_received, device=str(device),
-                                      **collective_figures(collective)),
-             **transport.server_figures(), "collectives": {"busy_s": collective.busy_s}}
-    layout = {"world": 1, "servers": cfg.servers, "trainers": cfg.trainers,
-              "trainer_devices": [str(device)] * cfg.trainers, "devices": [describe(device)],
-              "backend": None, "placement": [placement.to_json()]}
-    facts = {"runner": "inproc", "transport": "inproc", "roles": roles, "contention": meter.figures(),
-             "rows_written_back_at_end": system.written_back_at_end}
+    report = TrainerReport(
+        records, str(device), describe(device), transport.bytes_sent, transport.bytes_received,
+        count_collective(collective, transport.traffic), transport.traffic,
+        system.written_back_at_end, peak_resident_rows=system.peak_held)
+    layout = RunLayout(world=1, servers=cfg.servers, trainers=cfg.trainers,
+                       trainer_devices=[str(device)] * cfg.trainers, devices=[report.device_info],
+                       backend=None, placement=[placement.to_json()])
     parts = [tracer.export()]
     trace = trace_document(parts, trace_meta(cfg, "in-process: one clock", parts)) \
         if tracer.enabled else None
-    return finish_run(s, planning, [frame], wall, model.cpu(), servers, layout, facts, ckpt, ck,
-                      evals=evals, eval_s=loop.eval_s, trace=trace)
+    return finish_run(RunRecord(
+        s, planning, [report], [prior], wall, model.cpu(), servers, layout, runner="inproc",
+        transport="inproc", roles=_roles(planning, feed, report, transport, collective),
+        contention=meter.figures(), checkpointer=ckpt, resumed=ck, evals=evals,
+        eval_s=loop.eval_s, trace=trace))
 
+
+def _roles(planning: Planning, feed: LocalPlanner, report: TrainerReport,
+           transport: LocalTransport, collective: LocalCollective) -> dict[str, dict[str, Any]]:
+    """summary.json's roles of an in-process run: the planner thread, the trainers (one
+    process), every server's thread, the collectives' thread; each process role its traffic
+    as the distributed runtime would count it (`engine/comm/traffic.py`)."""
+    iters = len(report.records)
+    return {"planner": {"busy_s": planning.planner.seconds, "traffic": feed.traffic.figures(iters)},
+            "trainers": report.role(iters),
+            **{f"server{k}": r.role(iters) for k, r in enumerate(transport.server_reports())},
+            "collectives": {"busy_s": collective.busy_s}}
 
 
 def loader_workers(cfg: TrainConfig, placement: Placement) -> int:

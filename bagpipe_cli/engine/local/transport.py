@@ -2,7 +2,12 @@
 on each server's serving thread (`engine/local/server.py`); with a `NetworkModel`, each
 server's link sleeps for latency + bytes/bandwidth per message, so a cluster network is
 emulated without burning CPU. Traced, every request is a slice on its server's track, and a
-fetch has an arrow from where it was issued to the slice serving it."""
+fetch has an arrow from where it was issued to the slice serving it.
+
+Its traffic (`engine/comm/traffic.py`) is what the distributed transport would send and
+receive for the same calls, this process's and each server's: every server gets every
+request (its header; its keys and payload where it has rows of it), as in lockstep, though
+only those with rows are served here."""
 
 from __future__ import annotations
 
@@ -15,8 +20,10 @@ import torch
 
 from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.comm.shards import Shard, split_by_shard
+from bagpipe_cli.engine.comm.traffic import Traffic, request_bytes
 from bagpipe_cli.engine.comm.transport import Transport
 from bagpipe_cli.engine.local.server import Label, LocalServer
+from bagpipe_cli.engine.records.run_record import ServerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 
 
@@ -62,6 +69,18 @@ class LocalTransport(Transport):
         self._sent = [0] * len(servers)  # requests sent to each server (the trace's arrows)
         self.dim = servers[0].weight.shape[1]
         self.state_dim = servers[0].state.shape[1]
+        self.traffic = Traffic()  # this process's, by kind
+        self.server_traffic = [Traffic() for _ in servers]
+
+    def _count(self, k: int, kind: str, rows: int, payload: int = 0, served: int = 0) -> None:
+        """Request `kind` of `rows` rows to server k (`payload` bytes with it, `served` bytes
+        back), counted as it would cross (`request_bytes`)."""
+        out = request_bytes(rows, payload)
+        self.traffic.send(kind, out)
+        self.server_traffic[k].receive(kind, out)
+        if served:
+            self.server_traffic[k].send(kind, served)
+            self.traffic.receive(kind, served)
 
     def _label(self, k: int, name: str, rows: int, nbytes: int,
                arrow: bool = False) -> Label | None:
@@ -78,10 +97,11 @@ class LocalTransport(Transport):
     def fetch(self, keys: np.ndarray) -> LocalRows:
         parts = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self._count(k, "rows", len(local), served=nbytes)
             if len(pos) == 0 and self.num_servers > 1:
                 continue
             server, idx = self.servers[k], torch.from_numpy(local)
-            nbytes = len(local) * (self.dim + self.state_dim) * 4
             self.bytes_received += nbytes
 
             def run(server=server, idx=idx, nbytes=nbytes):
@@ -94,12 +114,13 @@ class LocalTransport(Transport):
     def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
         futures = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            nbytes = len(local) * (self.dim + self.state_dim) * 4
+            self._count(k, "rows", len(local), nbytes)
             if len(pos) == 0:
                 continue
             p = torch.from_numpy(pos)
             r, s = (rows, state) if self.num_servers == 1 else (rows[p], state[p])
             server, idx = self.servers[k], torch.from_numpy(local)
-            nbytes = len(local) * (self.dim + self.state_dim) * 4
             self.bytes_sent += nbytes
 
             def run(server=server, idx=idx, r=r, s=s, nbytes=nbytes):
@@ -113,6 +134,7 @@ class LocalTransport(Transport):
     def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
         futures = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
+            self._count(k, "gradients", len(local), len(local) * grad.shape[1] * grad.element_size())
             if len(pos) == 0:
                 continue
             g = grad if self.num_servers == 1 else grad[torch.from_numpy(pos)]
@@ -128,12 +150,12 @@ class LocalTransport(Transport):
             futures.append(self._workers[k].submit(run, label))
         return futures
 
-    def server_figures(self) -> dict[str, dict[str, float]]:
-        """Per server: seconds its worker was busy (serving, and holding the emulated link)
-        and the bytes it sent and received."""
-        return {f"server{s.shard}": {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
-                                     "bytes_received": s.bytes_received}
-                for s, w in zip(self.servers, self._workers, strict=True)}
+    def server_reports(self) -> list[ServerReport]:
+        """Per server: its shard, the seconds its worker was busy (serving, and holding the
+        emulated link), the bytes it sent and received, and its traffic."""
+        return [ServerReport(s.weight, s.state, {"busy_s": w.busy_s, "bytes_sent": s.bytes_served,
+                                                 "bytes_received": s.bytes_received}, t)
+                for s, w, t in zip(self.servers, self._workers, self.server_traffic, strict=True)]
 
     def close(self) -> None:
         for w in self._workers:

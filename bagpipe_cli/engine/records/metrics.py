@@ -160,18 +160,19 @@ SUMMARY_KEYS = {
     "world_size": "processes of the run (1 in-process)",
     "backend": "the trainers' collective backend (None in-process)",
     "trainer_devices": "the device of every trainer",
-    "roles": "per role (oracle, each trainer process, each server): busy_s, waiting_s, "
+    "roles": "per role (planner, each trainer process, each server): busy_s, waiting_s, "
              "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb; "
              "trainers also collective_bytes_sent/_received and collective_exposed_s/"
-             "_overlapped_s; the oracle of a distributed run bytes_per_iteration; in a "
-             "distributed run every role's traffic: bytes sent and received by kind (plan, "
-             "samples, rows, gradients, collective, control), in total and per iteration",
+             "_overlapped_s; the planner of a distributed run bytes_per_iteration; every "
+             "role's traffic: bytes sent and received by kind (plan, samples, rows, "
+             "gradients, collective, control), in total and per iteration (in-process: the "
+             "planner's, the trainers' process's and each server's, control 0)",
     "contention": "how much of the machine the run had (launch/contention.py): cores, "
                   "load_per_core (other runnable tasks per core at the start), loadavg (1-min, "
                   "start and end), run_queue_wait_share (of its compute threads' runnable "
                   "time, the share spent waiting for a CPU), steal_share, loaded, note",
     "process_peak_rss_mb": "peak resident memory (MiB) of the process that wrote the summary: "
-                           "every role in-process, rank 0 (the oracle) in a distributed run",
+                           "every role in-process, rank 0 (the planner) in a distributed run",
     "memory": "estimate_bytes: the memory the run was admitted on (engine/memory.py), every "
               "rank's summed; peak_bytes: the measured peak RSS, every rank's summed; processes; "
               "parts: the estimate by part (tables, planner, caches, dense model, inputs, "
@@ -268,6 +269,8 @@ def complete_summary(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def role_figures(frame: pd.DataFrame, **extra: Any) -> dict[str, Any]:
-    """A trainer process's busy and waiting seconds from its own records."""
-    return {"busy_s": float(frame[["forward", "backward", "optimizer"]].sum().sum()),
-            "waiting_s": float(frame["prefetch_wait"].sum() + frame["sync"].sum()), **extra}
+    """A trainer process's busy and waiting seconds from its own records (none: 0)."""
+    f = frame.reindex(columns=["forward", "backward", "optimizer", "prefetch_wait", "sync"],
+                      fill_value=0.0)
+    return {"busy_s": float(f[["forward", "backward", "optimizer"]].sum().sum()),
+            "waiting_s": float(f["prefetch_wait"].sum() + f["sync"].sum()), **extra}

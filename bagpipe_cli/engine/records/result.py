@@ -1,8 +1,9 @@
 """A finished run as a `TrainResult`: merged metrics, the summary, config.json, the tables,
 and (asked for) the evaluations during training and the trace.
 
-The in-process runtime and rank 0 of a distributed run both end here, so every runner's
-summary has the same keys (`records.SUMMARY_KEYS`).
+The in-process runtime and rank 0 of a distributed run both end here, with one
+`RunRecord` (`run_record.py`), so every runner's summary has the same keys
+(`records.SUMMARY_KEYS`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch
 
 from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import read_rows
-from bagpipe_cli.engine.comm.shards import Shard, assemble_tables
+from bagpipe_cli.engine.comm.shards import assemble_tables
 from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.records.checkpoint import Checkpoint, Checkpointer
 from bagpipe_cli.engine.records.metrics import (
@@ -26,6 +27,7 @@ from bagpipe_cli.engine.records.metrics import (
     merge_records,
     summarize,
 )
+from bagpipe_cli.engine.records.run_record import RunRecord
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.trainer.evaluation import accuracy_summary, eval_frame, evaluate
 from bagpipe_cli.environment import peak_rss_mb
@@ -97,41 +99,36 @@ def run_warnings(s: RunSetup, summary: dict[str, Any]) -> list[str]:
     return [w for w in out if w]
 
 
-def finish_run(s: RunSetup, planning: Planning, frames: list[pd.DataFrame], wall: float,
-               model: torch.nn.Module, servers: list[Shard], layout: dict[str, Any],
-               facts: dict[str, Any], ckpt: Checkpointer | None, ck: Checkpoint | None, *,
-               evals: list[dict[str, Any]] | None = None, eval_s: float = 0.0,
-               trace: dict[str, Any] | None = None) -> TrainResult:
-    """The result of a run: `frames` are the trainer processes' records (trainer order),
-    `servers` the final shards, `facts` the runner's own summary keys (runner, roles, ...);
-    `evals` the evaluations during training (`eval_s` their seconds, left out of `wall`),
-    `trace` the trace document."""
-    cfg = s.cfg
+def finish_run(r: RunRecord) -> TrainResult:
+    """The result of a run (`RunRecord`: what either runtime hands over): merged metrics,
+    the summary, config.json and the tables."""
+    s, cfg = r.setup, r.setup.cfg
+    frames = r.frames
     metrics = merge_records(frames)
-    summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, wall)
-    summary.update(evaluate(model, [sv.weight for sv in servers], s.ds, s.offsets, s.train_rows,
-                            s.eval_rows))
+    summary = summarize(metrics, cfg.system, cfg.model, cfg.batch_size, cfg.warmup, r.wall)
+    summary.update(evaluate(r.model, [sv.weight for sv in r.servers], s.ds, s.offsets,
+                            s.train_rows, s.eval_rows))
     summary.update(held_out_classes(s))
-    evals_df = eval_frame(evals or []) if cfg.eval_every else None
-    summary.update(accuracy_summary(evals_df, cfg.target_auc, eval_s))
-    summary.update(planner_summary(planning))
+    evals_df = eval_frame(r.evals) if cfg.eval_every else None
+    summary.update(accuracy_summary(evals_df, cfg.target_auc, r.eval_s))
+    summary.update(planner_summary(r.planning))
     emulated = cfg.net_gbps is not None or cfg.net_latency_us > 0
     summary.update({"network_emulated": emulated,
                     "network_shaping": ("kernel" if cfg.net_shape else "sleep") if emulated else None,
                     "train_rows": s.train_rows,
-                    "eval_rows": s.eval_rows, "trainer_devices": layout["trainer_devices"],
-                    "backend": layout["backend"], "world_size": layout["world"],
-                    "process_peak_rss_mb": peak_rss_mb(), **facts})
-    held = [r["peak_resident_rows"] for r in facts.get("roles", {}).values()
-            if r.get("peak_resident_rows") is not None]
+                    "eval_rows": s.eval_rows, "trainer_devices": r.layout.trainer_devices,
+                    "backend": r.layout.backend, "world_size": r.layout.world,
+                    "process_peak_rss_mb": peak_rss_mb(), **r.facts()})
+    held = [x["peak_resident_rows"] for x in r.roles.values()
+            if x.get("peak_resident_rows") is not None]
     if held:  # a partitioned cache's: its largest trainer's (each trainer's in roles)
         summary["peak_resident_rows"] = max(held)
-    summary["memory"] = memory_summary(s, facts.get("roles", {}))
-    summary.update(checkpoint_summary(ckpt, ck, summary["median_iter_ms"]))
-    runner = {"name": facts["runner"], "launch": _launch(cfg)}
-    return TrainResult(run_config(s, layout, runner), metrics, complete_summary(summary), model,
-                       assemble_tables(servers, s.cardinalities), trainer_records(frames),
-                       evals_df, trace, run_warnings(s, summary))
+    summary["memory"] = memory_summary(s, r.roles)
+    summary.update(checkpoint_summary(r.checkpointer, r.resumed, summary["median_iter_ms"]))
+    runner = {"name": r.runner, "launch": _launch(cfg)}
+    return TrainResult(run_config(s, r.layout.to_json(), runner), metrics, complete_summary(summary),
+                       r.model, assemble_tables(r.servers, s.cardinalities), trainer_records(frames),
+                       evals_df, r.trace, run_warnings(s, summary))
 
 
 def memory_summary(s: RunSetup, roles: dict[str, Any]) -> dict[str, Any]:
