@@ -128,8 +128,11 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     server = s["roles"]["server0"]
     # what the trainers received is what the server sent
     assert server["bytes_sent"] == sum(s["roles"][f"trainer{i}"]["bytes_received"] for i in range(2))
-    if sp.role == "bound":  # local: whole tables once per trainer (before training), nothing after
-        assert m["rows_fetched"].sum() == 0
+    if sp.holds_tables:  # the tables before training (every trainer all, or its shard), nothing during it
+        rows = int(sum(open_dataset(tiny_dataset).meta.cardinalities))
+        assert server["bytes_sent"] == (2 if sp.holds_tables == "all" else 1) * rows * (16 + 1) * 4
+        if sp.holds_tables == "all":
+            assert m["rows_fetched"].sum() == 0
     else:
         assert server["bytes_sent"] == m["rows_fetched"].sum() * (16 + 1) * 4  # row + Adagrad state
 

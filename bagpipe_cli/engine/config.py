@@ -162,7 +162,7 @@ class TrainConfig:
     transport: str = setting("inproc", "inproc: one process; torch: torch.distributed ranks "
                                        "(launched by torchrun, or by --procs).", choices=TRANSPORTS,
                              section="runtime")
-    procs: int | None = setting(None, "Start the ranks here as local processes: 1 oracle + "
+    procs: int | None = setting(None, "Start the ranks here as local processes: 1 planner + "
                                       "--servers + --trainers (implies --transport torch).",
                                 at_least=1, section="runtime")
     master: str | None = setting(None, "With --procs on several machines: HOST:PORT of the first "

@@ -3,7 +3,8 @@
 `estimate_run(cfg, shape)` counts, for every process of the run (one in-process; with
 `--procs` or torchrun the planner (rank 0), each server and each trainer, and `--procs`' launcher):
 
-- tables: the servers' embedding rows and their optimizer state (float32);
+- tables: the servers' embedding rows and their optimizer state (float32), and what a
+  trainer holds of them while it trains (its registry entry's `holds_tables`: all, or a shard);
 - planner: the oracle's per-row state (PLANNER_BYTES_PER_ROW), what the system's own planner
   keeps per row (its registry entry's `planner_bytes_per_row`) and, for a fixed-capacity
   cache (`capacity_from_peak`), the run's trace it plans from;
@@ -184,7 +185,9 @@ def estimate_run(cfg: Any, spec: SystemSpec, shape: RunShape) -> RunMemory:
                      {"evaluation": evaluation})
     server = Process("server", {"processes": BASE_PROCESS_BYTES, "tables": share},
                      {"tables": max(share, init)})
-    trainer = Process("trainer", {"processes": BASE_PROCESS_BYTES, "caches": 0 if gpu else cache,
+    held = {"all": tables, "shard": -(-tables // cfg.trainers)}.get(spec.holds_tables, 0)
+    trainer = Process("trainer", {"processes": BASE_PROCESS_BYTES, "tables": held,
+                                  "caches": 0 if gpu else cache,
                                   "dense model": 0 if gpu else dense,
                                   "inputs": _inputs(cfg, spec, shape, per, True)},
                       {"activations": 0 if gpu else _step(shape, per, 1, cfg.batch_size),

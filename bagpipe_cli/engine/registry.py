@@ -91,6 +91,9 @@ class SystemSpec:
     #                           its own rows only, so rank 0 sends them |U_b| alone)
     per_trainer_volumes: bool = False  # its volumes depend on --trainers even in-process (each
     #                                    trainer keeps a cache of its own)
+    holds_tables: str | None = None  # "all": every trainer holds the whole tables while it
+    #                                  trains (fetched before, written back after); "shard":
+    #                                  each its 1/N of them; None: the servers hold them
     partitioned: bool = False  # at N > 1 its cache is partitioned among the trainers
     #                            (engine/planning/partition.py): the oracle keeps each row's home, and
     #                            its volumes depend on --trainers even in-process
@@ -245,8 +248,14 @@ _SPECS = (
     SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:LocalSystem.build"),
-               volumes=f"{VOLUMES}:local_volumes",
+               volumes=f"{VOLUMES}:local_volumes", holds_tables="all",
                replicated=True, role="bound", color="#17becf"),
+    SystemSpec("sharded", "the tables sharded row-wise across the trainers (TorchRec's and "
+               "HugeCTR's model parallelism): all-to-alls of ids, rows and gradients; no cache",
+               plan=Lazy(f"{PLANNER}:no_plan"),
+               build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded:ShardedSystem.build"),
+               volumes=None, replicated=False, global_view=False, holds_tables="shard",
+               color="#e7969c"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
                "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
                volumes=None,

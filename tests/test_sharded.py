@@ -1,0 +1,66 @@
+"""sharded: the tables row-wise across the trainers, bitwise sync's parameters.
+
+The registry-driven tests enrol it too (in-process and over torch.distributed at 2 trainers,
+checkpoint and resume, the memory estimate). Here: more trainers over `--procs`, every
+model, a real log, and what the all-to-alls move.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import assert_same_parameters
+
+from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.systems.sharded import owner, requests
+from bagpipe_cli.models import MODELS
+
+KW = dict(batch_size=256, iterations=8, eval_rows=2000, servers=2, optimizer="adagrad")
+
+
+def test_requests_go_to_the_rows_owners_and_never_to_oneself():
+    keys = np.array([0, 1, 2, 5, 6, 7, 9])
+    req = requests(keys, 3, me=1)
+    assert [r.tolist() for r in req] == [[0, 6, 9], [], [2, 5]]
+    assert (owner(np.concatenate(req), 3) != 1).all()
+
+
+@pytest.mark.parametrize("trainers", [4, pytest.param(8, marks=pytest.mark.extended)])
+def test_more_trainers_over_procs_equal_sync(tiny_dataset, trainers):
+    kw = dict(data=str(tiny_dataset), trainers=trainers, **KW)
+    sync = train(TrainConfig(system="sync", **kw))
+    inproc = train(TrainConfig(system="sharded", **kw))
+    procs = train(TrainConfig(system="sharded", transport="torch", procs=1 + 2 + trainers, **kw))
+    assert_same_parameters(sync, inproc)
+    assert_same_parameters(sync, procs)
+    # every row a trainer's samples read from another trainer's shard came through the
+    # all-to-all: as many rows in both runtimes
+    assert procs.metrics["rows_fetched"].tolist() == inproc.metrics["rows_fetched"].tolist()
+    roles = procs.summary["roles"]
+    sent = [roles[f"trainer{i}"]["collective_bytes_sent"] for i in range(trainers)]
+    # in-process counts the busiest trainer's share of each all-to-all: no trainer sent more
+    # than it, and the sums of the losses (a float a trainer) are the rest
+    assert max(sent) <= inproc.summary["roles"]["trainers"]["collective_bytes_sent"] * 1.05
+
+
+@pytest.mark.parametrize("model", [m if m == "deepfm" else pytest.param(m, marks=pytest.mark.extended)
+                                   for m in sorted(MODELS)])  # one in make test: its budget
+def test_every_model_in_process_equals_sync(tiny_dataset, model):
+    kw = dict(data=str(tiny_dataset), trainers=2, model=model, lr=0.01, dense_lr=0.001, **KW)
+    assert_same_parameters(train(TrainConfig(system="sync", **kw)),
+                           train(TrainConfig(system="sharded", **kw)))
+
+
+def test_a_real_log_over_procs_equals_sync(real_data, tmp_path):
+    data = tmp_path / "criteo"
+    r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "preprocess", "criteo",
+                        str(real_data / "criteo_kaggle_train_head1999.tsv"), "--out", str(data)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    kw = dict(data=str(data), batch_size=100, iterations=10, trainers=2, servers=1, eval_rows=0)
+    procs = train(TrainConfig(system="sharded", transport="torch", procs=4, **kw))
+    assert_same_parameters(train(TrainConfig(system="sync", **kw)), procs)
+    assert procs.summary["rows_fetched"] > 0
