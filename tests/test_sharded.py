@@ -1,4 +1,5 @@
-"""sharded: the tables row-wise across the trainers, bitwise sync's parameters.
+"""sharded and sharded-hot: the tables row-wise across the trainers (sharded-hot: its hot
+rows replicated), bitwise sync's parameters.
 
 The registry-driven tests enrol it too (in-process and over torch.distributed at 2 trainers,
 checkpoint and resume, the memory estimate). Here: more trainers over `--procs`, every
@@ -28,12 +29,14 @@ def test_requests_go_to_the_rows_owners_and_never_to_oneself():
     assert (owner(np.concatenate(req), 3) != 1).all()
 
 
-@pytest.mark.parametrize("trainers", [4, pytest.param(8, marks=pytest.mark.extended)])
-def test_more_trainers_over_procs_equal_sync(tiny_dataset, trainers):
+@pytest.mark.parametrize("system,trainers", [("sharded", 4), ("sharded-hot", 4),
+                                            pytest.param("sharded", 8, marks=pytest.mark.extended),
+                                            pytest.param("sharded-hot", 8, marks=pytest.mark.extended)])
+def test_more_trainers_over_procs_equal_sync(tiny_dataset, system, trainers):
     kw = dict(data=str(tiny_dataset), trainers=trainers, **KW)
     sync = train(TrainConfig(system="sync", **kw))
-    inproc = train(TrainConfig(system="sharded", **kw))
-    procs = train(TrainConfig(system="sharded", transport="torch", procs=1 + 2 + trainers, **kw))
+    inproc = train(TrainConfig(system=system, **kw))
+    procs = train(TrainConfig(system=system, transport="torch", procs=1 + 2 + trainers, **kw))
     assert_same_parameters(sync, inproc)
     assert_same_parameters(sync, procs)
     # every row a trainer's samples read from another trainer's shard came through the
@@ -64,3 +67,11 @@ def test_a_real_log_over_procs_equals_sync(real_data, tmp_path):
     procs = train(TrainConfig(system="sharded", transport="torch", procs=4, **kw))
     assert_same_parameters(train(TrainConfig(system="sync", **kw)), procs)
     assert procs.summary["rows_fetched"] > 0
+
+
+def test_the_hot_set_keeps_hot_rows_out_of_the_all_to_alls(tiny_dataset):
+    """sharded-hot's all-to-alls carry only cold rows: of the rows a trainer reads from
+    another's shard, the hot set (fae's, the run's most accessed) takes most on skewed data."""
+    kw = dict(data=str(tiny_dataset), trainers=2, **KW)
+    plain, hot = (train(TrainConfig(system=s, **kw)) for s in ("sharded", "sharded-hot"))
+    assert 0 < hot.summary["rows_fetched"] < plain.summary["rows_fetched"] / 2

@@ -172,7 +172,7 @@ def no_plan(s: RunSetup, start: int = 0) -> Planning:
     return Planning(Oracle(s.total_rows, 1, 1, s.cfg.trainers, None, lrpp=False))
 
 
-def _peak(s: RunSetup) -> tuple[int, int]:
+def peak_capacity(s: RunSetup) -> tuple[int, int]:
     """(bagpipe's peak at --lookahead over the whole run, the capacity: --cache-rows or that
     peak). A planning pass (the oracle is deterministic) gives the peak before any training;
     the baselines' default capacity is the memory Bagpipe needs, as in `bagpipe profile`."""
@@ -199,7 +199,7 @@ def policy_plan(s: RunSetup, start: int = 0) -> Planning:
     `planner_decisions`). A resumed run plans the whole run (its capacity, hot set and cache
     state at `start` are those of the run never stopped): see the module docstring."""
     decide = spec(s.cfg.system).planner_decisions()
-    peak, capacity = _peak(s)
+    peak, capacity = peak_capacity(s)
     trace = trace_of(key_batches(s.ds, s.cfg, s.train_rows, s.offsets), s.total_rows)
     planner = PolicyPlanner(decide(trace, capacity, s.cfg.hot_sample), trace, s.total_rows, start)
     return Planning(planner, peak, capacity)

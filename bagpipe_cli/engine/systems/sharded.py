@@ -17,10 +17,15 @@ one trainer, and a table larger than a trainer's share still fits. Per iteration
 The embedding servers hold the tables only before training (each trainer fetches its shard,
 not timed, as `local` fetches the tables) and after it (each writes its shard back).
 
+With a hot set (`hot`: sharded-hot, engine/systems/sharded_hot.py) every trainer also holds
+a replica of the hot rows: their partial gradients over U_b are summed among all trainers
+(the exact collective: trainer order) and every trainer applies the same step, so only the
+cold rows cross in the all-to-alls. A trainer then needs U_b (the plan's global view).
+
 In-process every trainer is in one process: the tables are trained in place, each update
-with the servers' arithmetic, and the all-to-alls are emulated: the collective holds the
-caller for what each would move over the emulated network, the busiest trainer's share, and
-counts those bytes (`LocalCollective.move_rows`).
+with the servers' arithmetic, and the communication is emulated: the collective holds the
+caller for what each all-to-all would move over the emulated network, the busiest trainer's
+share (`LocalCollective.move_rows`), and for the hot rows' sum, and counts those bytes.
 """
 
 from __future__ import annotations
@@ -73,38 +78,58 @@ class ShardedSystem(_PushingSystem):
     partitioned = True  # every trainer holds rows of its own: each one's are checkpointed
 
     def __init__(self, transport: Transport, trainers: TrainerSet, total_rows: int,
-                 servers: list[Shard] | None = None, device: str | torch.device = "cpu"):
+                 servers: list[Shard] | None = None, device: str | torch.device = "cpu",
+                 hot: np.ndarray | None = None):
         super().__init__(transport, trainers, device)
         self.n, self.me, self.servers = trainers.total, trainers.first, servers
         self.total_rows = total_rows
+        self.hot = hot  # the replicated hot rows' keys, sorted (None: none)
         self._asked: list[torch.Tensor] | None = None  # ids each trainer asked of this owner
+        self._cold = np.empty(0, np.int64)  # the cold rows this trainer read this iteration
         if trainers.all:  # one process: the tables trained in place (see the docstring)
             self.own = None
             weight, state = shard_tables(servers)
         else:
-            self.own = np.arange(self.me, total_rows, self.n)
-            weight, state = self._fetch_shard(total_rows)
+            own = np.arange(self.me, total_rows, self.n)
+            self.own = own if hot is None else own[~self.is_hot(own)]
+            weight, state = self._fetch(self.own)
+            if hot is not None:
+                hw, hs = self._fetch(hot)
+                self.hot_weight, self.hot_state = hw.to(self.device), hs.to(self.device)
         self.weight, self.state = weight.to(self.device), state.to(self.device)
 
     @classmethod
     def build(cls, p: SystemParts) -> ShardedSystem:
         return cls(p.transport, p.trainers, p.setup.total_rows, p.servers, p.device)
 
-    def _fetch_shard(self, total_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """This trainer's rows from the servers, in pieces of TABLE_CHUNK keys (every trainer
-        sends as many requests: lockstep)."""
+    def is_hot(self, keys: np.ndarray) -> np.ndarray:
+        """Whether each of `keys` is a hot row."""
+        if self.hot is None or not len(self.hot):
+            return np.zeros(len(keys), bool)
+        pos = np.minimum(np.searchsorted(self.hot, keys), len(self.hot) - 1)
+        return self.hot[pos] == keys
+
+    def _fetch(self, keys: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """`keys`' rows (sorted) from the servers, in pieces of TABLE_CHUNK of the key space
+        (every trainer sends as many requests: lockstep)."""
         ws, ss = [], []
-        for lo in range(0, total_rows, TABLE_CHUNK):
-            ks = self.own[(self.own >= lo) & (self.own < lo + TABLE_CHUNK)]
+        for lo in range(0, self.total_rows, TABLE_CHUNK):
+            ks = keys[(keys >= lo) & (keys < lo + TABLE_CHUNK)]
             w, s = self.transport.fetch(ks).result()
             ws.append(w)
             ss.append(s)
         return torch.cat(ws), torch.cat(ss)
 
-    def _local(self, keys: np.ndarray) -> torch.Tensor:
-        """Positions of owned `keys` in this trainer's tensors."""
-        pos = keys if self.own is None else keys // self.n
+    def _local(self, keys: np.ndarray, among: np.ndarray | None = None) -> torch.Tensor:
+        """Positions of `keys` in this trainer's tensors: of its shard's (or `among`'s)."""
+        among = self.own if among is None else among
+        pos = keys if among is None else np.searchsorted(among, keys)
         return torch.from_numpy(np.ascontiguousarray(pos)).to(self.device)
+
+    def view(self, plan):
+        if self.hot is not None:  # the hot rows' sum is over U_b: every trainer's view
+            return plan.uniq, self.trainers.inverse(plan)
+        return super().view(plan)
 
     # ------------------------------------------------------------------ one process
 
@@ -120,6 +145,7 @@ class ShardedSystem(_PushingSystem):
         asked, served = np.zeros(n, np.int64), np.zeros(n, np.int64)
         for i in range(n):
             mine = np.unique(plan.uniq[plan.accesses_of(i, 1, n)])
+            mine = mine[~self.is_hot(mine)]
             own = owner(mine, n)
             asked[i] = int((own != i).sum())
             served += np.bincount(own[own != i], minlength=n)
@@ -138,7 +164,18 @@ class ShardedSystem(_PushingSystem):
             step.rows_fetched = int(asked.sum())
             self._served = (asked, served)
             return self.weight.index_select(0, self._local(keys)).index_select(0, index)
-        return self._read_sharded(step, keys).to(self.device).index_select(0, index)
+        if self.hot is None:
+            return self._read_sharded(step, keys).to(self.device).index_select(0, index)
+        mine = keys[torch.unique(index).cpu().numpy()]  # U_b's rows this trainer reads
+        self._read_rows = len(mine)
+        hot = self.is_hot(mine)
+        self._cold = mine[~hot]
+        rows = torch.zeros(len(keys), self.weight.shape[1])
+        at = np.searchsorted(keys, mine)
+        rows[torch.from_numpy(at[~hot])] = self._read_sharded(step, self._cold)
+        rows[torch.from_numpy(at[hot])] = self.hot_weight.index_select(
+            0, self._local(mine[hot], self.hot)).cpu()
+        return rows.to(self.device).index_select(0, index)
 
     def _read_sharded(self, step: Step, keys: np.ndarray) -> torch.Tensor:
         """A trainer rank: its own rows in place, the others' through two all-to-alls."""
@@ -170,11 +207,21 @@ class ShardedSystem(_PushingSystem):
             if self.n > 1:
                 asked, served = self._served
                 self._emulate(step, asked, served, 4 * self.weight.shape[1])  # gradients
+                if self.hot is not None:  # the hot rows' sum among the trainers
+                    self.collective.start_sum(grad[torch.from_numpy(self.is_hot(keys))]).result()
             local = self._local(keys)
             apply_summed(self.weight, self.state, local,
                          [(torch.arange(len(keys), device=self.device), grad.to(self.device))], opt)
             return
-        self._push_sharded(step, keys, grad, opt)
+        if self.hot is None:
+            self._push_sharded(step, keys, grad, opt)
+            return
+        step.rows_written_back = self._read_rows  # the rows it read: their partials left it
+        hot = torch.from_numpy(self.is_hot(keys))
+        g_hot = self.collective.start_sum(grad[hot]).result()  # every trainer's, in trainer order
+        apply_summed(self.hot_weight, self.hot_state, self._local(keys[hot.numpy()], self.hot),
+                     [(torch.arange(len(g_hot), device=self.device), g_hot.to(self.device))], opt)
+        self._push_sharded(step, self._cold, grad[torch.from_numpy(np.searchsorted(keys, self._cold))], opt)
 
     def _push_sharded(self, step: Step, keys: np.ndarray, grad: torch.Tensor,
                       opt: RowOptimizer) -> None:
@@ -201,13 +248,26 @@ class ShardedSystem(_PushingSystem):
             if self.servers is not None:
                 scatter_to_shards(self.servers, self.weight, self.state)
             return
-        w, s = self.weight.cpu(), self.state.cpu()
-        for lo in range(0, self.total_rows, TABLE_CHUNK):  # every trainer: as many write-backs
-            m = (self.own >= lo) & (self.own < lo + TABLE_CHUNK)
-            self._write_back(self.own[m], w[torch.from_numpy(m)], s[torch.from_numpy(m)])
-            self.transport.drain()
+        self._store(self.own, self.weight, self.state)
+        if self.hot is not None:  # trainer 0's replica (the others': as many empty requests)
+            keep = self.hot if self.me == 0 else self.hot[:0]
+            self._store(keep, self.hot_weight[:len(keep)], self.hot_state[:len(keep)])
         super().flush()
+
+    def _store(self, keys: np.ndarray, weight: torch.Tensor, state: torch.Tensor) -> None:
+        """Write `keys`' rows back, in pieces of TABLE_CHUNK of the key space (lockstep)."""
+        w, s = weight.cpu(), state.cpu()
+        for lo in range(0, self.total_rows, TABLE_CHUNK):
+            m = (keys >= lo) & (keys < lo + TABLE_CHUNK)
+            self._write_back(keys[m], w[torch.from_numpy(m)], s[torch.from_numpy(m)])
+            self.transport.drain()
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         keys = np.arange(self.weight.shape[0]) if self.own is None else self.own
-        return keys, self.weight.cpu().clone(), self.state.cpu().clone()
+        w, s = self.weight.cpu().clone(), self.state.cpu().clone()
+        if self.own is None or self.hot is None or self.me != 0:
+            return keys, w, s
+        keys = np.concatenate([keys, self.hot])  # trainer 0 holds the hot rows' newest too
+        order = np.argsort(keys, kind="stable")
+        return (keys[order], torch.cat([w, self.hot_weight.cpu()])[order],
+                torch.cat([s, self.hot_state.cpu()])[order])
