@@ -12,8 +12,9 @@ from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, REFERENCE, spec
 from bagpipe_cli.profile import batch_trace, simulate_fae
 
 EXACT = [s for s in ENGINE_SYSTEMS if spec(s).exact and s != REFERENCE]  # enrolled from the registry
-# The fixed-capacity caches, each following a cache policy (lru's, ...; hotline's is fae's).
-CAPACITY_SYSTEMS = [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak]
+# The fixed-capacity caches, each following a cache policy (lru's, ...; hotline's is fae's); not
+# sharded-hot, whose capacity is its hot set's (no cache).
+CAPACITY_SYSTEMS = [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak and spec(s).replicated]
 
 
 @pytest.mark.parametrize("optimizer,trainers,servers", [("sgd", 1, 1), ("adagrad", 2, 3)])

@@ -151,7 +151,7 @@ def test_the_check_finds_the_counts_that_were_wrong():
     assert checked == ["paper.yaml"]
     assert wrong == [f"README.md:1 (paper.yaml at repeat 3): '384 runs' should be "
                      f"{configurations * 3:,} runs"]
-    assert configurations * 3 == 528  # what `bench ... --repeat 3` printed: [1/528]
+    assert configurations * 3 == 624  # what `bench ... --repeat 3` prints: [1/624] (12 systems)
     header = "criteo-kaggle.yaml. 128 configurations x 3 repeats = 256 runs; hours on 2 CPU cores."
     assert _wrong(header, configurations, repeat) == [
         f"'128 configurations' should be {configurations} configurations",

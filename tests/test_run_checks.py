@@ -23,7 +23,7 @@ def _trace(data, iterations, batch_size):
     return trace_of(keys, int(sum(ds.meta.cardinalities)))
 
 
-@pytest.mark.parametrize("system", [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak])
+@pytest.mark.parametrize("system", [s for s in ENGINE_SYSTEMS if spec(s).capacity_from_peak and spec(s).replicated])
 def test_peak_resident_rows_is_the_runs_own(tiny_dataset, system):
     def peak(trace, capacity):  # the profile's simulator of its policy, or its decisions
         return policy_replay(system, trace, capacity)[1]

@@ -254,14 +254,14 @@ _SPECS = (
                "HugeCTR's model parallelism): all-to-alls of ids, rows and gradients; no cache",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded:ShardedSystem.build"),
-               volumes=None, replicated=False, global_view=False, holds_tables="shard",
+               volumes="bagpipe_cli.simulate.sharded:sharded_volumes", replicated=False, global_view=False, holds_tables="shard",
                color="#e7969c"),
     SystemSpec("sharded-hot", "sharded, with fae's hot set replicated on every trainer: the "
                "hot rows' gradients summed among all trainers, only cold rows in the all-to-alls",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded_hot:sharded_hot_system"),
-               volumes=None, replicated=False, holds_tables="shard",
-               reads=_CACHE_SETTINGS | {"hot_sample"}, color="#ad494a"),
+               volumes="bagpipe_cli.simulate.sharded:sharded_hot_volumes", replicated=False, holds_tables="shard",
+               reads=_CACHE_SETTINGS | {"hot_sample"}, capacity_from_peak=True, color="#ad494a"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
                "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
                volumes=None,

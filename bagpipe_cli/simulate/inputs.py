@@ -171,11 +171,15 @@ class Volumes:
     # sync_later then count the rows' LRPP classes; what moves is here). None: every trainer
     # holds every row of U_b and sums its sync_now and sync_later rows with all the others.
     exchanges: Exchanges | None = None
+    # the sharded tables (simulate/sharded.py): [I, 2, N] cold rows each trainer asks of the
+    # others' shards (0) and serves them (1); None: the servers hold the tables
+    shards: np.ndarray | None = None
 
     def totals(self) -> dict[str, int]:
+        asked = int(self.shards[:, 0].sum()) if self.shards is not None else 0  # of the owners
         return {
-            "rows_fetched": int(self.round_fetch.sum() + self.read_fetch.sum()),
-            "rows_written_back": int(self.pre_evict.sum() + self.write_back.sum()),
+            "rows_fetched": int(self.round_fetch.sum() + self.read_fetch.sum()) + asked,
+            "rows_written_back": int(self.pre_evict.sum() + self.write_back.sum()) + asked,
             "sync_now": int(self.sync_now.sum()),
             "sync_later": int(self.sync_later.sum()),
             "unique_rows": int(self.unique_rows.sum()),

@@ -139,6 +139,9 @@ class _Replay:
         # The partitioned cache's exchanges (rows of the busiest trainer, sent or received):
         # None where every trainer holds U_b and sums sync_now and sync_later with the others.
         self.moved = None if ex is None else {k: ex.busiest(k) for k in ("delivered", "now", "later")}
+        sh = vol.shards if self.n > 1 and cluster.collectives_on_network else None
+        # The sharded tables' all-to-alls: the rows of the busiest trainer, asked or served.
+        self.sharded = None if sh is None else np.maximum(sh[:, 0].max(axis=1), sh[:, 1].max(axis=1))
         self.inflight: dict[int, float] = {}  # round start iteration -> completion of its prefetch
         self.landing: float | None = None  # hotline: when the current round's rows land
         starts = np.flatnonzero(vol.round_start)
@@ -209,6 +212,11 @@ class _Replay:
             d = self._exchange(int(self.moved["delivered"][b]) * self.work.row_bytes)
             self.t += d
             self.sync_wait[b] += d
+        if self.sharded is not None:  # the counts, the ids and the rows, from their owners
+            m = int(self.sharded[b])
+            d = sum(self._exchange(x) for x in (8 * (self.n - 1), 8 * m, 4 * self.work.row_dim * m))
+            self.t += d
+            self.fetch_wait[b] += d
         fetched = False
         for msg in vol.read_fetch[b]:
             if msg.any() or vol.empty_fetch_message:
@@ -247,6 +255,8 @@ class _Replay:
         if self.moved is None:
             self.t += self._collective(int(vol.sync_now[b]) * work.grad_bytes + 4 * self.n)
             later = self._collective(int(vol.sync_later[b]) * work.grad_bytes)
+            if self.sharded is not None:  # the partial gradients, to the rows' owners
+                self.t += self._exchange(int(self.sharded[b]) * work.grad_bytes)
         else:
             # the losses go with the partials: a row to every other trainer
             self.t += self._exchange((int(self.moved["now"][b]) + self.n - 1) * work.grad_bytes)
@@ -337,6 +347,10 @@ def collective_bytes(vol: Volumes, cluster: Cluster, work: Workload) -> np.ndarr
     if vol.exchanges is None:  # one sum of the sync_now rows and the losses, one of sync_later
         rows = (_ring(kind, vol.sync_now * work.row_dim + n, n).sum()
                 + _ring(kind, vol.sync_later * work.row_dim, n).sum())
+        if vol.shards is not None:  # counts, ids and gradients of rows asked; rows served
+            asked, served = vol.shards[:, 0].sum(axis=0), vol.shards[:, 1].sum(axis=0)
+            a2a = 8 * (n - 1) + (8 * asked + work.grad_bytes * (asked + served)) / I
+            return dense + rows / I + a2a
         return np.full(n, dense + rows / I)
     moved = vol.exchanges.bytes_sent(work.row_bytes, work.grad_bytes).sum(axis=0)
     return dense + (n - 1) * work.grad_bytes + moved / I  # the losses: a row to each other

@@ -47,10 +47,12 @@ COLUMNS = (
     Column("optimizer", "max", "seconds of the dense optimizer, row updates, and queueing "
                                "write-backs and gradient pushes"),
     Column("unique_rows", "first", "|U_b|: distinct embedding rows of the global batch"),
-    Column("rows_fetched", "sum", "rows transferred from the servers for this iteration, summed "
-                                  "over trainer processes (a row every trainer fetches counts once each)"),
-    Column("rows_written_back", "sum", "rows (or row gradients) sent back to the servers, summed "
-                                       "over trainer processes"),
+    Column("rows_fetched", "sum", "rows transferred from the servers for this iteration (the "
+                                  "sharded tables: from the rows' owners), summed over trainer "
+                                  "processes (a row every trainer fetches counts once each)"),
+    Column("rows_written_back", "sum", "rows (or row gradients) sent back to the servers (the "
+                                       "sharded tables: to the rows' owners), summed over trainer "
+                                       "processes"),
     Column("cache_hits", "first", "rows of U_b already on the trainer"),
     Column("sync_now", "first", "rows of U_b whose gradients are all-reduced on the critical path"),
     Column("sync_later", "first", "rows of U_b all-reduced asynchronously (LRPP)"),

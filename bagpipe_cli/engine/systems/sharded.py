@@ -161,13 +161,12 @@ class ShardedSystem(_PushingSystem):
             self._emulate(step, peers, peers, KEY_BYTES)  # the counts of ids
             self._emulate(step, asked, served, KEY_BYTES)  # ids to the owners
             self._emulate(step, served, asked, row)  # rows back
-            step.rows_fetched = int(asked.sum())
+            step.rows_fetched = step.rows_written_back = int(asked.sum())  # and their partials
             self._served = (asked, served)
             return self.weight.index_select(0, self._local(keys)).index_select(0, index)
         if self.hot is None:
             return self._read_sharded(step, keys).to(self.device).index_select(0, index)
         mine = keys[torch.unique(index).cpu().numpy()]  # U_b's rows this trainer reads
-        self._read_rows = len(mine)
         hot = self.is_hot(mine)
         self._cold = mine[~hot]
         rows = torch.zeros(len(keys), self.weight.shape[1])
@@ -197,12 +196,11 @@ class ShardedSystem(_PushingSystem):
         for j, r in enumerate(req):
             if len(r):
                 rows[torch.from_numpy(own == j)] = answers[j]
-        step.rows_fetched = sum(len(r) for r in req)
+        step.rows_fetched = step.rows_written_back = sum(len(r) for r in req)  # and their partials
         step.times["prefetch_wait"] += time.perf_counter() - t0
         return rows
 
     def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        step.rows_written_back = len(keys)  # rows whose gradients went to their owners
         if self.own is None:
             if self.n > 1:
                 asked, served = self._served
@@ -216,7 +214,6 @@ class ShardedSystem(_PushingSystem):
         if self.hot is None:
             self._push_sharded(step, keys, grad, opt)
             return
-        step.rows_written_back = self._read_rows  # the rows it read: their partials left it
         hot = torch.from_numpy(self.is_hot(keys))
         g_hot = self.collective.start_sum(grad[hot]).result()  # every trainer's, in trainer order
         apply_summed(self.hot_weight, self.hot_state, self._local(keys[hot.numpy()], self.hot),
