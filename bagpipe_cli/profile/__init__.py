@@ -7,7 +7,8 @@ result is written by `bagpipe_cli.profile.report.write_profile`. The simulators 
 
 Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the per-batch
 unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
-row). The trace is kept in memory (about 8 bytes per unique access) only when a
+row) and the counts of what lookahead buys (`profile/reuse.py`: one more int per row and
+the last K <= 64 batches' rows). The trace is kept in memory (about 8 bytes per unique access) only when a
 fixed-capacity policy (`CAPACITY_POLICIES`) is requested, since Belady needs the future
 and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
 spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
@@ -63,6 +64,7 @@ from bagpipe_cli.profile.passes import (
     timed,
     trace_pass,
 )
+from bagpipe_cli.profile.reuse import LookaheadReuse, ReuseFactor
 from bagpipe_cli.profile.skew import SkewResult, skew_stats
 
 SCHEMA_VERSION = 1
@@ -132,6 +134,8 @@ class ProfileResult:
     skew: SkewResult
     policies: list[PolicyResult]
     bagpipe_vs_belady: list[BagpipeComparison]
+    lookahead_reuse: LookaheadReuse  # what lookahead buys (`profile/reuse.py`)
+    reuse_factor: ReuseFactor  # accesses per distinct row of every batch
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # for the user (the CLI prints them)
 
@@ -149,6 +153,8 @@ class ProfileResult:
             "skew": self.skew.to_json(),
             "policies": [p.to_json(dim) for p in self.policies],
             "bagpipe_vs_belady": [c.to_json() for c in self.bagpipe_vs_belady],
+            "lookahead_reuse": self.lookahead_reuse.to_json(),
+            "reuse_factor": self.reuse_factor.to_json(),
             "timing": self.timing,
             "warnings": self.warnings,
         }
@@ -214,7 +220,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     return ProfileResult(
         config=config, dataset=dataset, trace=tp.info, cache_rows=cache_rows if want_capacity else [],
         cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
-        bagpipe_vs_belady=comparisons, timing=timing, warnings=[warning] if warning else [],
+        bagpipe_vs_belady=comparisons, lookahead_reuse=tp.reuse, reuse_factor=tp.reuse_factor,
+        timing=timing, warnings=[warning] if warning else [],
     )
 
 

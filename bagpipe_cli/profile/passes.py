@@ -1,5 +1,5 @@
 """The passes of `bagpipe profile` over the batch trace: the streamed one (Bagpipe at every
-lookahead, no cache) and the policies that need the whole trace (fixed capacities, Bagpipe
+lookahead, no cache, what lookahead buys: `profile/reuse.py`) and the policies that need the whole trace (fixed capacities, Bagpipe
 against the offline optimum)."""
 
 from __future__ import annotations
@@ -15,7 +15,15 @@ from bagpipe_cli.data.format import Dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.policies.simulators import BagpipeSimulator, PolicyResult
 from bagpipe_cli.policies.table import TABLE, Policy, with_role
-from bagpipe_cli.policies.trace import DiskArray, Trace, TraceWriter, iter_batch_keys, num_batches
+from bagpipe_cli.policies.trace import (
+    DiskArray,
+    Trace,
+    TraceWriter,
+    iter_batch_keys,
+    num_batches,
+    table_offsets,
+)
+from bagpipe_cli.profile.reuse import LookaheadReuse, ReuseCounter, ReuseFactor, reuse_depth
 from bagpipe_cli.profile.skew import SkewResult
 
 # progress(stage, advance, total): `advance` more units of `total` done in `stage`.
@@ -67,8 +75,8 @@ class BagpipeComparison:
 
 @dataclass
 class TracePass:
-    """What pass 2 found: the batch sequence, Bagpipe at every lookahead and the trace
-    itself (kept only for the fixed-capacity policies, else None)."""
+    """What pass 2 found: the batch sequence, Bagpipe at every lookahead, the trace itself
+    (kept only for the fixed-capacity policies, else None) and what lookahead buys."""
 
     info: TraceInfo
     sizes: list[int]  # |U_b| of every batch
@@ -76,7 +84,8 @@ class TracePass:
     fixed: dict[int, PolicyResult]  # the lookahead rule at the fixed lookaheads of policies (prefetch)
     trace: Trace | None
     num_rows: int  # embedding rows of all tables
-
+    reuse: LookaheadReuse  # what lookahead buys
+    reuse_factor: ReuseFactor  # accesses per distinct row of every batch
 
 
 def timed(timing: dict[str, dict[str, float]], stage: str, t0: float, n: int) -> None:
@@ -87,29 +96,34 @@ def timed(timing: dict[str, dict[str, float]], stage: str, t0: float, n: int) ->
                      "peak_rss_mb": peak_rss_mb()}
 
 
-
 def trace_pass(ds: Dataset, config: PassConfig, skew: SkewResult, keep: bool,
-                fixed: list[int], progress: ProgressFn, timing: dict[str, dict[str, float]]
-                ) -> TracePass:
+               fixed: list[int], progress: ProgressFn, timing: dict[str, dict[str, float]]
+               ) -> TracePass:
     """Stream the per-batch unique rows through the Bagpipe simulator at --lookahead and at
-    the `fixed` lookaheads of policies (prefetch's), and keep the trace in memory if `keep`."""
+    the `fixed` lookaheads of policies (prefetch's) and through the counts of what lookahead
+    buys (`profile/reuse.py`), and keep the trace in memory if `keep`."""
     meta = ds.meta
     accesses = meta.rows * meta.num_tables
     lookaheads = list(dict.fromkeys([*config.lookaheads, *fixed]))
     num_rows = int(sum(meta.cardinalities))
+    nb = num_batches(meta.rows, config.batch_size)
     bag = BagpipeSimulator(lookaheads, num_rows)
+    reuse = ReuseCounter(reuse_depth(max(config.lookaheads), nb), table_offsets(meta), num_rows)
     writer = TraceWriter(num_rows) if keep else None
     sizes: list[int] = []
-    t0 = time.perf_counter()
+    t0, in_reuse = time.perf_counter(), 0.0
     for u, c in iter_batch_keys(ds, config.batch_size, lambda n: progress("trace", n, meta.rows)):
         bag.step(u)
+        t1 = time.perf_counter()
+        reuse.step(u, c)
+        in_reuse += time.perf_counter() - t1
         sizes.append(u.size)
         if writer is not None:
             writer.add(u, c)
     unique_accesses = int(sum(sizes))
     bag_results = bag.results(accesses, unique_accesses)
     timed(timing, "trace+none+bagpipe", t0, accesses)
-    nb = num_batches(meta.rows, config.batch_size)
+    timed(timing, "lookahead_reuse", time.perf_counter() - in_reuse, accesses)  # part of the above
     info = TraceInfo(
         batch_size=config.batch_size, batches=nb,
         last_batch_rows=meta.rows - (nb - 1) * config.batch_size,
@@ -119,7 +133,9 @@ def trace_pass(ds: Dataset, config: PassConfig, skew: SkewResult, keep: bool,
     trace = writer.finish() if writer is not None else None
     by_lookahead = dict(zip(lookaheads, bag_results, strict=True))
     return TracePass(info, sizes, [by_lookahead[lk] for lk in dict.fromkeys(config.lookaheads)],
-                      {lk: by_lookahead[lk] for lk in fixed}, trace, num_rows)
+                     {lk: by_lookahead[lk] for lk in fixed}, trace, num_rows,
+                     *reuse.results(max(config.lookaheads), [t.name for t in meta.tables],
+                                    info.last_batch_rows < config.batch_size))
 
 
 def capacities(config: PassConfig, tp: TracePass) -> tuple[list[int], str]:
