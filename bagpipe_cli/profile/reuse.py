@@ -47,7 +47,7 @@ MIN_RING_SLOTS = 1024  # the ring's first size, at least
 REUSE_BINS = 30  # bins of the reuse factor's histogram
 ALL = "(all)"  # the overall row's name in the CSV tables (as skew_tables.csv)
 # Bit i of every byte value v: [256, 8].
-_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(np.int64)
+_BYTE_BITS = np.unpackbits(np.arange(256, dtype=np.uint8)[:, None], axis=1, bitorder="little").astype(np.float64)
 
 
 def reuse_depth(lookahead: int, batches: int) -> int:
@@ -234,22 +234,27 @@ class ReuseCounter:
         """[t, j]: how many masks `m` of rows of table t have bit j set (j < K): a histogram of
         each byte's values per table, times the bits of every byte value."""
         nbytes, bins = -(-self.depth // 8), self.tables * 256
-        by = m.astype("<u8").view(np.uint8).reshape(-1, 8)[:, :nbytes]
-        at = (tk * 256)[:, None] + by + np.arange(nbytes) * bins
+        at = m.astype("<u8", copy=False).view(np.uint8).reshape(-1, 8)[:, :nbytes].astype(np.int64)
+        at += (tk * 256)[:, None]
+        at += np.arange(0, nbytes * bins, bins)
         h = np.bincount(at.ravel(), minlength=nbytes * bins).reshape(nbytes, self.tables, 256)
-        bits = np.matmul(h, _BYTE_BITS)  # [byte, t, bit of the byte]
-        return bits.transpose(1, 0, 2).reshape(self.tables, 8 * nbytes)[:, : self.depth]
+        bits = np.rint(h @ _BYTE_BITS)  # [byte, t, bit of the byte]; exact below 2^53
+        return bits.astype(np.int64).transpose(1, 0, 2).reshape(self.tables, 8 * nbytes)[:, : self.depth]
 
     def _write(self, b: int, u: np.ndarray, mask: np.ndarray) -> None:
         """Add batch b's entries; the ring keeps the K - 1 batches before it."""
         self.window.append(u.size)
         need = sum(self.window)
-        if need > self.cap:
+        if need > self.cap or not self.cap:
             self._grow(need - u.size, max(2 * self.cap, need + need // 2, MIN_RING_SLOTS))
-        at = (self.head + np.arange(u.size)) % self.cap
-        self.key[at], self.batch[at], self.mask[at] = u, b, mask
+        n, head = u.size, self.head
+        first = min(n, self.cap - head)  # up to the ring's end, then from its start
+        for lo, hi, part in ((head, head + first, slice(0, first)), (0, n - first, slice(first, n))):
+            self.key[lo:hi], self.batch[lo:hi], self.mask[lo:hi] = u[part], b, mask[part]
+        at = np.arange(head, head + n)
+        at[first:] -= self.cap
         self.latest[u] = at
-        self.head = (self.head + u.size) % self.cap if self.cap else 0
+        self.head = (head + n) % self.cap
 
     def _grow(self, live: int, cap: int) -> None:
         """A ring of `cap` slots holding the `live` entries before the head, in order."""
