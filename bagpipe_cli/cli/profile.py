@@ -46,7 +46,8 @@ def _int(v: str) -> int:
 @click.option("--batch-size", type=int, default=4096, show_default=True,
               help="Global batch size B (samples per batch); a final partial batch is kept.")
 @click.option("--lookahead", "lookahead", default="200", show_default=True,
-              help="Bagpipe lookahead(s) L in batches, comma-separated.")
+              help="Bagpipe lookahead(s) L in batches, comma-separated; the largest is also K, "
+                   "the distances k = 1..K of what lookahead buys (at most 64 and the batches - 1).")
 @click.option("--cache-rows", "cache_rows", default=None,
               help=f"Cache capacities R (rows) for {', '.join(CAPACITY_POLICIES)}, comma-separated "
                    "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
@@ -72,13 +73,13 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     memory, and, when they fit many times over, that `local` (every table on the trainer) is
     the answer for this data.
 
-    What lookahead buys, for k = 1..K (K = the largest --lookahead, capped at 64 and at the
-    number of batches - 1), per table and for all tables together: the share of batch b+k's
-    distinct rows U_{b+k} that batch b read ("in batch b", X = U_b) and that one of batches
-    b..b+k-1 read ("in b..b+k-1", X = U_b ∪ ... ∪ U_{b+k-1}, what lookahead k keeps):
-    sum over b of |U_{b+k} ∩ X| / sum over b of |U_{b+k}|, over every b where batch b+k
-    exists. And each batch's reuse factor, its accesses per distinct row (median, p10, p90
-    and a histogram over the batches).
+    What lookahead buys, for k = 1..K (K = the largest --lookahead, at most 64 and the number
+    of batches - 1), per table and for all tables: the share of the distinct rows of batch
+    b+k that batch b read ("in batch b") and that one of batches b..b+k-1 read ("in
+    b..b+k-1": what lookahead k keeps), that is sum over b of |U_{b+k} & X| / sum over b of
+    |U_{b+k}|, X = U_b or X = the union of U_b..U_{b+k-1}, over every b where batch b+k
+    exists (U_b: the distinct rows of batch b). And each batch's reuse factor: its accesses
+    per distinct row (median, p10, p90 and a histogram over the full batches).
     """
     from bagpipe_cli.data.format import open_dataset
     from bagpipe_cli.profile import ProfileConfig, run_profile
