@@ -102,10 +102,10 @@ def plot_reuse_factor(result: ProfileResult, path: Path) -> None:
         ax.axvline(s[key], color="#d62728", ls=ls, lw=1.6, label=f"{key}: {s[key]:.3g}")
     ax.set_xlabel("reuse factor: accesses of a batch per distinct row it reads")
     ax.set_ylabel("batches")
-    ax.set_ylim(bottom=0)
+    ax.set_ylim(0, 1.45 * max(int(counts.max()), 1))  # room for the legend above the bars
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(True, axis="y", alpha=0.3)
-    ax.legend(fontsize=9, loc="best")
+    ax.legend(fontsize=9, loc="upper right")
     ax.set_title(f"Reuse within a batch\n{_subtitle(result)}", fontsize=11)
     fig.tight_layout()
     fig.savefig(path)
