@@ -450,7 +450,12 @@ def test_cli_profile_writes_outputs(tiny, tmp_path):
     names = {p.name for p in out.iterdir()}
     assert {"profile.json", "profile.csv", "skew_tables.csv", "access_cdf.csv", "per_batch.csv",
             "bagpipe_vs_belady.csv", "access_cdf.png", "table_top_share.png",
-            "fetched_vs_lookahead.png", "fetched_vs_cache.png"} <= names
+            "fetched_vs_lookahead.png", "fetched_vs_cache.png", "lookahead_reuse.csv",
+            "reuse_factor.csv", "reuse_histogram.csv", "lookahead_reuse.png",
+            "reuse_factor.png"} <= names
+    for png in ("lookahead_reuse.png", "reuse_factor.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "what lookahead buys" in r.output and "reuse factor" in r.output
     j = json.loads((out / "profile.json").read_text())
     assert j["schema_version"] == 1
     assert j["trace"]["batches"] == 12 and j["trace"]["last_batch_rows"] == 3000 - 11 * 256
@@ -467,9 +472,43 @@ def test_cli_profile_writes_outputs(tiny, tmp_path):
         assert c["belady_fetched_rows"] <= c["bagpipe_fetched_rows"]
     df = pd.read_csv(out / "profile.csv")
     assert len(df) == len(j["policies"])
+    _check_lookahead_reuse(tiny, out, j)
     # A second run refuses the non-empty directory.
     r = CliRunner().invoke(cli, ["profile", str(tiny), "--batch-size", "256", "--out", str(out)])
     assert r.exit_code == 2 and "--overwrite" in r.output
+
+
+def _check_lookahead_reuse(tiny: Path, out: Path, j: dict) -> None:
+    """What lookahead buys, as written, equals a count with sets on the dataset's batches
+    (rows split into tables by the cardinalities); K = 11 (12 batches < --lookahead 50)."""
+    ds = open_dataset(tiny)
+    cards = ds.meta.cardinalities
+    batches, counts = ref_trace(ds.sparse_block(0, ds.rows), cards, 256)
+    ends = np.cumsum(cards)
+    n, depth = len(batches), j["lookahead_reuse"]["max_k"]
+    assert depth == n - 1 == 11
+    csv = pd.read_csv(out / "lookahead_reuse.csv", keep_default_na=False).set_index(["table", "k"])
+    assert len(csv) == (len(cards) + 1) * depth
+    for t, name in [(None, "(all)"), (0, ds.meta.tables[0].name), (5, ds.meta.tables[5].name)]:
+        u = [{x for x in b if t is None or int(np.searchsorted(ends, x, side="right")) == t}
+             for b in batches]
+        for k in (1, 2, 7, 11):
+            rows = sum(len(u[b + k]) for b in range(n - k))
+            inb = sum(len(u[b + k] & u[b]) for b in range(n - k))
+            inw = sum(len(u[b + k] & set().union(*u[b:b + k])) for b in range(n - k))
+            line = csv.loc[(name, k)]
+            assert (line["rows"], line["in_batch_rows"], line["in_window_rows"]) == (rows, inb, inw)
+            assert line["in_window_share"] == pytest.approx(inw / rows)
+    overall = j["lookahead_reuse"]["overall"]
+    assert overall["in_window_rows"] == csv.loc["(all)"]["in_window_rows"].tolist()
+    full = [sum(c) / len(b) for b, c in zip(batches[:-1], counts[:-1], strict=True)]  # last: partial
+    f = j["reuse_factor"]
+    assert f["batches"] == 11 and f["median"] == pytest.approx(np.median(full))
+    assert (f["p10"], f["p90"]) == pytest.approx(tuple(np.percentile(full, [10, 90])))
+    hist = pd.read_csv(out / "reuse_histogram.csv")
+    assert hist["batches"].sum() == 11 and hist["low"].iloc[0] == pytest.approx(min(full))
+    per_batch = pd.read_csv(out / "reuse_factor.csv")
+    assert per_batch["reuse_factor"].tolist() == pytest.approx(full + [sum(counts[-1]) / len(batches[-1])])
 
 
 @pytest.mark.parametrize("args, option", [

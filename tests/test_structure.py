@@ -149,7 +149,7 @@ def test_the_architecture_page_maps_every_file():
     from bagpipe_cli.engine.registry import SYSTEMS
 
     named = {str(getattr(b, "target", b)).partition(":")[0] for s in SYSTEMS.values()
-             for b in (s.plan, s.build_system, s.decisions)}
+             for b in (s.plan, s.build_system, s.decisions, s.volumes)}
     blocks = _blocks((PACKAGE.parent / "docs" / "architecture.md").read_text())
     missing = []
     for path in sorted(PACKAGE.rglob("*.py")):

@@ -46,7 +46,8 @@ def _int(v: str) -> int:
 @click.option("--batch-size", type=int, default=4096, show_default=True,
               help="Global batch size B (samples per batch); a final partial batch is kept.")
 @click.option("--lookahead", "lookahead", default="200", show_default=True,
-              help="Bagpipe lookahead(s) L in batches, comma-separated.")
+              help="Bagpipe lookahead(s) L in batches, comma-separated; the largest is also K, "
+                   "the distances k = 1..K of what lookahead buys (at most 64 and the batches - 1).")
 @click.option("--cache-rows", "cache_rows", default=None,
               help=f"Cache capacities R (rows) for {', '.join(CAPACITY_POLICIES)}, comma-separated "
                    "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
@@ -66,10 +67,19 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     """Profile DATA: access skew and every cache policy simulated on the exact batch trace.
 
     Writes profile.json, CSV tables (profile.csv, skew_tables.csv, access_cdf.csv,
-    per_batch.csv, bagpipe_vs_belady.csv) and PNG plots to --out, and prints a summary: with
-    the size of the embedding tables (--dim floats a row, and --optimizer's state) against
-    this machine's memory, and, when they fit many times over, that `local` (every table on
-    the trainer) is the answer for this data.
+    per_batch.csv, bagpipe_vs_belady.csv, lookahead_reuse.csv, reuse_factor.csv,
+    reuse_histogram.csv) and PNG plots to --out, and prints a summary: with the size of the
+    embedding tables (--dim floats a row, and --optimizer's state) against this machine's
+    memory, and, when they fit many times over, that `local` (every table on the trainer) is
+    the answer for this data.
+
+    What lookahead buys, for k = 1..K (K = the largest --lookahead, at most 64 and the number
+    of batches - 1), per table and for all tables: the share of the distinct rows of batch
+    b+k that batch b read ("in batch b") and that one of batches b..b+k-1 read ("in
+    b..b+k-1": what lookahead k keeps), that is sum over b of |U_{b+k} & X| / sum over b of
+    |U_{b+k}|, X = U_b or X = the union of U_b..U_{b+k-1}, over every b where batch b+k
+    exists (U_b: the distinct rows of batch b). And each batch's reuse factor: its accesses
+    per distinct row (median, p10, p90 and a histogram over the full batches).
     """
     from bagpipe_cli.data.format import open_dataset
     from bagpipe_cli.profile import ProfileConfig, run_profile
@@ -149,10 +159,37 @@ def _summary(result: ProfileResult, out: Path, optimizer: str) -> None:
             f"{p.hit_rate:.1%}", f"{p.peak_resident_rows:,}", _bytes(p.fetched_bytes(result.config.dim)),
         )
     console.print(tab)
+    _reuse_summary(result)
     for c in result.bagpipe_vs_belady:
         console.print(f"bagpipe L={c.lookahead}: {c.bagpipe_fetched_rows:,} rows fetched with a peak of "
                       f"{c.bagpipe_peak_resident_rows:,} resident; belady at that capacity: "
                       f"{c.belady_fetched_rows:,} ({c.fetched_ratio:.2f}x)")
+
+
+def _reuse_summary(result: ProfileResult) -> None:
+    """What lookahead buys, all tables together, at k = 1, 2, 4, ... and K; the reuse factor."""
+    r = result.lookahead_reuse
+    if r.depth:
+        o = r.overall()
+        tab = Table(title="what lookahead buys: rows of batch b+k already read",
+                    caption="all tables; every k and table: lookahead_reuse.csv")
+        for col in ["k", "in batch b", "in b..b+k-1", "rows of batches b+k"]:
+            tab.add_column(col, justify="right")
+        for k in sorted({2**i for i in range(r.depth.bit_length()) if 2**i <= r.depth} | {r.depth}):
+            rows, inb, inw = (int(o[n][k - 1]) for n in ("rows", "in_batch", "in_window"))
+            tab.add_row(f"{k:,}", _share(inb, rows), _share(inw, rows), f"{rows:,}")
+        console.print(tab)
+    else:
+        console.print("what lookahead buys: n/a (one batch: no batch b+k to compare)")
+    rf = result.reuse_factor
+    f, n, left = rf.summary(), int(rf.counted.sum()), not rf.counted.all()
+    console.print(f"reuse factor (accesses per distinct row of a batch): median {f['median']:.2f}, "
+                  f"p10 {f['p10']:.2f}, p90 {f['p90']:.2f} over {n:,} batch{'es' if n > 1 else ''}"
+                  + (" (the final partial one left out)" if left else ""), highlight=False)
+
+
+def _share(part: int, rows: int) -> str:
+    return f"{part / rows:.1%}" if rows else "n/a"
 
 
 def _bytes(n: float) -> str:

@@ -7,7 +7,8 @@ result is written by `bagpipe_cli.profile.report.write_profile`. The simulators 
 
 Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the per-batch
 unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
-row). The trace is kept in memory (about 8 bytes per unique access) only when a
+row) and the counts of what lookahead buys (`profile/reuse.py`: one more int per row and
+the last K <= 64 batches' rows). The trace is kept in memory (about 8 bytes per unique access) only when a
 fixed-capacity policy (`CAPACITY_POLICIES`) is requested, since Belady needs the future
 and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
 spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
@@ -17,7 +18,6 @@ rows and the caches: see `bagpipe_cli.policies.trace`).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -26,14 +26,12 @@ import numpy as np
 import pandas as pd
 
 from bagpipe_cli.data.checks import small_data_warning
-from bagpipe_cli.data.format import Dataset, open_dataset
+from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.engine.memory import DATASET_FIX, estimate_profile, refuse_over
-from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
 from bagpipe_cli.limits import INT32_MAX, check_int
 from bagpipe_cli.policies.simulators import (
-    BagpipeSimulator,
     PolicyResult,
     check_capacity,
     check_lookahead,
@@ -44,26 +42,33 @@ from bagpipe_cli.policies.simulators import (
     simulate_lru,
     simulate_none,
 )
-from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES, TABLE, Policy, policy, with_role
+from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES, policy
 from bagpipe_cli.policies.trace import (
     SPILL_ENTRIES,
     DiskArray,
     SpillDir,
     Trace,
-    TraceWriter,
     batch_trace,
     check_batch_size,
-    iter_batch_keys,
     num_batches,
     table_offsets,
 )
+from bagpipe_cli.profile.passes import (
+    BagpipeComparison,
+    ProgressFn,
+    TraceInfo,
+    capacities,
+    capacity_results,
+    compare_with_optimum,
+    streamed_results,
+    timed,
+    trace_pass,
+)
+from bagpipe_cli.profile.reuse import LookaheadReuse, ReuseFactor
 from bagpipe_cli.profile.skew import SkewResult, skew_stats
 
 SCHEMA_VERSION = 1
 BYTES_PER_VALUE = 4  # fp32 embeddings
-
-# progress(stage, advance, total): `advance` more units of `total` done in `stage`.
-ProgressFn = Callable[[str, int, int], None]
 
 __all__ = [
     "POLICIES", "SCHEMA_VERSION", "BagpipeComparison", "PolicyResult", "ProfileConfig",
@@ -117,38 +122,6 @@ class ProfileConfig:
         return d
 
 
-@dataclass(frozen=True)
-class TraceInfo:
-    """The batch sequence that was simulated."""
-
-    batch_size: int
-    batches: int  # every batch, a final partial one included
-    last_batch_rows: int  # samples in the last batch (= batch_size unless partial)
-    accesses: int  # samples x tables
-    unique_accesses: int  # sum over batches of |U_b|
-    max_batch_unique_rows: int  # max over batches of |U_b|
-    distinct_rows: int  # rows accessed at least once
-
-
-@dataclass(frozen=True)
-class BagpipeComparison:
-    """Bagpipe at lookahead L against Belady with a capacity equal to Bagpipe's peak."""
-
-    lookahead: int
-    bagpipe_fetched_rows: int
-    bagpipe_peak_resident_rows: int
-    belady_cache_rows: int
-    belady_fetched_rows: int
-
-    @property
-    def fetched_ratio(self) -> float:
-        """bagpipe fetched / belady fetched (>= 1: Belady is the optimum at that capacity)."""
-        return self.bagpipe_fetched_rows / self.belady_fetched_rows if self.belady_fetched_rows else 1.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "fetched_ratio": self.fetched_ratio}
-
-
 @dataclass
 class ProfileResult:
     """Everything `bagpipe profile` found; `to_json()` is profile.json."""
@@ -161,6 +134,8 @@ class ProfileResult:
     skew: SkewResult
     policies: list[PolicyResult]
     bagpipe_vs_belady: list[BagpipeComparison]
+    lookahead_reuse: LookaheadReuse  # what lookahead buys (`profile/reuse.py`)
+    reuse_factor: ReuseFactor  # accesses per distinct row of every batch
     timing: dict[str, dict[str, float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)  # for the user (the CLI prints them)
 
@@ -178,6 +153,8 @@ class ProfileResult:
             "skew": self.skew.to_json(),
             "policies": [p.to_json(dim) for p in self.policies],
             "bagpipe_vs_belady": [c.to_json() for c in self.bagpipe_vs_belady],
+            "lookahead_reuse": self.lookahead_reuse.to_json(),
+            "reuse_factor": self.reuse_factor.to_json(),
             "timing": self.timing,
             "warnings": self.warnings,
         }
@@ -189,29 +166,8 @@ class ProfileResult:
         return df.astype({"lookahead": "Int64", "cache_rows": "Int64"})
 
 
-@dataclass
-class _TracePass:
-    """What pass 2 found: the batch sequence, Bagpipe at every lookahead and the trace
-    itself (kept only for the fixed-capacity policies, else None)."""
-
-    info: TraceInfo
-    sizes: list[int]  # |U_b| of every batch
-    bagpipe: list[PolicyResult]  # one per distinct lookahead
-    fixed: dict[int, PolicyResult]  # the lookahead rule at the fixed lookaheads of policies (prefetch)
-    trace: Trace | None
-    num_rows: int  # embedding rows of all tables
-
-
 def _noop(stage: str, advance: int, total: int) -> None:
     pass
-
-
-def _timed(timing: dict[str, dict[str, float]], stage: str, t0: float, n: int) -> None:
-    """Record that `stage` processed `n` accesses since `t0` (a `time.perf_counter()`), and
-    the process's peak resident memory so far."""
-    dt = time.perf_counter() - t0
-    timing[stage] = {"seconds": dt, "accesses": n, "accesses_per_s": n / dt if dt > 0 else 0.0,
-                     "peak_rss_mb": peak_rss_mb()}
 
 
 def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> ProfileResult:
@@ -228,7 +184,7 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     # Pass 1: skew.
     t0 = time.perf_counter()
     skew = skew_stats(ds, lambda n: progress("skew", n, accesses))
-    _timed(timing, "skew", t0, accesses)
+    timed(timing, "skew", t0, accesses)
     # Only fae needs the per-row counts again: they wait on disk, not in memory (8 B a row).
     row_counts = None
     if any(p.needs_row_counts for p in pols):
@@ -239,19 +195,19 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     # Pass 2: the trace, streamed through none and bagpipe.
     want_capacity = any(p.setting == "cache_rows" for p in pols)
     fixed = sorted({p.lookahead for p in pols if p.lookahead is not None})
-    tp = _trace_pass(ds, config, skew, want_capacity, fixed, progress, timing)
-    cache_rows, source = _capacities(config, tp)
+    tp = trace_pass(ds, config, skew, want_capacity, fixed, progress, timing)
+    cache_rows, source = capacities(config, tp)
     if want_capacity:
         big = int(np.argmax(tp.sizes))
         for r in cache_rows:
             check_capacity(r, tp.info.max_batch_unique_rows, big)
 
-    results = _streamed_results(pols, tp)
+    results = streamed_results(pols, tp)
     belady_at: dict[int, PolicyResult] = {}
-    results += _capacity_results(pols, tp, cache_rows, row_counts, belady_at, progress, timing)
+    results += capacity_results(pols, tp, cache_rows, row_counts, belady_at, progress, timing)
     comparisons: list[BagpipeComparison] = []
     if any(p.role == "ours" for p in pols) and any(p.role == "optimum" for p in pols):
-        comparisons = _compare_with_optimum(tp, belady_at, progress, timing)
+        comparisons = compare_with_optimum(tp, belady_at, progress, timing)
 
     dataset = {
         **path_record(config.data), "name": meta.name, "rows": meta.rows,
@@ -264,7 +220,8 @@ def run_profile(config: ProfileConfig, progress: ProgressFn | None = None) -> Pr
     return ProfileResult(
         config=config, dataset=dataset, trace=tp.info, cache_rows=cache_rows if want_capacity else [],
         cache_rows_source=source if want_capacity else "unused", skew=skew, policies=results,
-        bagpipe_vs_belady=comparisons, timing=timing, warnings=[warning] if warning else [],
+        bagpipe_vs_belady=comparisons, lookahead_reuse=tp.reuse, reuse_factor=tp.reuse_factor,
+        timing=timing, warnings=[warning] if warning else [],
     )
 
 
@@ -279,110 +236,3 @@ def admit_profile(config: ProfileConfig, meta: Any, keeps_trace: bool) -> None:
              "inputs": "lower --batch-size", "processes": "use a machine with more memory"}
     refuse_over([estimate_profile(meta.cardinalities, meta.rows, b, keeps_trace, SPILL_ENTRIES)],
                 leads.__getitem__, fixes)
-
-
-def _trace_pass(ds: Dataset, config: ProfileConfig, skew: SkewResult, keep: bool,
-                fixed: list[int], progress: ProgressFn, timing: dict[str, dict[str, float]]
-                ) -> _TracePass:
-    """Stream the per-batch unique rows through the Bagpipe simulator at --lookahead and at
-    the `fixed` lookaheads of policies (prefetch's), and keep the trace in memory if `keep`."""
-    meta = ds.meta
-    accesses = meta.rows * meta.num_tables
-    lookaheads = list(dict.fromkeys([*config.lookaheads, *fixed]))
-    num_rows = int(sum(meta.cardinalities))
-    bag = BagpipeSimulator(lookaheads, num_rows)
-    writer = TraceWriter(num_rows) if keep else None
-    sizes: list[int] = []
-    t0 = time.perf_counter()
-    for u, c in iter_batch_keys(ds, config.batch_size, lambda n: progress("trace", n, meta.rows)):
-        bag.step(u)
-        sizes.append(u.size)
-        if writer is not None:
-            writer.add(u, c)
-    unique_accesses = int(sum(sizes))
-    bag_results = bag.results(accesses, unique_accesses)
-    _timed(timing, "trace+none+bagpipe", t0, accesses)
-    nb = num_batches(meta.rows, config.batch_size)
-    info = TraceInfo(
-        batch_size=config.batch_size, batches=nb,
-        last_batch_rows=meta.rows - (nb - 1) * config.batch_size,
-        accesses=accesses, unique_accesses=unique_accesses,
-        max_batch_unique_rows=max(sizes), distinct_rows=skew.accessed_rows,
-    )
-    trace = writer.finish() if writer is not None else None
-    by_lookahead = dict(zip(lookaheads, bag_results, strict=True))
-    return _TracePass(info, sizes, [by_lookahead[lk] for lk in dict.fromkeys(config.lookaheads)],
-                      {lk: by_lookahead[lk] for lk in fixed}, trace, num_rows)
-
-
-def _capacities(config: ProfileConfig, tp: _TracePass) -> tuple[list[int], str]:
-    """The capacities R to simulate and how they were chosen: given, or Bagpipe's peak at
-    every lookahead (every policy gets the memory Bagpipe needs) and twice the largest batch."""
-    if config.cache_rows is not None:
-        return sorted(set(config.cache_rows)), "option"
-    cache_rows = sorted({*(b.peak_resident_rows for b in tp.bagpipe), 2 * tp.info.max_batch_unique_rows})
-    return cache_rows, "default: bagpipe's peak at every lookahead and 2 x the largest batch's unique rows"
-
-
-def _streamed_results(pols: list[Policy], tp: _TracePass) -> list[PolicyResult]:
-    """The results of the policies simulated while streaming: no cache and the lookahead's."""
-    info = tp.info
-    results: list[PolicyResult] = []
-    for p in (p for p in TABLE if p in pols):  # in the table's order
-        if p.role == "reference":  # no cache: every batch fetches its unique rows
-            results.append(PolicyResult(
-                policy=p.name, lookahead=None, cache_rows=None, batches=info.batches,
-                accesses=info.accesses, unique_accesses=info.unique_accesses,
-                fetched_rows=info.unique_accesses, peak_resident_rows=info.max_batch_unique_rows,
-                fetched_per_batch=np.asarray(tp.sizes, dtype=np.int64),
-            ))
-        elif p.setting == "lookahead":
-            results.extend(tp.bagpipe)
-        elif p.lookahead is not None:  # the lookahead rule at its own, fixed lookahead
-            results.append(replace(tp.fixed[p.lookahead], policy=p.name))
-    return results
-
-
-def _capacity_results(pols: list[Policy], tp: _TracePass, cache_rows: list[int],
-                      row_counts: DiskArray | None, optimum_at: dict[int, PolicyResult],
-                      progress: ProgressFn, timing: dict[str, dict[str, float]]) -> list[PolicyResult]:
-    """Every requested fixed-capacity policy at every capacity; the offline optimum's results
-    are also kept in `optimum_at` (capacity -> result) for the comparison with Bagpipe."""
-    nb = tp.info.batches
-    results: list[PolicyResult] = []
-    for p in TABLE:  # in the table's order
-        if p.setting != "cache_rows" or p not in pols:
-            continue
-        t0 = time.perf_counter()
-        for r in cache_rows:
-            stage = f"{p.name} R={r:,}"
-            counts = row_counts[:] if p.needs_row_counts and row_counts is not None else None
-            res = p.simulate(tp.trace, r, lambda n, s=stage: progress(s, n, nb), counts)
-            if p.role == "optimum":
-                optimum_at[r] = res
-            results.append(res)
-        _timed(timing, p.name, t0, tp.info.accesses * len(cache_rows))
-    return results
-
-
-def _compare_with_optimum(tp: _TracePass, optimum_at: dict[int, PolicyResult],
-                          progress: ProgressFn, timing: dict[str, dict[str, float]]
-                          ) -> list[BagpipeComparison]:
-    """Bagpipe at each lookahead against the offline optimum (Belady) at Bagpipe's peak
-    (simulated if missing)."""
-    nb = tp.info.batches
-    best = with_role("optimum")
-    comparisons: list[BagpipeComparison] = []
-    t0 = time.perf_counter()
-    for br in tp.bagpipe:
-        r = br.peak_resident_rows
-        if r not in optimum_at:
-            stage = f"{best.name} R={r:,}"
-            optimum_at[r] = best.simulate(tp.trace, r, lambda n, s=stage: progress(s, n, nb), None)
-        comparisons.append(BagpipeComparison(
-            lookahead=br.lookahead, bagpipe_fetched_rows=br.fetched_rows,
-            bagpipe_peak_resident_rows=r, belady_cache_rows=r,
-            belady_fetched_rows=optimum_at[r].fetched_rows,
-        ))
-    _timed(timing, "bagpipe_vs_belady", t0, tp.info.accesses * len(comparisons))
-    return comparisons

@@ -7,8 +7,13 @@ Files:
 - `access_cdf.csv`: the access CDF (overall and per table) at log-spaced points.
 - `bagpipe_vs_belady.csv`: Bagpipe against Belady at Bagpipe's peak (if both ran).
 - `per_batch.csv`: rows fetched in every batch, one column per (policy, setting).
+- `lookahead_reuse.csv`: what lookahead buys (`profile/reuse.py`), one row per (table, k),
+  all tables first (table "(all)").
+- `reuse_factor.csv` (accesses, distinct rows and their ratio in every batch) and
+  `reuse_histogram.csv` (that ratio's histogram over the batches).
 - `access_cdf.png`, `table_top_share.png`, `fetched_vs_lookahead.png`,
-  `fetched_vs_cache.png` (the last two when the policies they show ran).
+  `fetched_vs_cache.png` (the last two when the policies they show ran),
+  `lookahead_reuse.png` (when there are two batches or more), `reuse_factor.png`.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from bagpipe_cli.profile.plots import (
     plot_fetched_vs_lookahead,
     plot_table_top_share,
 )
+from bagpipe_cli.profile.reuse_plots import plot_lookahead_reuse, plot_reuse_factor
 
 
 def skew_frame(result: ProfileResult) -> pd.DataFrame:
@@ -72,11 +78,17 @@ def write_profile(result: ProfileResult, out: Path, overwrite: bool = False) -> 
         if result.bagpipe_vs_belady:
             pd.DataFrame([c.to_json() for c in result.bagpipe_vs_belady]).to_csv(
                 tmp / "bagpipe_vs_belady.csv", index=False)
+        result.lookahead_reuse.frame().to_csv(tmp / "lookahead_reuse.csv", index=False)
+        result.reuse_factor.frame().to_csv(tmp / "reuse_factor.csv", index=False)
+        result.reuse_factor.histogram_frame().to_csv(tmp / "reuse_histogram.csv", index=False)
         plot_access_cdf(result, tmp / "access_cdf.png")
         plot_table_top_share(result, tmp / "table_top_share.png")
         if any(p.lookahead is not None for p in result.policies):
             plot_fetched_vs_lookahead(result, tmp / "fetched_vs_lookahead.png")
         if any(p.cache_rows is not None for p in result.policies):
             plot_fetched_vs_cache(result, tmp / "fetched_vs_cache.png")
+        if result.lookahead_reuse.depth:
+            plot_lookahead_reuse(result, tmp / "lookahead_reuse.png")
+        plot_reuse_factor(result, tmp / "reuse_factor.png")
         names = sorted(p.name for p in tmp.iterdir())
     return [Path(out) / n for n in names]
