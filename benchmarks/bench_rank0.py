@@ -1,4 +1,4 @@
-"""What rank 0 (the loader + oracle) sends per iteration as trainers are added, from summary.json.
+"""What rank 0 (the planner) sends per iteration as trainers are added, from summary.json.
 
 Runs `bagpipe train --procs` at the issue's setting: Kaggle-shaped data at 1/10 of the table
 sizes (`synth --preset criteo-kaggle --scale 0.1 --rows 1200000`), 16,384 samples a trainer,

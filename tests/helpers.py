@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,12 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
     with mock.patch.dict(os.environ, env or {}):
         r = CliRunner().invoke(cli, list(args))
-    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, r.stderr)
+    stderr = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        # an exception the command let escape (a bug: a user would see a traceback): its
+        # traceback, so that a failing assertion on the result shows it
+        stderr += "".join(traceback.format_exception(r.exception))
+    return subprocess.CompletedProcess(list(args), r.exit_code, r.stdout, stderr)
 
 
 def bagpipe(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:

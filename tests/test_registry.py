@@ -124,7 +124,7 @@ SUBSETS = {
                                   "prefetch) and the two they build on (fae, sync)",
     "benchmarks/hotline-model.yaml": "hotline's performance model: hotline beside fae (its "
                                      "transfers) and sync",
-    "benchmarks/rank0-sweep.yaml": "rank 0 at scale: one system per kind of plan (|U_b|, lookahead, policy)",
+    "benchmarks/rank0-sweep.yaml": "the N-sweep: one system per kind of plan (|U_b|, lookahead, policy) and the sharded tables",
     "benchmarks/torchrec.yaml": "the external torchrec beside the engine's sync, local and bagpipe",
     "docs/benchmarks.md": "measured figures, each of the systems run at the commit it names",
     "docs/terabyte.md": "the Terabyte-scale profile's measured stages",
