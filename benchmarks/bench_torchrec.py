@@ -3,9 +3,11 @@
 Runs, interleaved and repeated (medians of samples/s reported, warm-up excluded):
   - torchrec: EmbeddingBagCollection + DistributedModelParallel (tables sharded table-wise
     over --trainers gloo processes) + TrainPipelineSparseDist, our DLRM dense model;
-  - the engine's `local`, `sync` and `bagpipe` (L=16) with --trainers simulated trainers.
+  - the engine's `local`, `sync`, `bagpipe` (L=16) and `sharded` (TorchRec's design in the
+    engine: row-wise shards and all-to-alls) with --trainers simulated trainers.
 All start from the same weights and read the same batches (with SGD, their losses agree);
-no network is emulated. Prints samples/s and the ratios bagpipe/torchrec, local/torchrec.
+no network is emulated. Prints samples/s, the ratios to torchrec, and the largest difference
+of any parameter between torchrec's run and sharded's after the run's iterations.
 Needs `make torchrec`.
 
     python benchmarks/bench_torchrec.py [--rows 300000] [--batch-size 2048] [--iterations 60]
@@ -24,7 +26,14 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.external import SHARDINGS, torchrec_available, train_torchrec
 
-SYSTEMS = ("torchrec", "local", "sync", "bagpipe")
+SYSTEMS = ("torchrec", "local", "sync", "bagpipe", "sharded")
+
+
+def max_difference(a, b) -> float:
+    """The largest absolute difference of any parameter (tables and dense model) of two runs."""
+    d = max(float((x - y).abs().max()) for x, y in zip(a.tables, b.tables, strict=True))
+    sa, sb = a.model.state_dict(), b.model.state_dict()
+    return max([d, *(float((sa[k] - sb[k]).abs().max()) for k in sa)])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -52,6 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             generate(SynthConfig(preset="criteo-kaggle", scale=args.scale, rows=args.rows, seed=0), data)
         speeds: dict[str, list[float]] = {s: [] for s in SYSTEMS}
         losses: dict[str, float] = {}
+        last: dict[str, object] = {}
         for r in range(args.repeat):
             for system in SYSTEMS:
                 cfg = TrainConfig(data=str(data), system="sync" if system == "torchrec" else system,
@@ -62,6 +72,7 @@ def main(argv: list[str] | None = None) -> int:
                        if system == "torchrec" else train(cfg))
                 speeds[system].append(res.summary["samples_per_s"])
                 losses[system] = res.summary["final_loss"]
+                last[system] = res
                 print(f"repeat {r + 1} {system:9s} {res.summary['samples_per_s']:10.0f} samples/s "
                       f"median iter {res.summary['median_iter_ms']:7.1f} ms "
                       f"final loss {res.summary['final_loss']:.6f}", flush=True)
@@ -71,7 +82,10 @@ def main(argv: list[str] | None = None) -> int:
     for s in SYSTEMS:
         spread = f"[{min(speeds[s]):.0f}, {max(speeds[s]):.0f}]"
         print(f"  {s:9s} {med[s]:10.0f} samples/s  {spread:>18s}  final loss {losses[s]:.6f}")
-    print(f"  bagpipe/torchrec {med['bagpipe'] / med['torchrec']:.2f}x   "
+    print(f"  largest parameter difference, torchrec vs sharded: "
+          f"{max_difference(last['torchrec'], last['sharded']):.3g}")
+    print(f"  sharded/torchrec {med['sharded'] / med['torchrec']:.2f}x   "
+          f"bagpipe/torchrec {med['bagpipe'] / med['torchrec']:.2f}x   "
           f"local/torchrec {med['local'] / med['torchrec']:.2f}x   "
           f"sync/torchrec {med['sync'] / med['torchrec']:.2f}x")
     return 0

@@ -125,7 +125,8 @@ SUBSETS = {
     "benchmarks/hotline-model.yaml": "hotline's performance model: hotline beside fae (its "
                                      "transfers) and sync",
     "benchmarks/rank0-sweep.yaml": "the N-sweep: one system per kind of plan (|U_b|, lookahead, policy) and the sharded tables",
-    "benchmarks/torchrec.yaml": "the external torchrec beside the engine's sync, local and bagpipe",
+    "benchmarks/sharded-validate.yaml": "simulate --validate of the sharded tables",
+    "benchmarks/torchrec.yaml": "the external torchrec beside the engine's sync, local, bagpipe and sharded",
     "docs/benchmarks.md": "measured figures, each of the systems run at the commit it names",
     "docs/terabyte.md": "the Terabyte-scale profile's measured stages",
 }
@@ -237,8 +238,10 @@ CODE_SUBSETS = {
         "the engine on a GPU: the bound, the reference and ours",
     ("benchmarks/bench_placement.py", frozenset({"sync", "bagpipe", "local"})):
         "the placement's effect on the reference, ours and the bound",
-    ("benchmarks/bench_torchrec.py", frozenset({"torchrec", "local", "sync", "bagpipe"})):
-        "torchrec against the engine's bound, reference and ours",
+    ("benchmarks/bench_torchrec.py", frozenset({"torchrec", "local", "sync", "bagpipe", "sharded"})):
+        "torchrec against the engine's bound, reference, ours and its own design in the engine",
+    ("benchmarks/bench_sharded.py", frozenset({"sync", "sharded", "sharded-hot"})):
+        "the sharded tables, with and without their hot set, against the reference",
     ("benchmarks/sweep_collectives.py", frozenset({"sync", "bagpipe", "lru"})):
         "the collectives' cost on one system per kind of sum",
 }

@@ -261,7 +261,7 @@ _SPECS = (
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded_hot:sharded_hot_system"),
                volumes="bagpipe_cli.simulate.sharded:sharded_hot_volumes", replicated=False, holds_tables="shard",
-               reads=_CACHE_SETTINGS | {"hot_sample"}, capacity_from_peak=True, color="#ad494a"),
+               reads=_CACHE_SETTINGS | {"hot_sample"}, capacity_from_peak=True, color="#637939"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
                "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
                volumes=None,

@@ -147,8 +147,9 @@ def _mean_volumes(v: Volumes, warmup: int) -> dict[str, float]:
     iteration where the iterations measured fetched 0.56M)."""
     m = slice(warmup, None) if v.iterations > warmup else slice(None)
     n = max(len(v.sync_now[m]), 1)
-    return {"rows_fetched": float(v.round_fetch[m].sum() + v.read_fetch[m].sum()) / n,
-            "rows_written_back": float(v.pre_evict[m].sum() + v.write_back[m].sum()) / n,
+    asked = float(v.shards[m, 0].sum()) if v.shards is not None else 0.0  # of the rows' owners
+    return {"rows_fetched": (float(v.round_fetch[m].sum() + v.read_fetch[m].sum()) + asked) / n,
+            "rows_written_back": (float(v.pre_evict[m].sum() + v.write_back[m].sum()) + asked) / n,
             "sync_now": float(v.sync_now[m].sum()) / n, "sync_later": float(v.sync_later[m].sum()) / n,
             "unique_rows": float(v.unique_rows[m].sum()) / n}
 

@@ -37,6 +37,7 @@ import torch
 
 from bagpipe_cli.engine.comm.shards import Shard, scatter_to_shards, shard_tables
 from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.planning.plans import IterPlan
 from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import SystemParts
 from bagpipe_cli.engine.systems.pushing import _PushingSystem
@@ -86,6 +87,7 @@ class ShardedSystem(_PushingSystem):
         self.hot = hot  # the replicated hot rows' keys, sorted (None: none)
         self._asked: list[torch.Tensor] | None = None  # ids each trainer asked of this owner
         self._cold = np.empty(0, np.int64)  # the cold rows this trainer read this iteration
+        self._served: tuple[np.ndarray, np.ndarray] | None = None  # in-process: rows asked, served
         if trainers.all:  # one process: the tables trained in place (see the docstring)
             self.own = None
             weight, state = shard_tables(servers)
@@ -126,7 +128,7 @@ class ShardedSystem(_PushingSystem):
         pos = keys if among is None else np.searchsorted(among, keys)
         return torch.from_numpy(np.ascontiguousarray(pos)).to(self.device)
 
-    def view(self, plan):
+    def view(self, plan: IterPlan) -> tuple[np.ndarray, np.ndarray]:
         if self.hot is not None:  # the hot rows' sum is over U_b: every trainer's view
             return plan.uniq, self.trainers.inverse(plan)
         return super().view(plan)
