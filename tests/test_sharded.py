@@ -53,8 +53,9 @@ def test_more_trainers_over_procs_equal_sync(tiny_dataset, system, trainers):
                                    for m in sorted(MODELS)])  # one in make test: its budget
 def test_every_model_in_process_equals_sync(tiny_dataset, model):
     kw = dict(data=str(tiny_dataset), trainers=2, model=model, lr=0.01, dense_lr=0.001, **KW)
-    assert_same_parameters(train(TrainConfig(system="sync", **kw)),
-                           train(TrainConfig(system="sharded", **kw)))
+    sync = train(TrainConfig(system="sync", **kw))
+    for system in ("sharded", "sharded-hot"):
+        assert_same_parameters(sync, train(TrainConfig(system=system, **kw)))
 
 
 def test_a_real_log_over_procs_equals_sync(real_data, tmp_path):
