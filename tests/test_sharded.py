@@ -29,7 +29,8 @@ def test_requests_go_to_the_rows_owners_and_never_to_oneself():
     assert (owner(np.concatenate(req), 3) != 1).all()
 
 
-@pytest.mark.parametrize("system,trainers", [("sharded", 4), ("sharded-hot", 4),
+@pytest.mark.parametrize("system,trainers", [pytest.param("sharded", 4, marks=pytest.mark.extended),
+                                            ("sharded-hot", 4),  # make test: the hot path (budget)
                                             pytest.param("sharded", 8, marks=pytest.mark.extended),
                                             pytest.param("sharded-hot", 8, marks=pytest.mark.extended)])
 def test_more_trainers_over_procs_equal_sync(tiny_dataset, system, trainers):
@@ -49,8 +50,7 @@ def test_more_trainers_over_procs_equal_sync(tiny_dataset, system, trainers):
     assert max(sent) <= inproc.summary["roles"]["trainers"]["collective_bytes_sent"] * 1.05
 
 
-@pytest.mark.parametrize("model", [m if m == "deepfm" else pytest.param(m, marks=pytest.mark.extended)
-                                   for m in sorted(MODELS)])  # one in make test: its budget
+@pytest.mark.parametrize("model", [pytest.param(m, marks=pytest.mark.extended) for m in sorted(MODELS)])
 def test_every_model_in_process_equals_sync(tiny_dataset, model):
     kw = dict(data=str(tiny_dataset), trainers=2, model=model, lr=0.01, dense_lr=0.001, **KW)
     sync = train(TrainConfig(system="sync", **kw))

@@ -181,9 +181,9 @@ class TrainConfig:
                                             "kernels (atomic adds): results then differ from run "
                                             "to run, and from sync's, in the last bits.",
                                      section="runtime")
-    loader_workers: int | None = setting(None, "Threads that read batches and find their unique "
-                                               "rows ahead of the oracle [default: the cores "
-                                               "--placement keeps for the loader].", at_least=1,
+    loader_workers: int | None = setting(None, "The planner's reader threads: they read batches and "
+                                               "find their unique rows ahead of its planning "
+                                               "[default: the cores --placement keeps for it].", at_least=1,
                                          section="runtime", at_most=MAX_THREADS)
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,

@@ -114,7 +114,7 @@ def plan_rank(policy: str, threads: int | None, roles: list[str], me: int,
               cores: tuple[int, ...], trainer_cores: int | None = None) -> Placement:
     """The placement of local rank `me` among the ranks `roles` ("planner", "server",
     "trainer", in local-rank order) that share this machine's `cores`; `trainer_cores` caps
-    a trainer's share (a GPU trainer's CPU only launches kernels: the loader gets the rest)."""
+    a trainer's share (a GPU trainer's CPU only launches kernels: the planner gets the rest)."""
     role = roles[me]
     if policy == "off":
         return Placement(policy, role, cores, cores, threads or 1)

@@ -35,7 +35,7 @@ COLUMNS = (
     Column("loss", "first", "mean BCE over the global batch (every trainer has the same value)"),
     Column("time", "max", "seconds of the iteration; a round's first iteration also carries "
                           "the round's start (receiving its plan, settling, inserting its rows)"),
-    Column("data", "max", "seconds waiting for the round's batches and plan from the loader "
+    Column("data", "max", "seconds waiting for the round's batches and plan from the planner "
                           "(a round's first iteration)"),
     Column("prefetch_wait", "max", "seconds waiting for rows from the servers: the round's "
                                    "prefetched or fetched rows, and sync/het's per-iteration fetch"),
