@@ -148,11 +148,13 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["bagpipe", "lru", "hotline", "local"])
+@pytest.mark.parametrize("system", ["bagpipe", "lru", "hotline", "sharded-hot",
+                                    pytest.param("local", marks=pytest.mark.extended)])
 def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     """Over torch.distributed (2 trainers, 2 servers): bagpipe's partitioned cache (each
     trainer's own rows), lru's replicated cache (victims written back by key % N), hotline's
-    (its warm cache sent to every trainer) and local's whole tables checkpoint and resume
+    (its warm cache sent to every trainer), sharded-hot's shards and replicated hot rows
+    (each trainer's own, trainer 0's hot rows) and local's whole tables checkpoint and resume
     exactly."""
     kw = {**KW, "iterations": 16}
     argv = ["train", str(tiny_dataset), "--system", system,

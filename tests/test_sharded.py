@@ -30,7 +30,7 @@ def test_requests_go_to_the_rows_owners_and_never_to_oneself():
 
 
 @pytest.mark.parametrize("system,trainers", [pytest.param("sharded", 4, marks=pytest.mark.extended),
-                                            ("sharded-hot", 4),  # make test: the hot path (budget)
+                                            pytest.param("sharded-hot", 4, marks=pytest.mark.extended),
                                             pytest.param("sharded", 8, marks=pytest.mark.extended),
                                             pytest.param("sharded-hot", 8, marks=pytest.mark.extended)])
 def test_more_trainers_over_procs_equal_sync(tiny_dataset, system, trainers):
@@ -58,6 +58,7 @@ def test_every_model_in_process_equals_sync(tiny_dataset, model):
         assert_same_parameters(sync, train(TrainConfig(system=system, **kw)))
 
 
+@pytest.mark.extended  # make test's budget; the registry's tests run both over --procs
 def test_a_real_log_over_procs_equals_sync(real_data, tmp_path):
     data = tmp_path / "criteo"
     r = subprocess.run([sys.executable, "-m", "bagpipe_cli", "preprocess", "criteo",
