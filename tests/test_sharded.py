@@ -77,3 +77,12 @@ def test_the_hot_set_keeps_hot_rows_out_of_the_all_to_alls(tiny_dataset):
     kw = dict(data=str(tiny_dataset), trainers=2, **KW)
     plain, hot = (train(TrainConfig(system=s, **kw)) for s in ("sharded", "sharded-hot"))
     assert 0 < hot.summary["rows_fetched"] < plain.summary["rows_fetched"] / 2
+
+
+def test_one_trainer_over_procs_holds_every_row_and_equals_sync(tiny_dataset):
+    """One trainer rank is every trainer, but holds no in-process servers: it fetches every
+    row as its shard, and its all-to-alls are with itself alone."""
+    kw = dict(data=str(tiny_dataset), trainers=1, **{**KW, "servers": 1})
+    procs = train(TrainConfig(system="sharded", transport="torch", procs=3, **kw))
+    assert_same_parameters(train(TrainConfig(system="sync", **kw)), procs)
+    assert procs.summary["rows_fetched"] == 0  # every row is its own

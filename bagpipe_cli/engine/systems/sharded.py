@@ -88,7 +88,7 @@ class ShardedSystem(_PushingSystem):
         self._asked: list[torch.Tensor] | None = None  # ids each trainer asked of this owner
         self._cold = np.empty(0, np.int64)  # the cold rows this trainer read this iteration
         self._served: tuple[np.ndarray, np.ndarray] | None = None  # in-process: rows asked, served
-        if trainers.all:  # one process: the tables trained in place (see the docstring)
+        if servers is not None:  # in-process: the tables trained in place (see the docstring)
             self.own = None
             weight, state = shard_tables(servers)
         else:
