@@ -158,18 +158,27 @@ class SystemSpec:
 
     def facts(self) -> dict[str, Any]:
         """What `bagpipe systems` shows of it."""
-        fidelity = {"exact": "yes" if self.role != "reference" else "(it is sync)", "rounding": "up to the order of summation",
-                    "approximate": "no"}[("exact" if self.exact and not self.exact_only_if else
-                                          "rounding" if self.up_to_order else "approximate")]
-        if self.exact and self.exact_only_if:
+        if self.role == "reference":
+            fidelity = "(it is sync)"
+        elif self.exact and self.exact_only_if:
             key, value = self.exact_only_if
             fidelity = f"for --{key.replace('_', '-')} {value}"
-        cache = ("partitioned among the trainers (N > 1)" if self.partitioned else
-                 "replicated" if self.replicated and self.reads & {"cache_rows"} else
-                 "every row" if self.replicated else "none: gradients pushed to the servers")
+        else:
+            fidelity = "yes" if self.exact else "up to the order of summation" if self.up_to_order else "no"
+        if self.external:
+            cache = f"external ({self.install})"
+        elif self.partitioned:
+            cache = "partitioned among the trainers (N > 1)"
+        elif self.holds_tables == "shard":
+            cache = "none: the tables sharded across the trainers" + (
+                " (and --cache-rows hot rows on every one)" if "cache_rows" in self.reads else "")
+        elif self.holds_tables == "all":
+            cache = "every row"
+        else:
+            cache = "replicated" if self.replicated else "none: gradients pushed to the servers"
         return {"name": self.name, "role": self.role, "summary": self.summary,
                 "fidelity": fidelity, "reads": sorted(f"--{s.replace('_', '-')}" for s in self.reads),
-                "cache": cache if not self.external else f"external ({self.install})",
+                "cache": cache,
                 "simulated": (self.volumes or "").partition(":")[2].removesuffix("_volumes"),
                 "color": self.color,
                 "runner": self.runner}

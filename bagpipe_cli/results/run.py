@@ -176,8 +176,8 @@ def _renamed(summary: dict[str, Any]) -> dict[str, Any]:
             summary[new] = summary.pop(old)
     roles = summary.get("roles")
     if isinstance(roles, dict):
-        summary["roles"] = {_OLD_ROLES.get(k, k) if _OLD_ROLES.get(k) not in roles else k: v
-                            for k, v in roles.items()}
+        renamed = {k: new for k, new in _OLD_ROLES.items() if k in roles and new not in roles}
+        summary["roles"] = {renamed.get(k, k): v for k, v in roles.items()}
     return summary
 
 

@@ -41,7 +41,7 @@ from bagpipe_cli.engine.planning.plans import IterPlan
 from bagpipe_cli.engine.records.metrics import Step
 from bagpipe_cli.engine.systems.base import SystemParts
 from bagpipe_cli.engine.systems.pushing import _PushingSystem
-from bagpipe_cli.engine.systems.tables import TABLE_CHUNK
+from bagpipe_cli.engine.systems.tables import fetch_in_pieces, write_back_in_pieces
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
@@ -94,9 +94,9 @@ class ShardedSystem(_PushingSystem):
         else:
             own = np.arange(self.me, total_rows, self.n)
             self.own = own if hot is None else own[~self.is_hot(own)]
-            weight, state = self._fetch(self.own)
+            weight, state = fetch_in_pieces(transport, self.own, total_rows)
             if hot is not None:
-                hw, hs = self._fetch(hot)
+                hw, hs = fetch_in_pieces(transport, hot, total_rows)
                 self.hot_weight, self.hot_state = hw.to(self.device), hs.to(self.device)
         self.weight, self.state = weight.to(self.device), state.to(self.device)
 
@@ -110,17 +110,6 @@ class ShardedSystem(_PushingSystem):
             return np.zeros(len(keys), bool)
         pos = np.minimum(np.searchsorted(self.hot, keys), len(self.hot) - 1)
         return self.hot[pos] == keys
-
-    def _fetch(self, keys: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """`keys`' rows (sorted) from the servers, in pieces of TABLE_CHUNK of the key space
-        (every trainer sends as many requests: lockstep)."""
-        ws, ss = [], []
-        for lo in range(0, self.total_rows, TABLE_CHUNK):
-            ks = keys[(keys >= lo) & (keys < lo + TABLE_CHUNK)]
-            w, s = self.transport.fetch(ks).result()
-            ws.append(w)
-            ss.append(s)
-        return torch.cat(ws), torch.cat(ss)
 
     def _local(self, keys: np.ndarray, among: np.ndarray | None = None) -> torch.Tensor:
         """Positions of `keys` in this trainer's tensors: of its shard's (or `among`'s)."""
@@ -208,7 +197,8 @@ class ShardedSystem(_PushingSystem):
                 asked, served = self._served
                 self._emulate(step, asked, served, 4 * self.weight.shape[1])  # gradients
                 if self.hot is not None:  # the hot rows' sum among the trainers
-                    self.collective.start_sum(grad[torch.from_numpy(self.is_hot(keys))]).result()
+                    hot = torch.from_numpy(self.is_hot(keys)).to(grad.device)
+                    self.collective.start_sum(grad[hot]).result()
             local = self._local(keys)
             apply_summed(self.weight, self.state, local,
                          [(torch.arange(len(keys), device=self.device), grad.to(self.device))], opt)
@@ -247,19 +237,11 @@ class ShardedSystem(_PushingSystem):
             if self.servers is not None:
                 scatter_to_shards(self.servers, self.weight, self.state)
             return
-        self._store(self.own, self.weight, self.state)
+        write_back_in_pieces(self, self.own, self.weight, self.state, self.total_rows)
         if self.hot is not None:  # trainer 0's replica (the others': as many empty requests)
             keep = self.hot if self.me == 0 else self.hot[:0]
-            self._store(keep, self.hot_weight[:len(keep)], self.hot_state[:len(keep)])
+            write_back_in_pieces(self, keep, self.hot_weight, self.hot_state, self.total_rows)
         super().flush()
-
-    def _store(self, keys: np.ndarray, weight: torch.Tensor, state: torch.Tensor) -> None:
-        """Write `keys`' rows back, in pieces of TABLE_CHUNK of the key space (lockstep)."""
-        w, s = weight.cpu(), state.cpu()
-        for lo in range(0, self.total_rows, TABLE_CHUNK):
-            m = (keys >= lo) & (keys < lo + TABLE_CHUNK)
-            self._write_back(keys[m], w[torch.from_numpy(m)], s[torch.from_numpy(m)])
-            self.transport.drain()
 
     def resident(self) -> tuple[np.ndarray, torch.Tensor, torch.Tensor]:
         keys = np.arange(self.weight.shape[0]) if self.own is None else self.own

@@ -16,6 +16,36 @@ from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 TABLE_CHUNK = 1 << 20  # rows per request when a whole table crosses to or from a trainer
 
 
+def _pieces(keys: np.ndarray, total_rows: int):
+    """(start, end) in sorted `keys` of each TABLE_CHUNK of the key space: every trainer
+    sends as many requests, some empty (the servers serve them in lockstep)."""
+    for lo in range(0, total_rows, TABLE_CHUNK):
+        a, b = np.searchsorted(keys, [lo, lo + TABLE_CHUNK])
+        yield int(a), int(b)
+
+
+def fetch_in_pieces(transport: Transport, keys: np.ndarray,
+                    total_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows and optimizer state of sorted `keys` from the servers, a piece at a time into
+    tensors made once, so that no side holds a second copy of them."""
+    weight = state = None
+    for a, b in _pieces(keys, total_rows):
+        w, s = transport.fetch(keys[a:b]).result()
+        if weight is None:
+            weight, state = torch.empty(len(keys), w.shape[1]), torch.empty(len(keys), s.shape[1])
+        weight[a:b], state[a:b] = w, s
+    return weight, state
+
+
+def write_back_in_pieces(system: EmbeddingSystem, keys: np.ndarray, weight: torch.Tensor,
+                         state: torch.Tensor, total_rows: int) -> None:
+    """Write sorted `keys`' rows (`weight`, `state`: theirs, in order) back to the servers, a
+    piece at a time, each landed before the next is copied off the device."""
+    for a, b in _pieces(keys, total_rows):
+        system._write_back(keys[a:b], weight[a:b].cpu(), state[a:b].cpu())
+        system.transport.drain()
+
+
 class LocalSystem(EmbeddingSystem):
     """Every table resident on the trainer: the upper bound, no remote traffic.
 
@@ -34,12 +64,7 @@ class LocalSystem(EmbeddingSystem):
         if servers is not None:  # one shard: train it in place
             weight, state = shard_tables(servers)
         else:  # in pieces, so that no side holds a second copy of the tables
-            for lo in range(0, total_rows, TABLE_CHUNK):
-                hi = min(lo + TABLE_CHUNK, total_rows)
-                w, st = transport.fetch(np.arange(lo, hi)).result()
-                if lo == 0:
-                    weight, state = torch.empty(total_rows, w.shape[1]), torch.empty(total_rows, st.shape[1])
-                weight[lo:hi], state[lo:hi] = w, st
+            weight, state = fetch_in_pieces(transport, np.arange(total_rows), total_rows)
         self.weight, self.state = weight.to(self.device), state.to(self.device)
 
     @classmethod
@@ -74,13 +99,11 @@ class LocalSystem(EmbeddingSystem):
             scatter_to_shards(self.servers, self.weight, self.state)
             return
         # Every trainer holds the same tables: trainer 0 sends them, the others as many
-        # empty write-backs (lockstep), in pieces of TABLE_CHUNK rows, one piece in flight
-        # (the transport copies each piece per server), and then lets its copy go.
+        # empty write-backs (lockstep), one piece in flight (the transport copies each piece
+        # per server), and then lets its copy go.
         total = self.weight.shape[0]
-        for lo in range(0, total, TABLE_CHUNK):
-            hi = min(lo + TABLE_CHUNK, total) if self.trainers.first == 0 else lo
-            self._write_back(np.arange(lo, hi), self.weight[lo:hi].cpu(), self.state[lo:hi].cpu())
-            self.transport.drain()
+        keys = np.arange(total) if self.trainers.first == 0 else np.empty(0, np.int64)
+        write_back_in_pieces(self, keys, self.weight, self.state, total)
         super().flush()
         self.weight, self.state = self.weight.new_empty(0, self.weight.shape[1]), self.state.new_empty(0, self.state.shape[1])
 
