@@ -1,7 +1,7 @@
 """Bagpipe's physically partitioned cache (engine/planning/partition.py, engine/systems/partitioned.py):
-the partition's definitions on random batches, and --procs runs bitwise equal to sync on
-data made to have rows read by one trainer, by a few and by all, and a row whose home moves
-from round to round."""
+the partition's definitions on random batches, the same plan in any number of slices
+(--planners), and runs bitwise equal to sync on data made to have rows read by one trainer,
+by a few and by all, and a row whose home moves from round to round."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.planning.oracle import Oracle
 from bagpipe_cli.engine.planning.partition import flows
 from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW
+from bagpipe_cli.engine.planning.slices import ACCESSES_PER_PLANNER, default_planners
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.io import atomic_dir
 
@@ -71,6 +72,71 @@ def test_the_rows_every_trainer_reads_spread_their_homes_over_the_trainers():
             assert (p.part.src == p.part.home).all()
 
 
+def _same_rounds(a, b) -> None:
+    """Two planners' rounds are equal in every field, the Partitions' dtypes included."""
+    assert len(a) == len(b)
+    for x, y in zip(a, b, strict=True):
+        for f in ("r", "fetch_keys", "fetch_slots", "fetch_owner", "resident_after_insert", "capacity"):
+            assert np.array_equal(getattr(x, f), getattr(y, f)), f
+        for p, q in zip(x.iters, y.iters, strict=True):
+            for f in ("b", "uniq", "inverse", "slots", "fetched", "evict_keys", "evict_slots",
+                      "sync_now", "sync_later", "no_sync", "no_sync_owner_rows", "row_class",
+                      "owner", "private_fetched"):
+                u, v = getattr(p, f), getattr(q, f)
+                assert (u is None) == (v is None) and np.array_equal(u, v), f
+            assert (p.part is None) == (q.part is None)
+            for f in ("count", "writers", "home", "src") if p.part is not None else ():
+                u, v = getattr(p.part, f), getattr(q.part, f)
+                assert u.dtype == v.dtype and np.array_equal(u, v), f
+
+
+@pytest.mark.parametrize("n,lookahead,round_len,capacity,lrpp", [
+    (1, 4, 1, None, True), (2, 8, 2, None, True), (3, 6, 3, 5000, True), (8, 16, 4, None, True),
+    (4, 1, 1, None, False)])
+def test_the_plan_is_the_same_in_any_number_of_slices(n, lookahead, round_len, capacity, lrpp):
+    """--planners K: K workers each plan the rows of key mod K == s (engine/planning/slices.py),
+    on a thread pool or one after the other; every array of every round is the one worker's."""
+    rng = np.random.default_rng(n)
+    rows = 6000
+    batches = [np.minimum((rng.pareto(1.0, 96 * n) * 8).astype(np.int64), rows - 1) for _ in range(24)]
+
+    def rounds(k, threads=True):
+        o = Oracle(rows, lookahead, round_len, n, capacity, grow=capacity is None, lrpp=lrpp,
+                   planners=k, threads=threads)
+        out = list(o.plan(iter(batches)))
+        assert o.planners == k and (o.workers.cpu > 0).all() and o.serial_cpu > 0
+        return out
+
+    one = rounds(1)
+    for k, threads in [(2, True), (3, False), (4, True), (7, False)]:
+        _same_rounds(one, rounds(k, threads))
+
+
+def test_the_default_number_of_planners_grows_with_the_batch_and_stops_at_the_cores():
+    assert default_planners(2048 * 26) == 1
+    assert default_planners(ACCESSES_PER_PLANNER) == 1
+    assert default_planners(ACCESSES_PER_PLANNER + 1) == 2
+    assert default_planners(64 * 2048 * 26) == 4  # 64 trainers of 2,048 samples, 26 tables
+    assert default_planners(64 * 2048 * 26, cores=2) == 2
+
+
+def test_bagpipe_with_sliced_planning_equals_sync_and_resumes_bitwise(tmp_path):
+    """In-process, --planners 3 at 3 trainers: sync's parameters bitwise; its summary names the
+    workers and their CPU time; a checkpoint made with 3 workers resumes with 2, bitwise."""
+    data = tmp_path / "shapes"
+    _shapes(data, 3, 16)
+    kw = dict(data=str(data), batch_size=6, iterations=16, lookahead=4, round=2, trainers=3,
+              servers=2, eval_rows=0, optimizer="adagrad", lr=0.1, seed=3)
+    a = train(TrainConfig(system="bagpipe", planners=3, checkpoint_every=8,
+                          checkpoint_dir=str(tmp_path / "ck"), **kw))
+    assert_same_parameters(a, train(TrainConfig(system="sync", **kw)))
+    planner = a.summary["roles"]["planner"]
+    assert planner["planners"] == 3 and len(planner["worker_cpu_ms_per_batch"]) == 3
+    assert min(planner["worker_cpu_ms_per_batch"]) > 0 and planner["serial_cpu_ms_per_batch"] > 0
+    b = train(TrainConfig(system="bagpipe", planners=2, resume=str(tmp_path / "ck" / "ckpt-00000008"), **kw))
+    assert_same_parameters(a, b)
+
+
 def _shapes(path, n: int, batches: int) -> None:
     """2 samples a trainer. Table `hot`: row 0, read by every sample (every trainer). Table
     `few`: a row per pair of trainers, new every 3 batches. Table `own`: a row per sample,
@@ -97,6 +163,7 @@ def _shapes(path, n: int, batches: int) -> None:
 @pytest.mark.parametrize("n", [2, pytest.param(4, marks=pytest.mark.extended),
                                pytest.param(8, marks=pytest.mark.extended)])
 def test_partitioned_rows_read_by_one_few_and_all_trainers_equal_sync(tmp_path, n):
+    """--procs with the plan in min(n, 4) slices (--planners): sync's parameters bitwise."""
     data = tmp_path / "shapes"
     _shapes(data, n, 12)
     kw = dict(data=str(data), batch_size=2 * n, iterations=12, lookahead=4, round=2,
@@ -113,7 +180,7 @@ def test_partitioned_rows_read_by_one_few_and_all_trainers_equal_sync(tmp_path, 
     assert homes[0] == 0 and homes[2] == 1 and homes[4] == 2 % n  # it moves round to round
     args = [f"--{k.replace('_', '-')}={v}" for k, v in kw.items() if k != "data"]
     r = run_cli("train", str(data), *args, "--system", "bagpipe", "--procs", str(n + 3),
-                "--threads", "1", "--out", str(tmp_path / "run"), "--save-model",
+                "--threads", "1", "--planners", str(min(n, 4)), "--out", str(tmp_path / "run"), "--save-model",
                 str(tmp_path / "run.pt"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_parameters(tmp_path / "run.pt", train(TrainConfig(system="sync", **kw)))

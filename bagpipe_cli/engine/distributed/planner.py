@@ -196,7 +196,7 @@ class DistributedPlanner:
         model = build_model(s.mcfg)
         model.load_state_dict(reports[0].dense)
         sent = sum(self.traffic.sent.values())
-        roles = {"planner": {"busy_s": planning.planner.seconds, "waiting_s": self.waiting_s,
+        roles = {"planner": {**planning.role(), "waiting_s": self.waiting_s,
                              "bytes_sent": sent, "bytes_received": sum(self.traffic.received.values()),
                              "cpu_s": self.cpu_s, "bytes_per_iteration": sent / max(1, iters),
                              "peak_rss_mb": peak_rss_mb(), "traffic": self.traffic.figures(iters)},

@@ -186,7 +186,7 @@ def _roles(planning: Planning, feed: LocalPlanner, report: TrainerReport,
     process), every server's thread, the collectives' thread; each process role its traffic
     as the distributed runtime would count it (`engine/comm/traffic.py`)."""
     iters = len(report.records)
-    return {"planner": {"busy_s": planning.planner.seconds, "traffic": feed.traffic.figures(iters)},
+    return {"planner": {**planning.role(), "traffic": feed.traffic.figures(iters)},
             "trainers": report.role(iters),
             **{f"server{k}": r.role(iters) for k, r in enumerate(transport.server_reports())},
             "collectives": {"busy_s": collective.busy_s}}

@@ -3,7 +3,7 @@
 - `no_plan`: systems without a planned cache need only U_b and its
   inverse per iteration: an oracle with lookahead 1 and no cache plans them;
 - `lookahead_plan`: Bagpipe's Oracle Cacher at --lookahead (`engine/planning/oracle.py`), planned as
-  training goes: its cache grows with the rounds' need (or is --cache-rows, refused when a
+  training goes, by --planners workers (`engine/planning/slices.py`): its cache grows with the rounds' need (or is --cache-rows, refused when a
   round needs more), so no pass over the whole run comes first; prefetch's is the same
   oracle at a lookahead of one batch, without LRPP;
 - `policy_plan`: a fixed-capacity cache that follows its system's planner policy's
@@ -32,7 +32,9 @@ from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
+from bagpipe_cli.engine.planning.slices import default_planners
 from bagpipe_cli.engine.registry import spec
+from bagpipe_cli.launch.placement import available_cores
 from bagpipe_cli.policies.trace import Trace, trace_from_parts
 
 if TYPE_CHECKING:
@@ -153,6 +155,18 @@ class Planning:
         p = self.planner
         return p.slots if isinstance(p, PolicyPlanner) else p.capacity
 
+    def role(self) -> dict[str, Any]:
+        """summary.json's figures of the planner's work: its busy seconds and, for the oracle,
+        its workers (`planners`), each one's thread CPU ms per batch and the CPU ms per batch
+        of the oracle's own thread (what the workers' slices are laid into)."""
+        p = self.planner
+        out: dict[str, Any] = {"busy_s": p.seconds}
+        if isinstance(p, Oracle):
+            per = 1e3 / max(1, p.iterations_planned)
+            out.update(planners=p.planners, worker_cpu_ms_per_batch=[c * per for c in p.workers.cpu.tolist()],
+                       serial_cpu_ms_per_batch=p.serial_cpu * per)
+        return out
+
     @property
     def bagpipe_peak(self) -> int | None:
         """Bagpipe's peak of resident rows at --lookahead: the pass's, or the oracle's own
@@ -191,7 +205,15 @@ def lookahead_plan(s: RunSetup, start: int = 0, lookahead: int | None = None,
     cfg = s.cfg
     L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
     return Planning(Oracle(s.total_rows, L, C, cfg.trainers, cfg.cache_rows,
-                           grow=cfg.cache_rows is None, lrpp=lrpp))
+                           grow=cfg.cache_rows is None, lrpp=lrpp, planners=planners(s)))
+
+
+def planners(s: RunSetup) -> int:
+    """The oracle's planning workers: --planners, or one per ACCESSES_PER_PLANNER accesses of
+    a batch, at most the cores this process may use."""
+    if s.cfg.planners is not None:
+        return s.cfg.planners
+    return default_planners(s.cfg.batch_size * len(s.offsets), len(available_cores()))
 
 
 def policy_plan(s: RunSetup, start: int = 0) -> Planning:

@@ -24,10 +24,14 @@ so the trainers grow their caches with it: nothing needs a pass over the whole r
 
 Vectorised with numpy: per batch a unique by marking (`engine/planning/keys.py`) and a few
 gathers/scatters over arrays indexed by global key (memory bounded by the number of rows).
+Every decision is per row, so `planners` workers make it in slices of the key space
+(`engine/planning/slices.py`), each its rows' window pass and partition, laid into the
+batch's arrays by position in U_b: the same plan whatever the number of workers.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -45,6 +49,17 @@ from bagpipe_cli.engine.planning.partition import (
     partition,
 )
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
+from bagpipe_cli.engine.planning.slices import (
+    ALL,
+    Split,
+    Workers,
+    mark_accesses,
+    positions,
+    size,
+    slice_pairs,
+    split,
+    take,
+)
 from bagpipe_cli.errors import ConfigError
 
 NEVER = np.iinfo(np.int32).min // 2
@@ -58,9 +73,10 @@ class _Read:
 
     uniq: np.ndarray
     inverse: np.ndarray
+    split: Split  # its rows by planning worker (`slices.split`)
     next_pos: np.ndarray | None = None
-    codes: np.ndarray | None = None  # its (row, writer) pairs, where the cache is partitioned
-    #                                   (`Oracle._pairs`)
+    codes: list[np.ndarray] | None = None  # its (row, writer) pairs, slice by slice, where
+    #                                         the cache is partitioned (`Oracle._pairs`)
 
     @property
     def in_next(self) -> np.ndarray:
@@ -68,16 +84,61 @@ class _Read:
         return self.next_pos >= 0 if self.next_pos is not None else np.zeros(len(self.uniq), dtype=bool)
 
 
+class _Classes:
+    """A batch's LRPP classes (docs/architecture.md), filled slice by slice (`add`): each
+    row's class and one user (its first writer: meaningful for no_sync rows), the count of
+    sync_now and no_sync rows and each trainer's no_sync rows. Without LRPP (`unclassed`):
+    no classes, every row synchronised."""
+
+    def __init__(self, rows: int, n: int):
+        self.row_class: np.ndarray | None = np.empty(rows, dtype=np.int8)
+        self.owner: np.ndarray | None = np.empty(rows, dtype=np.int64)
+        self.owner_rows = np.zeros(n, dtype=np.int64)
+        self.now = self.none = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def unclassed(cls, in_next: np.ndarray, n: int) -> _Classes:
+        c = cls(0, n)
+        c.row_class = c.owner = None
+        c.now = int(in_next.sum())
+        return c
+
+    def add(self, at, evicted: np.ndarray, in_next: np.ndarray, part: Partition | None) -> None:
+        """The classes of a slice's rows (positions `at` in U_b): evicted after b, used at b+1,
+        and their partition (None: one trainer, every row's one user)."""
+        if part is None:
+            single, owner = np.ones(len(evicted), dtype=bool), np.zeros(len(evicted), dtype=np.int64)
+        else:  # a row's one user, where it has one, is its writer
+            count = part.count.astype(np.int64)
+            single = count == 1
+            owner = part.writers[np.cumsum(count) - count].astype(np.int64)
+        no_sync = single & evicted
+        row_class = np.full(len(evicted), SYNC_LATER, dtype=np.int8)
+        row_class[in_next] = SYNC_NOW
+        row_class[no_sync] = NO_SYNC
+        self.row_class[at], self.owner[at] = row_class, owner
+        mine = np.bincount(owner[no_sync], minlength=len(self.owner_rows))
+        with self._lock:
+            self.owner_rows += mine
+            self.now += int(in_next.sum())
+            self.none += int(no_sync.sum())
+
+
 class Oracle:
     """Consumes global batches' keys and yields RoundPlans (see the module docstring).
 
-    Stages (all on the oracle's thread): read batch b+L (update `latest`), finish the
-    per-iteration view of b (fetched / evicted / sync lists), and at each round boundary
-    free the previous round's slots and allocate the new round's.
+    Stages: read batch b+L (update `latest`), finish the per-iteration view of b (fetched /
+    evicted / sync lists, the partition), each by the `planners` workers on their slices of
+    the rows (on a thread pool, or one after the other on the oracle's thread without
+    `threads`); then, on the oracle's thread, the batch's classes and at each round boundary
+    the previous round's slots freed and the new round's allocated. `workers.cpu` is each
+    worker's thread CPU time, `serial_cpu` the oracle thread's own (batches' reading left out).
     """
 
     def __init__(self, total_rows: int, lookahead: int, round_len: int | None, trainers: int,
-                 capacity: int | None, grow: bool = False, lrpp: bool = True):
+                 capacity: int | None, grow: bool = False, lrpp: bool = True, planners: int = 1,
+                 threads: bool = True):
         if lookahead < 1:
             raise ConfigError(f"--lookahead must be >= 1 (got {lookahead})")
         c = round_len if round_len is not None else max(1, lookahead // 4)
@@ -108,6 +169,14 @@ class Oracle:
         self.resident = 0
         self.seconds = 0.0
         self.iterations_planned = 0
+        if planners < 1:
+            raise ConfigError(f"--planners must be >= 1 (got {planners})")
+        self.workers = Workers(planners, threads)
+        self.serial_cpu = 0.0
+
+    @property
+    def planners(self) -> int:
+        return self.workers.k
 
     def plan(self, batches: Iterable[np.ndarray | UniqueKeys]) -> Iterator[RoundPlan]:
         """`batches` yields each iteration's global keys [B*T] (or their UniqueKeys) in order;
@@ -119,41 +188,98 @@ class Oracle:
         pending: list[tuple] = []  # per-iteration views of the current round
         pending_evicted_slots: list[np.ndarray] = []
         b = 0
-        while True:
-            t0 = time.perf_counter()
-            # Read ahead until batch b+L is in the window (or the stream ends).
-            while not done and b_read < b + self.L:
-                try:
-                    keys = next(it)
-                except StopIteration:
-                    done = True
+        try:
+            while True:
+                t0, c0, w0 = time.perf_counter(), time.thread_time(), self._inline_cpu()
+                # Read ahead until batch b+L is in the window (or the stream ends).
+                while not done and b_read < b + self.L:
+                    try:
+                        keys = next(it)
+                    except StopIteration:
+                        done = True
+                        break
+                    b_read += 1
+                    window.append(self._read(b_read, keys, window[-1] if window else None))
+                if not window:
                     break
-                b_read += 1
-                window.append(self._read(b_read, keys, window[-1] if window else None))
-            if not window:
-                break
-            cur = window.popleft()
-            uniq = cur.uniq
-            prev = self.last_used[uniq]
-            fetch_mask = prev < b - self.L
-            self.last_used[uniq] = b
-            evict_mask = self.latest[uniq] == b
-            in_next = cur.in_next
-            part = None
-            if self.partitioned:  # in order of b: each row's home carries to its next use
-                nxt = ((cur.next_pos, self._pairs(window[0]), len(window[0].uniq))
-                       if window and cur.next_pos is not None else None)
-                part = partition(uniq, self._pairs(cur), self.N, fetch_mask, self.home_of, nxt)
-            pending.append((b, uniq, cur.inverse, fetch_mask, evict_mask, in_next, part))
-            self.seconds += time.perf_counter() - t0
-            b += 1
-            if len(pending) == self.C or (done and not window):
-                t0 = time.perf_counter()
-                rp = self._close_round(pending, pending_evicted_slots)
+                cur = window.popleft()
+                fetch_mask, evict_mask, part, classes = self._step(b, cur, window[0] if window else None)
+                pending.append((b, cur.uniq, cur.inverse, fetch_mask, evict_mask, classes, part))
+                b += 1
+                if len(pending) == self.C or (done and not window):
+                    rp = self._close_round(pending, pending_evicted_slots)
+                    self.iterations_planned += len(pending)
+                    pending = []
+                else:
+                    rp = None
                 self.seconds += time.perf_counter() - t0
-                self.iterations_planned += len(pending)
-                pending = []
-                yield rp
+                self.serial_cpu += time.thread_time() - c0 - (self._inline_cpu() - w0)
+                if rp is not None:
+                    yield rp
+        finally:
+            self.workers.close()
+
+    def _inline_cpu(self) -> float:
+        """The workers' CPU time so far where they run on the oracle's thread (else 0)."""
+        return 0.0 if self.workers.threads else float(self.workers.cpu.sum())
+
+    def _step(self, b: int, cur: _Read, nxt: _Read | None
+              ) -> tuple[np.ndarray, np.ndarray, Partition | None, _Classes]:
+        """Batch b's fetched and evicted rows (by position in U_b), its LRPP classes and,
+        partitioned, its Partition (each row's home carries to its next use, so in order of
+        b), made slice by slice (`slices.py`)."""
+        uniq, rows = cur.uniq, len(cur.uniq)
+        fetch_mask, evict_mask = np.empty(rows, dtype=bool), np.empty(rows, dtype=bool)
+        in_next = cur.in_next
+        classes = _Classes(rows, self.N) if self.lrpp else _Classes.unclassed(in_next, self.N)
+        codes = codes1 = None
+        if self.partitioned:
+            codes = self._pairs(cur)
+            if nxt is not None and cur.next_pos is not None:
+                codes1 = self._pairs(nxt)
+            count, home, src = (np.empty(rows if cur.split.local is not None else 0, dtype=np.int16)
+                                for _ in range(3))
+
+        def task(s: int) -> Partition | None:
+            at = cur.split.parts[s]
+            u = uniq[at]
+            f = self.last_used[u] < b - self.L
+            self.last_used[u] = b
+            e = self.latest[u] == b
+            fetch_mask[at], evict_mask[at] = f, e
+            if codes is None:
+                if self.lrpp:  # one trainer: every row's one user
+                    classes.add(at, e, in_next[at], None)
+                return None
+            nx = None
+            if codes1 is not None:  # each row's position in b+1's slice, or -1
+                pos = cur.next_pos[at]
+                if nxt.split.local is not None:
+                    pos = np.where(pos >= 0, nxt.split.local[pos], -1)
+                nx = (pos, codes1[s], size(nxt.split.parts[s], len(nxt.uniq)))
+            p = partition(u, codes[s], self.N, f, self.home_of, nx)
+            if at is not ALL:
+                count[at], home[at], src[at] = p.count, p.home, p.src
+            classes.add(at, e, in_next[at], p)
+            return p
+
+        done = self.workers.run(task)
+        if codes is None:
+            return fetch_mask, evict_mask, None, classes
+        if cur.split.local is None:
+            return fetch_mask, evict_mask, done[0], classes
+        # The slices' writers laid into the batch's pairs: each row's, in trainer order, at
+        # its place in row order.
+        first = np.cumsum(count, dtype=np.int64) - count
+        writers = np.empty(int(first[-1] + count[-1]) if rows else 0, dtype=np.int16)
+
+        def lay(s: int) -> None:
+            p, at = done[s], cur.split.parts[s]
+            c = p.count.astype(np.int64)
+            writers[np.repeat(first[at] - (np.cumsum(c) - c), c) + np.arange(len(p.writers))] = p.writers
+
+        self.workers.run(lay)
+        return fetch_mask, evict_mask, Partition(count, writers, home, src), classes
 
     def _grow(self, short: int) -> None:
         """`short` more slots at least, an eighth of the capacity at least (so a cache grows
@@ -172,20 +298,36 @@ class Oracle:
         the rows of U_{j-1} that U_j uses again (sync_now of j-1: they were last read by j-1,
         at their positions there) get their positions in U_j in batch j-1's `next_pos`."""
         uniq, inverse = self.keysets.of(keys)
-        last = self.latest[uniq]
+        r = _Read(uniq, inverse, split(uniq, self.workers.k))
         if before is not None:
-            again = np.flatnonzero(last == j - 1)
             before.next_pos = np.full(len(before.uniq), -1, dtype=np.int32)
-            before.next_pos[self.where[uniq[again]]] = again
-        self.latest[uniq] = j
-        self.where[uniq] = np.arange(len(uniq), dtype=np.int32)
-        return _Read(uniq, inverse)
 
-    def _pairs(self, r: _Read) -> np.ndarray:
-        """A batch's (row, writer) pairs, made when it is next but one to plan (so that the
-        window holds two batches' pairs, not L)."""
+        def task(s: int) -> None:
+            at = take(r.split, s)
+            u = uniq[at]
+            if before is not None:
+                again = self.latest[u] == j - 1
+                before.next_pos[self.where[u[again]]] = positions(at, again)
+            self.latest[u] = j
+            self.where[u] = np.arange(len(uniq), dtype=np.int32) if at is ALL else at
+
+        self.workers.run(task)
+        return r
+
+    def _pairs(self, r: _Read) -> list[np.ndarray]:
+        """A batch's (row, writer) pairs, slice by slice, made when it is next but one to plan
+        (so that the window holds two batches' pairs, not L): each worker marks a K-th of
+        the trainers' accesses, then reads its slice's (`slices.py`)."""
         if r.codes is None:
-            r.codes = pairs_of(r.inverse, len(r.uniq), self._trainer_of(len(r.inverse)), self.N)
+            trainers = self._trainer_of(len(r.inverse))
+            if r.split.local is None:
+                r.codes = [pairs_of(r.inverse, len(r.uniq), trainers, self.N)]
+            else:  # trainer-aligned shares of the accesses, then each slice's pairs
+                k, a, n = self.workers.k, len(r.inverse), self.N
+                cuts = [a // n * (n * w // k) for w in range(k + 1)]
+                mark = np.zeros(len(r.uniq) * n, dtype=bool)
+                self.workers.run(lambda w: mark_accesses(mark, r.inverse, trainers, n, cuts[w], cuts[w + 1]))
+                r.codes = self.workers.run(lambda s: slice_pairs(mark, r.split.parts[s], n))
         return r.codes
 
     def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:
@@ -215,7 +357,7 @@ class Oracle:
         rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident,
                        capacity=self.capacity)
         owners = []
-        for b, uniq, inverse, fetch_mask, evict_mask, in_next, part in pending:
+        for b, uniq, inverse, fetch_mask, evict_mask, classes, part in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
             ev_keys = uniq[evict_mask]
             ev_slots = slots[evict_mask] if self.free is not None else np.empty(0, np.int32)
@@ -223,9 +365,11 @@ class Oracle:
                 self.slot_of[ev_keys] = -1
                 evicted_slots.append(ev_slots)
             self.resident -= len(ev_keys)
-            it = self._iter_plan(b, uniq, inverse, slots, int(fetch_mask.sum()),
-                                 ev_keys, ev_slots, evict_mask, in_next, part)
-            it.part = part
+            c = classes
+            it = IterPlan(b, uniq, inverse, slots, int(fetch_mask.sum()), ev_keys, ev_slots,
+                          sync_now=c.now, sync_later=len(uniq) - c.now - c.none, no_sync=c.none,
+                          no_sync_owner_rows=c.owner_rows, row_class=c.row_class, owner=c.owner,
+                          part=part)
             # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
             owner = (np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
                      if self.lrpp else np.full(int(fetch_mask.sum()), -1, np.int64))
@@ -234,32 +378,6 @@ class Oracle:
             rp.iters.append(it)
         rp.fetch_owner = np.concatenate(owners)
         return rp
-
-    def _iter_plan(self, b, uniq, inverse, slots, fetched, ev_keys, ev_slots, evict_mask, in_next,
-                   part: Partition | None):
-        if not self.lrpp:  # no row's users: every row synchronised (or pushed), none private
-            n_now = int(in_next.sum())
-            return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots, sync_now=n_now,
-                            sync_later=len(uniq) - n_now, no_sync=0,
-                            no_sync_owner_rows=np.zeros(self.N, np.int64))
-        # Which trainers use each row: trainer i holds samples [i*B/N, (i+1)*B/N).
-        owner_rows = np.zeros(self.N, dtype=np.int64)
-        if self.N == 1:
-            single = np.ones(len(uniq), dtype=bool)
-            owner = np.zeros(len(uniq), dtype=np.int64)
-        else:  # N > 1 with LRPP is partitioned: a row's one user, where it has one, is its writer
-            single = part.count == 1
-            owner = part.writers[np.cumsum(part.count, dtype=np.int64) - part.count].astype(np.int64)
-        no_sync = single & evict_mask
-        owner_rows += np.bincount(owner[no_sync], minlength=self.N)
-        n_now = int(in_next.sum())
-        n_none = int(no_sync.sum())
-        row_class = np.full(len(uniq), SYNC_LATER, dtype=np.int8)
-        row_class[in_next] = SYNC_NOW
-        row_class[no_sync] = NO_SYNC
-        return IterPlan(b, uniq, inverse, slots, fetched, ev_keys, ev_slots,
-                        sync_now=n_now, sync_later=len(uniq) - n_now - n_none, no_sync=n_none,
-                        no_sync_owner_rows=owner_rows, row_class=row_class, owner=owner)
 
     def _trainer_of(self, accesses: int) -> np.ndarray:
         """The trainer of each access of a global batch (trainer i: samples [iB/N, (i+1)B/N))."""

@@ -68,7 +68,8 @@ NAME = re.compile(r"^ckpt-(\d{8})$")
 # `backend` only moves exact copies (all-gathers; the sums are taken alike on every backend).
 FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
                "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend",
-               "procs", "master", "node_rank", "trace", "eval_every", "target_auc"}
+               "procs", "master", "node_rank", "trace", "eval_every", "target_auc",
+               "planners"}  # the same plan whatever the number of planning workers
 
 
 class CheckpointError(ConfigError):

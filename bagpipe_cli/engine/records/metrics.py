@@ -165,7 +165,9 @@ SUMMARY_KEYS = {
     "roles": "per role (planner, each trainer process, each server): busy_s, waiting_s, "
              "bytes_sent, bytes_received, cpu_s and (one process per role) peak_rss_mb; "
              "trainers also collective_bytes_sent/_received and collective_exposed_s/"
-             "_overlapped_s; the planner of a distributed run bytes_per_iteration; every "
+             "_overlapped_s; the planner of a distributed run bytes_per_iteration; the "
+             "oracle's planners (its workers), worker_cpu_ms_per_batch (each one's thread CPU "
+             "time) and serial_cpu_ms_per_batch (its own thread's, the slices laid together); every "
              "role's traffic: bytes sent and received by kind (plan, samples, rows, "
              "gradients, collective, control), in total and per iteration (in-process: the "
              "planner's, the trainers' process's and each server's, control 0)",

@@ -1,0 +1,125 @@
+"""The plan in slices of the key space: K planning workers, each owning the rows of one slice.
+
+Every decision of the oracle is per row (docs/architecture.md, "Planning in slices"): a row's
+fetch, eviction, LRPP class and home depend only on its own accesses in the window and on
+which trainers read it at b and b+1. So the rows are cut into K slices by their key
+(`key mod K`: consecutive ids, and so each table's hot head, go round the slices), worker s
+makes the window pass and the partition of slice s's rows, and the results are laid into
+the arrays of the whole batch by position in U_b: the same arrays, so the same plan and the
+same bits, whatever K is.
+
+    split:     U_b -> each slice's positions in U_b (and each row's place in its slice)
+    marks:     worker w marks the (row, trainer) pairs of the w-th K-th of the batch's
+               trainers in one table of the batch (over processes this is an all-to-all of
+               each trainer's pairs to their slices' owners)
+    per slice: worker s reads its rows' pairs, then makes their window pass and partition
+
+`Workers` runs a phase's K tasks on a thread pool (numpy releases the GIL), or one after
+the other on the calling thread (`threads=False`, what `simulate` measures with), and
+counts each worker's thread CPU time, which another process's load hardly changes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+ALL = slice(None)  # the one slice of a planner of one worker: every row of U_b
+# The default number of planning workers: one per this many accesses of a batch (rows read
+# by samples, tables included), so that a worker's share stays about as large at any N.
+ACCESSES_PER_PLANNER = 1_000_000
+MAX_PLANNERS = 64
+
+
+def default_planners(accesses_per_batch: int, cores: int | None = None) -> int:
+    """K for a batch of `accesses_per_batch` (B x tables): one worker per
+    ACCESSES_PER_PLANNER accesses, at most `cores` (the cores left to the feed)."""
+    k = max(1, math.ceil(accesses_per_batch / ACCESSES_PER_PLANNER))
+    return max(1, min(k, MAX_PLANNERS, cores if cores else k))
+
+
+@dataclass
+class Split:
+    """U_b cut into K slices: `parts[s]`, slice s's positions in U_b (sorted), and `local`,
+    each row's position in its slice (None with one slice: the positions themselves)."""
+
+    parts: list[Any]
+    local: np.ndarray | None
+    slice_of: np.ndarray | None  # [|U_b|] each row's slice (uint8/uint16)
+
+
+def split(uniq: np.ndarray, k: int) -> Split:
+    """The slices of U_b (`uniq`, sorted keys): rows with key mod k == s in slice s. Only
+    each row's slice is found here; each worker finds its own slice's rows (`take`)."""
+    if k == 1:
+        return Split([ALL], None, None)
+    of = (uniq % k).astype(np.uint8 if k <= 256 else np.uint16)
+    return Split([None] * k, np.empty(len(uniq), dtype=np.int64), of)
+
+
+def take(sp: Split, s: int) -> Any:
+    """Worker s's rows of the batch (`split`): their positions in U_b, sorted, and each
+    one's position among them in `sp.local`."""
+    if sp.local is not None and sp.parts[s] is None:
+        at = np.flatnonzero(sp.slice_of == s)
+        sp.local[at] = np.arange(len(at))
+        sp.parts[s] = at
+    return sp.parts[s]
+
+
+def positions(part: Any, mask: np.ndarray) -> np.ndarray:
+    """Positions in U_b of the rows of a slice where `mask` (by position in the slice) holds."""
+    return np.flatnonzero(mask) if part is ALL else part[mask]
+
+
+def size(part: Any, rows: int) -> int:
+    return rows if part is ALL else len(part)
+
+
+def mark_accesses(mark: np.ndarray, inverse: np.ndarray, trainers: np.ndarray, n: int,
+                  lo: int, hi: int) -> None:
+    """Accesses lo..hi-1 of a batch marked in `mark` [|U_b| x n] at (row, trainer): a
+    worker's share of the batch, cut at trainers' boundaries so that no two workers write
+    the same entry."""
+    mark[inverse[lo:hi].astype(np.int64) * n + trainers[lo:hi]] = True
+
+
+def slice_pairs(mark: np.ndarray, part: Any, n: int) -> np.ndarray:
+    """A slice's (row, trainer) pairs as sorted codes `position in the slice * n + trainer`,
+    read from the batch's marks (`mark_accesses`)."""
+    return np.flatnonzero(mark.reshape(-1, n)[part])
+
+
+class Workers:
+    """K planning workers (see the module docstring): `run(fn)` is [fn(0), ..., fn(K-1)],
+    each call timed in its thread's CPU time into `cpu[s]`."""
+
+    def __init__(self, k: int, threads: bool = True):
+        self.k, self.threads = k, threads and k > 1
+        self.cpu = np.zeros(k)
+        self._pool: ThreadPoolExecutor | None = None
+
+    def _timed(self, fn: Callable[[int], Any], s: int) -> Any:
+        t = time.thread_time()
+        try:
+            return fn(s)
+        finally:
+            self.cpu[s] += time.thread_time() - t
+
+    def run(self, fn: Callable[[int], Any]) -> list[Any]:
+        if not self.threads:
+            return [self._timed(fn, s) for s in range(self.k)]
+        if self._pool is None:  # made on the planner's thread: its workers share its cores
+            self._pool = ThreadPoolExecutor(self.k, thread_name_prefix="plan-slice")
+        return list(self._pool.map(lambda s: self._timed(fn, s), range(self.k)))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
