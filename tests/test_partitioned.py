@@ -5,6 +5,8 @@ by a few and by all, and a row whose home moves from round to round."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 from helpers import assert_same_parameters, run_cli
@@ -113,10 +115,10 @@ def test_the_plan_is_the_same_in_any_number_of_slices(n, lookahead, round_len, c
 
 
 def test_the_default_number_of_planners_grows_with_the_batch_and_stops_at_the_cores():
-    assert default_planners(2048 * 26) == 1
+    assert default_planners(4 * 2048 * 26) == 1  # 4 trainers of 2,048 samples, 26 tables
     assert default_planners(ACCESSES_PER_PLANNER) == 1
     assert default_planners(ACCESSES_PER_PLANNER + 1) == 2
-    assert default_planners(64 * 2048 * 26) == 4  # 64 trainers of 2,048 samples, 26 tables
+    assert [default_planners(n * 2048 * 26) for n in (8, 16, 32, 64)] == [2, 4, 7, 13]
     assert default_planners(64 * 2048 * 26, cores=2) == 2
 
 
@@ -184,3 +186,32 @@ def test_partitioned_rows_read_by_one_few_and_all_trainers_equal_sync(tmp_path, 
                 str(tmp_path / "run.pt"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert_same_parameters(tmp_path / "run.pt", train(TrainConfig(system="sync", **kw)))
+
+
+@pytest.fixture(scope="module")
+def criteo_log(tmp_path_factory):
+    """The real Criteo Kaggle log's first 1,999 rows, preprocessed."""
+    src = Path(__file__).resolve().parent / "data" / "real" / "criteo_kaggle_train_head1999.tsv"
+    out = tmp_path_factory.mktemp("criteo") / "criteo"
+    r = run_cli("preprocess", "criteo", str(src), "--out", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return out
+
+
+@pytest.mark.parametrize("n,k,procs", [(3, 4, False), (2, 2, False),
+                                       pytest.param(3, 2, True, marks=[pytest.mark.slow, pytest.mark.extended]),
+                                       pytest.param(4, 4, True, marks=[pytest.mark.slow, pytest.mark.extended])])
+def test_sliced_planning_on_a_real_log_equals_sync(criteo_log, tmp_path, n, k, procs):
+    """A real log's 26 tables, 33 samples a trainer, bagpipe planned by k workers: sync's
+    parameters bitwise, in-process and over --procs (one torch thread in both)."""
+    kw = dict(batch_size=33 * n, iterations=10, lookahead=4, trainers=n, servers=2, eval_rows=0,
+              threads=1, seed=5)
+    sync = train(TrainConfig(data=str(criteo_log), system="sync", **kw))
+    if not procs:
+        assert_same_parameters(train(TrainConfig(data=str(criteo_log), system="bagpipe", planners=k, **kw)), sync)
+        return
+    args = [f"--{a.replace('_', '-')}={v}" for a, v in kw.items()]
+    r = run_cli("train", str(criteo_log), *args, "--system", "bagpipe", "--planners", str(k),
+                "--procs", str(n + 3), "--out", str(tmp_path / "run"), "--save-model", str(tmp_path / "run.pt"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert_same_parameters(tmp_path / "run.pt", sync)

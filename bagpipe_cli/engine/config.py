@@ -187,8 +187,8 @@ class TrainConfig:
                                          section="runtime", at_most=MAX_THREADS)
     planners: int | None = setting(None, "The planner's workers: each plans the rows of one slice "
                                          "of the key space, the same plan whatever their number "
-                                         "[default: one per 1M accesses of a batch (batch size x "
-                                         "tables), at most the cores there are].", at_least=1,
+                                         "[default: one per 262,144 accesses of a batch (batch "
+                                         "size x tables), at most the cores there are].", at_least=1,
                                    section="runtime", at_most=MAX_THREADS)
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,

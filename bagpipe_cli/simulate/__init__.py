@@ -155,8 +155,8 @@ def _mean_volumes(v: Volumes, warmup: int) -> dict[str, float]:
 
 
 # Rank 0's figures of a prediction, in every row of the sweeps.
-SWEEP_PLAN_COLUMNS = ("planner_mb_per_iter", "planner_ms_per_iter", "relay_ms_per_iter",
-                      "exposed_plan_ms")
+SWEEP_PLAN_COLUMNS = ("planner_mb_per_iter", "planner_ms_per_iter", "planners",
+                      "planner_worker_ms", "relay_ms_per_iter", "exposed_plan_ms")
 # Where the rest of the iteration goes, in every row of the sweeps too.
 SWEEP_TIME_COLUMNS = ("compute_ms", "floor_ms", "exposed_fetch_ms", "exposed_sync_ms", "link_busy",
                       "server_rows_mb_per_iter", "collective_mb_per_iter")
@@ -226,7 +226,8 @@ def run_simulate(cfg: SimulateConfig,
     track = _Progress(progress, len(cfg.systems) + sum(len(_retraced(cfg, n))
                                                        for n in cfg.trainer_counts))
     tc = TraceConfig(data=cfg.data, batch_size=cfg.batch_size, iterations=cfg.iterations,
-                     lookahead=cfg.lookahead, round=cfg.round, cache_rows=cfg.cache_rows,
+                     lookahead=cfg.lookahead, round=cfg.round, planners=cfg.planners,
+                     cache_rows=cfg.cache_rows,
                      staleness=cfg.staleness, hot_sample=cfg.hot_sample, trainers=cfg.trainers,
                      servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime)
     compute, csrc = _compute(cfg)

@@ -137,6 +137,7 @@ def read_measured(folder: Path) -> MeasuredRun:
     trace = TraceConfig(
         data=str(data), batch_size=int(train["batch_size"]), iterations=int(train["iterations"]),
         lookahead=int(train.get("lookahead", 16)), round=train.get("round"),
+        planners=_planners(summary, train),
         cache_rows=train.get("cache_rows"), staleness=int(train.get("staleness", 0)),
         trainers=int(train.get("trainers", 1)), servers=int(train.get("servers", 1)),
         eval_rows=train.get("eval_rows"), runtime="distributed" if distributed else "inproc",
@@ -191,6 +192,11 @@ def counted_bytes(summary: dict[str, Any], role: str, kind: str) -> float | None
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
         return None
     return float(value)
+
+
+def _planners(summary: dict[str, Any], train: dict[str, Any]) -> int | None:
+    """The planning workers a run's oracle had (its summary's, else its --planners)."""
+    return summary.get("roles", {}).get("planner", {}).get("planners", train.get("planners"))
 
 
 def counted_plan_bytes(summary: dict[str, Any]) -> float | None:

@@ -80,6 +80,7 @@ class SimulateConfig:
     eval_rows: int | None = shared("eval_rows")
     lookahead: int = shared("lookahead")
     round: int | None = shared("round")
+    planners: int | None = shared("planners")
     cache_rows: int | None = shared("cache_rows")
     staleness: int = shared("staleness")
     hot_sample: float = shared("hot_sample")

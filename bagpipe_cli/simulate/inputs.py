@@ -163,7 +163,10 @@ class Volumes:
     # Rank 0 (simulate/plans.py): plan bytes of the round starting at b, after the last, ms a batch
     plan_bytes: np.ndarray | None = None
     plan_end_bytes: int = 0
-    plan_ms: float = 0.0
+    plan_ms: float = 0.0  # the planning stage: the oracle thread's part + its busiest worker's
+    planners: int = 1  # the oracle's workers (simulate/volumes.py's `planned`)
+    plan_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
+    plan_serial_ms: float = 0.0  # the oracle thread's own CPU ms a batch (the slices laid together)
     # Rows the servers send before the first iteration, untimed (local copies every table
     # to each trainer); counted in a run's traffic, so in the model's bytes, not its times.
     setup_rows: int = 0

@@ -53,6 +53,8 @@ class Prediction:
     link_busy: float  # busiest server link's busy fraction of the iterations after warm-up
     planner_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
     planner_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
+    planners: int = 1  # the oracle's planning workers (1: one thread plans)
+    planner_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
     server_rows_mb_per_iter: float = 0.0  # rows (with their state) all the servers send, per iteration
@@ -300,6 +302,7 @@ class _Replay:
             if I and times[m].sum() > 0 else 0.0,
             planner_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
             planner_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
+            planners=self.vol.planners, planner_worker_ms=self.vol.plan_worker_ms,
             relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,
             exposed_plan_ms=1e3 * float(plan_wait[m].mean()) if I else 0.0,
             server_rows_mb_per_iter=1e-6 * work.row_bytes * float(

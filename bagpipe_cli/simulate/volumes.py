@@ -32,6 +32,7 @@ from bagpipe_cli.engine.planning.feed import batch_start
 from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planning.plans import RoundPlan
+from bagpipe_cli.engine.planning.slices import default_planners
 from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.setup import split_rows
 from bagpipe_cli.errors import ConfigError
@@ -53,6 +54,7 @@ class TraceConfig:
     iterations: int | None = None  # None: every full batch of the training rows once
     lookahead: int = 16  # bagpipe's L (and lru/lfu/fae's default capacity: bagpipe's peak)
     round: int | None = None  # bagpipe's C (default L/4)
+    planners: int | None = None  # bagpipe's planning workers (default: slices.default_planners)
     cache_rows: int | None = None  # lru/lfu/fae capacity (default: bagpipe's peak)
     staleness: int = 0  # het
     trainers: int = 1  # N
@@ -208,49 +210,66 @@ class _Trace:
         `hold_keys`); when they are done, `v.plan_ms` is the planner's time per batch, the
         batches' reading and indexing left out (`_Batches`), and the end of the plans is sent.
 
-        `plan_ms` is the median over the rounds of a round's time per batch: the mean would
-        take in the first touches of the planner's tables and whatever else ran on the
-        machine for a moment, which a long run does not pay every round."""
+        Its time is thread CPU time, which another process's load hardly changes. An oracle
+        planning in slices (`planners` workers, run here one after the other on this
+        thread, each timed apart) takes its own thread's part plus its busiest worker's: the
+        time of K workers on K cores (`v.planners`, `v.plan_worker_ms`: that worker's ms a
+        batch, `v.plan_serial_ms`: the oracle thread's).
+
+        Each figure is the median over the rounds of a round's time per batch: the mean would
+        take in the first touches of the planner's tables, which a long run does not pay
+        every round."""
         batches = _Batches(self, hold_keys)
         rounds = planner.plan(batches)
-        per_batch = []
+        workers = getattr(planner, "workers", None)
+        per_batch, busiest, serial = [], [], []
         while True:
-            t0, read0 = time.perf_counter(), batches.seconds
+            c0, read0 = time.thread_time(), batches.cpu
+            w0 = workers.cpu.copy() if workers is not None else np.zeros(1)
             rp = next(rounds, None)
-            spent = time.perf_counter() - t0 - (batches.seconds - read0)
             if rp is None:
                 break
+            w = (workers.cpu - w0) if workers is not None else np.zeros(1)
+            own = max(0.0, time.thread_time() - c0 - (batches.cpu - read0) - float(w.sum()))
             if rp.iters:
-                per_batch += [max(0.0, spent) / len(rp.iters)] * len(rp.iters)
+                n = len(rp.iters)
+                per_batch += [(own + float(w.max())) / n] * n
+                busiest += [float(w.max()) / n] * n
+                serial += [own / n] * n
             yield rp, [batches.held.popleft() for _ in rp.iters] if hold_keys else []
-        v.plan_ms = 1e3 * float(np.median(per_batch)) if per_batch else 0.0
+
+        def ms(x: list[float]) -> float:
+            return 1e3 * float(np.median(x)) if x else 0.0
+
+        v.plan_ms, v.plan_worker_ms, v.plan_serial_ms = ms(per_batch), ms(busiest), ms(serial)
+        v.planners = workers.k if workers is not None else 1
         if self.distributed:
             v.plan_end_bytes += plans.END
 
 
 class _Batches:
     """The traced batches as a run's rank 0 hands them to its planner: read and indexed
-    (UniqueKeys) by its loader workers, in parallel with the planning. `seconds` is the time
-    spent on that here, which is not the planner's; `held` keeps each batch's keys until
+    (UniqueKeys) by its loader workers, in parallel with the planning. `cpu` is the thread
+    CPU time spent on that here, which is not the planner's; `held` keeps each batch's keys until
     its round is planned (`hold`)."""
 
     def __init__(self, t: _Trace, hold: bool):
         self.t, self.hold = t, hold
-        self.seconds = 0.0
+        self.cpu = 0.0  # thread CPU seconds
         self.held: deque[np.ndarray] = deque()
 
     def __iter__(self) -> Iterator[UniqueKeys]:
         keysets = KeySets(self.t.total)
         it = self.t.keys()
         while True:
-            t0 = time.perf_counter()
+            t0 = time.thread_time()
             keys = next(it, None)
             if keys is None:
                 return
             u = keysets.unique(keys)
             if self.hold:
                 self.held.append(keys)
-            self.seconds += time.perf_counter() - t0
+            self.cpu += time.thread_time() - t0
             yield u
 
 
@@ -261,7 +280,8 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     iteration, no LRPP: prefetch) as `engine/planning/builders.py` plans it."""
     cfg, k = t.cfg, t.cfg.servers
     L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
-    oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp)
+    oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp, threads=False,
+                    planners=cfg.planners or default_planners(cfg.batch_size * t.info["tables"]))
     v = t.empty(s.name)
     v.round_start[:], v.prefetch_ahead = False, True
     n, kb = cfg.trainers, t.key_bytes

@@ -32,8 +32,10 @@ import numpy as np
 
 ALL = slice(None)  # the one slice of a planner of one worker: every row of U_b
 # The default number of planning workers: one per this many accesses of a batch (rows read
-# by samples, tables included), so that a worker's share stays about as large at any N.
-ACCESSES_PER_PLANNER = 1_000_000
+# by samples, tables included), so that a worker's share stays about as large at any N: on
+# the 2-core machine of docs/benchmarks.md a worker plans about 30k accesses a millisecond,
+# so a share is 7-9 ms of a batch.
+ACCESSES_PER_PLANNER = 1 << 18
 MAX_PLANNERS = 64
 
 
