@@ -54,6 +54,7 @@ class Prediction:
     planner_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
     planner_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
+    #                                 (each trainer its own plan: the largest one's receiving)
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
     server_rows_mb_per_iter: float = 0.0  # rows (with their state) all the servers send, per iteration
     collective_mb_per_iter: float = 0.0  # the trainers' sums and exchanges: the busiest's sent

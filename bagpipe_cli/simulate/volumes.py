@@ -225,7 +225,7 @@ class _Trace:
             yield rp, [batches.held.popleft() for _ in rp.iters] if hold_keys else []
         v.plan_ms = 1e3 * float(np.median(per_batch)) if per_batch else 0.0
         if self.distributed:
-            v.plan_end_bytes += plans.END
+            v.plan_end_bytes += plans.END * (1 if v.plan_trainer_bytes is None else self.cfg.trainers)
 
 
 class _Batches:
@@ -267,6 +267,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     n, kb = cfg.trainers, t.key_bytes
     # N > 1: each row on the trainers that read it (simulate/partition.py)
     v.exchanges = Exchanges.zeros(t.iterations, n) if oracle.partitioned else None
+    v.plan_trainer_bytes = np.zeros(t.iterations, np.int64) if v.exchanges is not None and t.distributed else None
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
@@ -280,9 +281,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
             v.write_back[p.b] = by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
-        pairs = [len(p.part.writers) for p in rp.iters] if v.exchanges is not None else None
-        t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
-                                            [len(p.evict_keys) for p in rp.iters], lrpp, pairs))
+        t.send(v, b0, plans.lookahead_plans(kb, n, rp, lrpp, v.plan_trainer_bytes))
     if lookahead is None:  # bagpipe's own: the baselines' default capacity
         t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
