@@ -29,6 +29,7 @@ from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.comm.traffic import KINDS
 from bagpipe_cli.engine.distributed import Layout, trainer_devices
 from bagpipe_cli.engine.distributed.layout import check_datasets, dataset_fact
+from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.planning.partition import flows
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
@@ -125,6 +126,12 @@ def test_every_system_over_torch_distributed_equals_in_process(tiny_dataset, tmp
     # rank 0 sent the plans the in-process planner counted (engine/comm/traffic.py)
     plan = [x["roles"]["planner"]["traffic"]["sent"]["plan"] for x in (s, inproc.summary)]
     assert plan[0] == plan[1] > 0
+    t = [_traffic(s, f"trainer{i}") for i in range(2)]
+    if sp.partitioned:  # each trainer its own plan, from rank 0
+        assert t[0]["received"]["plan"] + t[1]["received"]["plan"] == plan[0]
+        assert t[0]["sent"]["plan"] == t[1]["sent"]["plan"] == 0
+    else:  # one plan down the relay tree: trainer 0 passes it on to trainer 1
+        assert t[0]["received"]["plan"] == t[0]["sent"]["plan"] == t[1]["received"]["plan"] == plan[0]
     for role in s["roles"].values():  # per role: busy, waiting, bytes sent
         assert role["busy_s"] > 0 and role["waiting_s"] >= 0 and role["bytes_sent"] > 0
     server = s["roles"]["server0"]
@@ -226,11 +233,11 @@ def _traffic(summary, role):
     return summary["roles"][role]["traffic"]
 
 
-def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_plan(tiny_dataset, tmp_path):
-    """Bitwise sync at 8 trainers (10 processes). Rank 0 sends each round's plan once (to the
-    root of the relay tree) and no samples; the inner trainers of the tree pass it on (two
-    children each at most), the leaves send none; what the trainers sent the servers is
-    what the servers received, kind by kind."""
+def test_eight_trainers_over_procs_equal_sync_and_each_receives_only_its_plan(tiny_dataset, tmp_path):
+    """Bitwise sync at 8 trainers (10 processes). Rank 0 sends no samples, and each trainer of
+    the partitioned cache its own plan, point to point: the bytes the in-process planner
+    counts, each a share of the whole plan, and no trainer passes any on; what the trainers
+    sent the servers is what the servers received, kind by kind."""
     n = 8
     args = ["--trainers", str(n), "--iterations", "8", "--optimizer", "sgd", "--lookahead", "4"]
     r = _run(tmp_path, tiny_dataset, "bag", "--system", "bagpipe", *args, "--procs", str(n + 2))
@@ -242,12 +249,14 @@ def test_eight_trainers_over_procs_equal_sync_and_rank_0_sends_one_copy_of_each_
     oracle = _traffic(s, "planner")
     trainers = [_traffic(s, f"trainer{i}") for i in range(n)]
     assert oracle["sent"]["samples"] == 0 and oracle["sent"]["plan"] > 0
-    root = trainers[0]["received"]["plan"]
-    assert root == oracle["sent"]["plan"]  # one copy, to trainer 0
-    for i, t in enumerate(trainers):  # every trainer received the same plans ...
-        assert t["received"]["plan"] == root
-        kids = len([c for c in (2 * i + 1, 2 * i + 2) if c < n])
-        assert t["sent"]["plan"] == kids * root  # ... and passed them to its children
+    received = [t["received"]["plan"] for t in trainers]
+    assert sum(received) == oracle["sent"]["plan"]  # each its own ...
+    assert all(t["sent"]["plan"] == 0 for t in trainers)  # ... passed on to no one
+    st = prepare(cfg)
+    wire = PlanWire.of(st, True)
+    rounds = st.spec.plan(st, 0).planner.plan(key_batches(st.ds, cfg, st.train_rows, st.offsets))
+    assert oracle["sent"]["plan"] == sum(wire.nbytes(rp) for rp in [*rounds, None])
+    assert max(received) < oracle["sent"]["plan"] / 4, received  # a share of the plan, not all of it
     server = _traffic(s, "server0")
     for kind in ("rows", "gradients"):
         assert server["received"][kind] == sum(t["sent"][kind] for t in trainers), kind

@@ -63,6 +63,71 @@ def test_the_partition_follows_its_definitions(n):
         assert f.later_sent.sum() == (part.count - 1)[p.row_class == SYNC_LATER].sum()
 
 
+def _facts(p, i: int, n: int) -> dict:
+    """What trainer i's PartitionedCache reads of an iteration's plan, by key: its rows with
+    their sources, homes and classes, the rows it was home of, the (row, writer) pairs it
+    delivers and those it sums, its evictions, each of its accesses' row, and the counts."""
+    part, row = p.part, p.part.pair_row
+    mine = part.rows_of(i)
+    out = np.flatnonzero((part.src[row] == i) & (part.writers != i))
+    summed = np.flatnonzero(part.home[row] == i)
+    evicted = p.evict_keys[part.home[np.searchsorted(p.uniq, p.evict_keys)] == i]
+    facts = {"reads": p.uniq[mine], "src": part.src[mine], "home": part.home[mine],
+             "class": p.row_class[mine], "homed": p.uniq[part.src == i],
+             "delivered": p.uniq[row[out]], "to": part.writers[out], "summed": p.uniq[row[summed]],
+             "from": part.writers[summed], "summed class": p.row_class[row[summed]],
+             "evicts": evicted, "accesses": p.uniq[p.accesses_of(i, 1, n)]}
+    return {k: v.tolist() for k, v in facts.items()} | {
+        "counts": (p.unique_rows, p.fetched, p.sync_now, p.sync_later, p.no_sync)}
+
+
+def _homed(p, i: int) -> np.ndarray:
+    """Keys of the rows trainer i is home of before or after b."""
+    return p.uniq[(p.part.src == i) | (p.part.home == i)]
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_a_trainer_receives_only_its_rows_and_reads_what_the_whole_plan_says(n):
+    """Rank 0 sends trainer i of a partitioned cache only the rows it reads or is home of
+    (distributed/rounds.py's `trainer_round`), and of those it reads not even the keys: its
+    samples have them. Once `RoundMaker` has put them back, everything its PartitionedCache
+    reads of the plan is what the whole plan says (so the run stays bitwise: the --procs
+    tests here and in test_distributed.py), and the round's counts are the global ones."""
+    from bagpipe_cli.engine.distributed.rounds import (
+        PlanWire,
+        RoundMaker,
+        shared_round,
+        trainer_sizes,
+    )
+    from bagpipe_cli.engine.distributed.wire import decode, encode
+
+    rng = np.random.default_rng(n)
+    per, tables, rows = 16, 3, 400
+    batches = [(rng.zipf(1.2, size=per * n * tables) % rows).astype(np.int64) for _ in range(12)]
+    width = per * tables  # a trainer's accesses of a batch
+    wire = PlanWire(True, True, rows, trainers=n)
+    for rp in Oracle(rows, 6, 2, n, None, grow=True).plan(batches):
+        sent = wire.sends(rp)
+        assert [j for j, _ in sent] == list(range(n))
+        assert wire.nbytes(rp) == sum(encode(x).nbytes for _, x in sent)
+        whole = encode(shared_round(rp, True, True, np.int32)).nbytes
+        sizes = [trainer_sizes(p, n) for p in rp.iters]
+        for i, plan in sent:
+            got = decode(encode(plan))
+            assert encode(got).nbytes < whole
+            assert not len(got.fetch_keys) and got.fetch_count == len(rp.fetch_keys)
+            for k, (p, q) in enumerate(zip(rp.iters, got.iters, strict=True)):
+                # on the wire: the keys of the rows it is home of and does not read, nothing more
+                assert q.uniq.tolist() == np.setdiff1d(_homed(p, i), p.uniq[p.part.rows_of(i)]).tolist()
+                assert [len(q.row_class), len(q.uniq), len(q.part.writers), len(q.evict_keys)] == \
+                    [int(x[i]) for x in sizes[k]]
+                assert q.part.home.dtype == np.int8 and not len(q.slots) and not len(q.inverse)
+            made = RoundMaker(lambda b, i=i: (batches[b][i * width:(i + 1) * width], None, None), i, rows)(got)
+            for p, q in zip(rp.iters, made.plan.iters, strict=True):
+                assert q.uniq.tolist() == np.union1d(p.uniq[p.part.rows_of(i)], _homed(p, i)).tolist()
+                assert _facts(q, i, n) == _facts(p, i, n)
+
+
 def test_the_rows_every_trainer_reads_spread_their_homes_over_the_trainers():
     """The hot head (every row read by every trainer at every iteration) is homed at
     key mod N, as a sum's chunks spread: each trainer homes a quarter of it, and no row moves."""

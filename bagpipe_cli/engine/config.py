@@ -1,13 +1,13 @@
 """The configuration of one training run: every option, its default, help and section, in one place.
 
-`bagpipe train`'s options are generated from these fields (`cli/options.py`) and shown
-grouped by section, a bench file's `base`/`matrix` keys are these fields, and the whole
-config is stored with every result. Another command's config (`bagpipe simulate`'s) takes
-a field that means the same thing from here with `shared`, so it has one default and help.
+`bagpipe train`'s options are generated from these fields (`cli/options.py`) and shown grouped by
+section, a bench file's `base`/`matrix` keys are these fields, and the whole config is stored with
+every result. Another command's config (`bagpipe simulate`'s) takes a field that means the same
+thing from here with `shared`, so it has one default and help.
 
-It imports without torch (the command line builds its options from it first): the systems
-come from the registry (`engine/registry.py`, which imports builders only when called), the
-other choices from light constants, held equal to the heavy modules' by tests/test_startup.py.
+It imports without torch (the command line builds its options from it first): the systems come
+from the registry (`engine/registry.py`, which imports builders only when called), the other
+choices from light constants, held equal to the heavy modules' by tests/test_startup.py.
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.limits import INT32_MAX
 
 # Why a distributed job needs the dataset on every machine (its errors say it).
-SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the trainers their own "
-               "samples), so it must be at the same path on every machine: a shared file system, "
-               "or a copy of the dataset folder on each")
+SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the trainers their own samples), "
+               "so it must be at the same path on every machine: a shared file system, or a copy of "
+               "the dataset folder on each")
 
 MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
 EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/trainer/optim.py's RowOptimizer
@@ -185,11 +185,9 @@ class TrainConfig:
                                                "find their unique rows ahead of its planning "
                                                "[default: the cores --placement keeps for it].", at_least=1,
                                          section="runtime", at_most=MAX_THREADS)
-    planners: int | None = setting(None, "The planner's workers: each plans the rows of one slice "
-                                         "of the key space, the same plan whatever their number "
-                                         "[default: one per 262,144 accesses of a batch (batch "
-                                         "size x tables), at most the cores there are].", at_least=1,
-                                   section="runtime", at_most=MAX_THREADS)
+    planners: int | None = setting(None, "The planner's workers, each planning a slice of the rows [default: "
+                                         "one per 262,144 accesses of a batch, at most the cores].",
+                                   at_least=1, section="runtime", at_most=MAX_THREADS)
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,
                            section="runtime")
@@ -241,23 +239,20 @@ class TrainConfig:
 
     def _check_launch(self, s) -> None:
         if s.external and (self.transport != "inproc" or self.procs is not None):
-            raise ConfigError(f"--system {self.system} starts its own --trainers processes; "
-                              "drop --procs/--transport torch")
+            raise ConfigError(f"--system {self.system} starts its own --trainers processes; drop --procs/--transport torch")
         if self.procs is not None:
             if self.transport != "torch":
-                raise ConfigError("--procs starts torch.distributed ranks: use it with "
-                                  "--transport torch")
+                raise ConfigError("--procs starts torch.distributed ranks: use it with --transport torch")
             if self.master is None and self.procs != self.world_size:
                 raise ConfigError(f"--procs {self.procs}: a run with --servers {self.servers} and "
                                   f"--trainers {self.trainers} needs 1 + {self.servers} + "
                                   f"{self.trainers} = {self.world_size} processes")
         self._check_nodes()
         if self.net_shape and (self.procs is None or self.net_gbps is None):
-            raise ConfigError("--net-shape shapes the links of the local processes of a --procs "
-                              "run to --net-gbps: add --procs and --net-gbps")
+            raise ConfigError("--net-shape shapes the links of the local processes of a --procs run "
+                              "to --net-gbps: add --procs and --net-gbps")
         if s.external and self.device not in ("auto", "cpu"):
-            raise ConfigError(f"--device {self.device}: --system {self.system} runs on the CPU "
-                              "here; use --device cpu")
+            raise ConfigError(f"--device {self.device}: --system {self.system} runs on the CPU here; use --device cpu")
         if self.backend == "nccl" and self.device == "cpu":
             raise ConfigError("--backend nccl: NCCL connects GPUs; add --device cuda, or use "
                               "--backend gloo")

@@ -163,6 +163,9 @@ class Volumes:
     # Rank 0 (simulate/plans.py): plan bytes of the round starting at b, after the last, ms a batch
     plan_bytes: np.ndarray | None = None
     plan_end_bytes: int = 0
+    # where rank 0 sends each trainer its own plan (bagpipe, N > 1): the bytes of the largest
+    # trainer's plan of the round starting at b; None: one plan down the relay tree
+    plan_trainer_bytes: np.ndarray | None = None
     plan_ms: float = 0.0  # the planning stage: the oracle thread's part + its busiest worker's
     planners: int = 1  # the oracle's workers (simulate/volumes.py's `planned`)
     plan_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch

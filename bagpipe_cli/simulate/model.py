@@ -56,6 +56,7 @@ class Prediction:
     planners: int = 1  # the oracle's planning workers (1: one thread plans)
     planner_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
+    #                                 (each trainer its own plan: the largest one's receiving)
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
     server_rows_mb_per_iter: float = 0.0  # rows (with their state) all the servers send, per iteration
     collective_mb_per_iter: float = 0.0  # the trainers' sums and exchanges: the busiest's sent

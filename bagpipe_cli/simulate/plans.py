@@ -2,32 +2,40 @@
 0 sends it), and the pipeline stages of sending them (`plan_stages`).
 
 A round's plan crosses as `engine/distributed/rounds.py`'s `shared_round` of the planner's
-RoundPlan, encoded by `engine/distributed/wire.py` (a length, a pickle, large arrays raw).
-Its bytes are the arrays' bytes, which grow with the rows, plus a fixed part (the
+RoundPlan, or, a partitioned cache's (bagpipe, N > 1), as each trainer's own
+(`trainer_round`), encoded by `engine/distributed/wire.py` (a length, a pickle, large arrays
+raw). Its bytes are the arrays' bytes, which grow with the rows, plus a fixed part (the
 pickled RoundPlan and IterPlans, each array's header, the length), measured on encoded
 rounds. `tests/test_simulate.py` holds these formulas equal to `wire.encode` of real rounds
 (to a few bytes) and to the bytes real runs count. With `kb` the bytes of a key (4 where
-every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1:
+every row's key fits int32, else 8), a slot 4 bytes, a row's user 2, its LRPP class 1, and
+`ib` the bytes of a trainer's index (1 where N <= 127, else 2):
 
-    lookahead (bagpipe)   774 + 264 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
-    partitioned (bagpipe, N > 1)
-                          830 + 324 C + F kb + sum_b [U_b (kb + 7) + 2 P_b + E_b kb + 16 N]
-    policy planner        859 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
-                          440 + R (kb + 4)       the last round: every resident row written back
-    global view (het, local)   769 + U kb + 16 N                      (one iteration a round)
-    no global view (sync)      747 + 16 N
-    the end of the plans       31
+    lookahead (prefetch, bagpipe at N = 1)
+                          800 + 267 C + F (kb + 6) + sum_b [U_b (kb + 7) + E_b (kb + 4) + 16 N]
+    trainer i's own (bagpipe, N > 1; rank 0 sends the N of them)
+                          818 + 331 C + sum_b [X_ib kb + S_ib (1 + 3 ib) + P_ib ib + E_ib kb + 16 N]
+    policy planner        888 + (F + V + U + E) (kb + 4) + 8          (one iteration a round)
+                          456 + R (kb + 4)       the last round: every resident row written back
+    global view (het, local)   798 + U kb + 16 N                      (one iteration a round)
+    no global view (sync)      776 + 16 N
+    the end of the plans       31   (to each trainer where each gets its own plans)
 
 F: rows fetched in the round (C iterations), V: pre-evicted rows, U_b = |U_b|, E_b: rows
 evicted after b, R: rows resident at the end, N trainers; 16 N: two arrays of N int64s per
-iteration (`no_sync_owner_rows`, `private_fetched`). A partitioned round (engine/planning/partition.py)
-sends no slots and no owners (each trainer's slots are its own): its U_b carries the LRPP
-class (1), the count of writers, the home and the source (2 each), and P_b, the (row,
-writer) pairs of b, a writer each (2).
+iteration (`no_sync_owner_rows`, `private_fetched`). A trainer's own plan of a partitioned
+round (engine/planning/partition.py) sends no slots, no owners and no fetched rows (each
+trainer's slots are its own; it finds its fetches in its rows' sources): per iteration
+S_ib, the rows trainer i needs (those it reads, and those it is home of before or after
+b), each with its LRPP class (1), its count of writers, home and source (an index each);
+the keys of X_ib of them, those it does not read (it finds the others' in its own samples);
+P_ib of the (row, writer) pairs, a writer each (every pair of a row it is home of, its own
+of the others); and E_ib, the evicted rows it is home of.
 
 Rank 0 plans each round and sends it to trainer 0, which passes it on to trainers 1 and 2,
-and so on down a binary tree (`engine/distributed/relay.py`); rounds travel ahead of use, so
-both are pipeline stages: `plan_stages` gives their time per iteration.
+and so on down a binary tree (`engine/distributed/relay.py`), or sends each trainer its own
+plan; rounds travel ahead of use, so both are pipeline stages: `plan_stages` gives their
+time per iteration.
 """
 
 from __future__ import annotations
@@ -36,7 +44,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bagpipe_cli.engine.distributed.rounds import trainer_sizes
+
 if TYPE_CHECKING:
+    from bagpipe_cli.engine.planning.plans import RoundPlan
     from bagpipe_cli.simulate.inputs import Cluster, Volumes
 
 INT32_KEYS = 2**31 - 1  # rounds.key_dtype: int32 keys where every row's key fits
@@ -47,17 +58,18 @@ ROW_CLASS = 1  # int8 LRPP class of a row (bagpipe)
 PER_TRAINER = 16  # no_sync_owner_rows + private_fetched: N int64s each, per iteration
 
 # The fixed part of an encoded round (bytes), measured on wire.encode(shared_round(...)).
-LOOKAHEAD_ROUND = 774
-LOOKAHEAD_ITER = 264
-UNCLASSED_ITER = 178  # an iteration without LRPP classes and users (prefetch)
-PARTITIONED_ROUND = 830  # a partitioned round (bagpipe, N > 1): no slots, a Partition an iteration
-PARTITIONED_ITER = 324
-PARTITION = 2 + 2 + 2  # int16 count of writers, home and source of a row of U_b
-WRITER = 2  # int16 writer of a (row, writer) pair
-POLICY_ROUND = 859  # a policy round: always one iteration
-POLICY_LAST = 440  # the write-back round after the last iteration (no iterations)
-VIEW_ROUND = 769  # U_b and nothing else
-COUNT_ROUND = 747  # |U_b| alone
+LOOKAHEAD_ROUND = 800
+LOOKAHEAD_ITER = 267
+UNCLASSED_ITER = 181  # an iteration without LRPP classes and users (prefetch)
+# A trainer's own round of a partitioned cache (bagpipe, N > 1), measured on
+# wire.encode(trainer_round(...)): no slots, a Partition of its rows an iteration.
+TRAINER_ROUND = 818
+TRAINER_ITER = 331
+ROW_IDS = 3  # its count of writers, home and source: a trainer's index each
+POLICY_ROUND = 888  # a policy round: always one iteration
+POLICY_LAST = 456  # the write-back round after the last iteration (no iterations)
+VIEW_ROUND = 798  # U_b and nothing else
+COUNT_ROUND = 776  # |U_b| alone
 END = 31  # the None that ends the plans
 RELAY_FANOUT = 2  # engine/distributed/relay.py's FANOUT (a test holds them equal): the trainers
 #                   a trainer passes each plan on to
@@ -69,19 +81,40 @@ def key_bytes(total_rows: int) -> int:
 
 
 def lookahead_round(kb: int, trainers: int, fetched: int, uniq: list[int], evicted: list[int],
-                    lrpp: bool = True, pairs: list[int] | None = None) -> int:
-    """A bagpipe round: its fetched rows (with slot and owner), and per iteration U_b (with
-    slot, and with LRPP class and owner) and the evicted rows (with slot); with `pairs` (each
-    iteration's (row, writer) pairs) a partitioned round: keys without slots or owners, and
-    each iteration's Partition."""
-    if pairs is not None:
-        return (PARTITIONED_ROUND + PARTITIONED_ITER * len(uniq) + fetched * kb
-                + sum(uniq) * (kb + ROW_CLASS + PARTITION) + sum(pairs) * WRITER
-                + sum(evicted) * kb + PER_TRAINER * trainers * len(uniq))
+                    lrpp: bool = True) -> int:
+    """A lookahead round sent whole: its fetched rows (with slot and owner), and per iteration
+    U_b (with slot, and with LRPP class and owner) and the evicted rows (with slot)."""
     per_row, per_iter = (ROW_CLASS + OWNER, LOOKAHEAD_ITER) if lrpp else (0, UNCLASSED_ITER)
     return (LOOKAHEAD_ROUND + per_iter * len(uniq) + fetched * (kb + SLOT + OWNER)
             + sum(uniq) * (kb + SLOT + per_row) + sum(evicted) * (kb + SLOT)
             + PER_TRAINER * trainers * len(uniq))
+
+
+def id_bytes(trainers: int) -> int:
+    """Bytes of a trainer's index (and of a row's count of writers) on the wire."""
+    return 1 if trainers <= 127 else 2
+
+
+def trainer_rounds(kb: int, trainers: int, sizes: list[tuple[np.ndarray, ...]]) -> np.ndarray:
+    """[N] the bytes of each trainer's own plan of a partitioned round (bagpipe, N > 1);
+    `sizes`: per iteration, `rounds.trainer_sizes` ([N] rows, keys, pairs, evicted rows)."""
+    ib = id_bytes(trainers)
+    rows, keys, pairs, evicted = (sum(s[k] for s in sizes) for k in range(4))
+    return (TRAINER_ROUND + (TRAINER_ITER + PER_TRAINER * trainers) * len(sizes)
+            + (keys + evicted) * kb + rows * (ROW_CLASS + ROW_IDS * ib) + pairs * ib)
+
+
+def lookahead_plans(kb: int, trainers: int, rp: RoundPlan, lrpp: bool = True,
+                    own: np.ndarray | None = None) -> int:
+    """Rank 0's bytes of a lookahead round: its whole plan (`lookahead_round`), or, given
+    `own` (`Volumes.plan_trainer_bytes`: each trainer gets its own), the sum of the trainers'
+    (`trainer_rounds`), the largest of them recorded in `own` at the round's first iteration."""
+    if own is None:
+        return lookahead_round(kb, trainers, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
+                               [len(p.evict_keys) for p in rp.iters], lrpp)
+    each = trainer_rounds(kb, trainers, [trainer_sizes(p, trainers) for p in rp.iters])
+    own[rp.iters[0].b] = each.max()
+    return int(each.sum())
 
 
 def policy_round(kb: int, fetched: int, pre_evicted: int, uniq: int, evicted: int) -> int:
@@ -112,9 +145,10 @@ def bytes_per_iteration(vol: Volumes) -> float:
 
 def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
     """Per iteration, in seconds: rank 0's time (planning the batch, and its share of sending
-    its round's plan on its link, a CPU machine's as the servers') and the busiest relaying
-    trainer's (its share of sending the round's plan on to its children on its own link).
-    Without `cluster.plans_on_network` (a --procs run: loopback) the planning alone."""
+    its round's plans on its link, a CPU machine's as the servers') and the busiest trainer's
+    on its own link (relayed: its share of sending the round's plan on to its children; each
+    trainer its own plan: the largest one's receiving it). Without
+    `cluster.plans_on_network` (a --procs run: loopback) the planning alone."""
     I = vol.iterations  # noqa: E741 - the paper's symbol
     oracle, relay = np.full(I, vol.plan_ms * 1e-3), np.zeros(I)
     if vol.plan_bytes is None or not I or not cluster.plans_on_network:
@@ -128,5 +162,9 @@ def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]
         nbytes = int(vol.plan_bytes[a:b].sum())
         if nbytes:
             oracle[a:b] += link.transfer_seconds(nbytes) / (b - a)
-            relay[a:b] += copies * relay_link.transfer_seconds(nbytes) / (b - a)
+            if vol.plan_trainer_bytes is None:
+                relay[a:b] += copies * relay_link.transfer_seconds(nbytes) / (b - a)
+            else:
+                own = int(vol.plan_trainer_bytes[a:b].sum())
+                relay[a:b] += relay_link.transfer_seconds(own) / (b - a)
     return oracle, relay

@@ -17,8 +17,6 @@ planning alone (a system without a planned cache: no_plan's oracle of lookahead 
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +27,6 @@ from bagpipe_cli.data.format import Dataset, open_dataset, table_offsets
 from bagpipe_cli.engine.memory import DATASET_FIX, estimate_simulate, refuse_over
 from bagpipe_cli.engine.planning.builders import PolicyPlanner, trace_of
 from bagpipe_cli.engine.planning.feed import batch_start
-from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.oracle import Oracle, plan_peak
 from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.engine.planning.slices import default_planners
@@ -40,6 +37,7 @@ from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.inputs import Exchanges, Volumes
 from bagpipe_cli.simulate.model import SYSTEMS
 from bagpipe_cli.simulate.partition import by_shard, record_round
+from bagpipe_cli.simulate.planning import timed_rounds
 from bagpipe_cli.simulate.staleness import HetState
 
 RUNTIMES = ("inproc", "distributed")
@@ -207,70 +205,10 @@ class _Trace:
     def planned(self, planner: Any, v: Volumes, hold_keys: bool = False
                 ) -> Iterator[tuple[RoundPlan, list[np.ndarray]]]:
         """The planner's rounds over the traced batches (each with its batches' keys when
-        `hold_keys`); when they are done, `v.plan_ms` is the planner's time per batch, the
-        batches' reading and indexing left out (`_Batches`), and the end of the plans is sent.
-
-        Its time is thread CPU time, which another process's load hardly changes. An oracle
-        planning in slices (`planners` workers, run here one after the other on this
-        thread, each timed apart) takes its own thread's part plus its busiest worker's: the
-        time of K workers on K cores (`v.planners`, `v.plan_worker_ms`: that worker's ms a
-        batch, `v.plan_serial_ms`: the oracle thread's).
-
-        Each figure is the median over the rounds of a round's time per batch: the mean would
-        take in the first touches of the planner's tables, which a long run does not pay
-        every round."""
-        batches = _Batches(self, hold_keys)
-        rounds = planner.plan(batches)
-        workers = getattr(planner, "workers", None)
-        per_batch, busiest, serial = [], [], []
-        while True:
-            c0, read0 = time.thread_time(), batches.cpu
-            w0 = workers.cpu.copy() if workers is not None else np.zeros(1)
-            rp = next(rounds, None)
-            if rp is None:
-                break
-            w = (workers.cpu - w0) if workers is not None else np.zeros(1)
-            own = max(0.0, time.thread_time() - c0 - (batches.cpu - read0) - float(w.sum()))
-            if rp.iters:
-                n = len(rp.iters)
-                per_batch += [(own + float(w.max())) / n] * n
-                busiest += [float(w.max()) / n] * n
-                serial += [own / n] * n
-            yield rp, [batches.held.popleft() for _ in rp.iters] if hold_keys else []
-
-        def ms(x: list[float]) -> float:
-            return 1e3 * float(np.median(x)) if x else 0.0
-
-        v.plan_ms, v.plan_worker_ms, v.plan_serial_ms = ms(per_batch), ms(busiest), ms(serial)
-        v.planners = workers.k if workers is not None else 1
+        `hold_keys`), timed into `v` (`simulate/planning.py`); then the end of the plans is sent."""
+        yield from timed_rounds(planner, self.keys, self.total, v, hold_keys)
         if self.distributed:
-            v.plan_end_bytes += plans.END
-
-
-class _Batches:
-    """The traced batches as a run's rank 0 hands them to its planner: read and indexed
-    (UniqueKeys) by its loader workers, in parallel with the planning. `cpu` is the thread
-    CPU time spent on that here, which is not the planner's; `held` keeps each batch's keys until
-    its round is planned (`hold`)."""
-
-    def __init__(self, t: _Trace, hold: bool):
-        self.t, self.hold = t, hold
-        self.cpu = 0.0  # thread CPU seconds
-        self.held: deque[np.ndarray] = deque()
-
-    def __iter__(self) -> Iterator[UniqueKeys]:
-        keysets = KeySets(self.t.total)
-        it = self.t.keys()
-        while True:
-            t0 = time.thread_time()
-            keys = next(it, None)
-            if keys is None:
-                return
-            u = keysets.unique(keys)
-            if self.hold:
-                self.held.append(keys)
-            self.cpu += time.thread_time() - t0
-            yield u
+            v.plan_end_bytes += plans.END * (1 if v.plan_trainer_bytes is None else self.cfg.trainers)
 
 
 def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
@@ -287,6 +225,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     n, kb = cfg.trainers, t.key_bytes
     # N > 1: each row on the trainers that read it (simulate/partition.py)
     v.exchanges = Exchanges.zeros(t.iterations, n) if oracle.partitioned else None
+    v.plan_trainer_bytes = np.zeros(t.iterations, np.int64) if v.exchanges is not None and t.distributed else None
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
@@ -300,9 +239,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
             v.write_back[p.b] = by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
-        pairs = [len(p.part.writers) for p in rp.iters] if v.exchanges is not None else None
-        t.send(v, b0, plans.lookahead_round(kb, n, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
-                                            [len(p.evict_keys) for p in rp.iters], lrpp, pairs))
+        t.send(v, b0, plans.lookahead_plans(kb, n, rp, lrpp, v.plan_trainer_bytes))
     if lookahead is None:  # bagpipe's own: the baselines' default capacity
         t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it

@@ -1,6 +1,7 @@
 """Rank 0: the planner. It plans every round and sends its plan, ahead of use, down
-the trainers' relay tree (`relay.py`: one copy leaves rank 0; every trainer reads its own
-samples), writes the checkpoints, and at the end gathers every trainer's and every server's
+the trainers' relay tree (`relay.py`: one copy leaves rank 0), or, a partitioned cache's,
+to each trainer its own share of it (`rounds.py`'s `trainer_round`); every trainer reads its
+own samples. It writes the checkpoints, and at the end gathers every trainer's and every server's
 report (`records/run_record.py`) into the run's RunRecord, and so its TrainResult.
 
 A checkpoint at the boundary before iteration b: every trainer sends its new records and
@@ -27,6 +28,7 @@ from bagpipe_cli.engine.distributed.rounds import PlanWire
 from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
 from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, planned_rounds
+from bagpipe_cli.engine.planning.plans import RoundPlan
 from bagpipe_cli.engine.records.checkpoint import (
     Checkpoint,
     Checkpointer,
@@ -122,19 +124,18 @@ class DistributedPlanner:
 
     def _feed(self, planning: Planning, start: int) -> None:
         """Plan and send every round; take the checkpoints inside the round before."""
-        s, lay = self.s, self.layout
+        s = self.s
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         tr, t0 = self.tracer, time.perf_counter()
-        root = lay.trainer_rank(0)  # of the relay tree
-        wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
+        wire = PlanWire.of(s, planning.slots is not None)
         for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
                                     start, workers, samples=False):
             t1 = time.perf_counter()
             where = (rp.iters[0].b if rp.iters else -1, rp.r)
             tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
-            self._send(wire(rp), root, "plan", self.plans)
+            self._send_plans(wire, rp)
             self.iterations += len(rp.iters)
             tr.complete("send round", "send", t1, time.perf_counter(), position=where)
             # The trainers got this round while they train the previous one, which is when
@@ -146,12 +147,18 @@ class DistributedPlanner:
             if self.progress and rp.iters:
                 self.progress(done - 1, {"loss": math.nan, "time": math.nan})
             t0 = time.perf_counter()
-        self._send(wire(None), root, "plan", self.plans)
+        self._send_plans(wire, None)
         if prev is not None:
             self._boundaries([p.b for p in prev.iters])
         t = time.perf_counter()
         self._boundaries([s.cfg.iterations])  # the end of training
         self.end_eval_s = time.perf_counter() - t
+
+    def _send_plans(self, wire: PlanWire, rp: RoundPlan | None) -> None:
+        """Round `rp`'s plans (None: the end): one to the relay tree's root, or to each
+        trainer its own, in trainer order."""
+        for j, plan in wire.sends(rp):
+            self._send(plan, self.layout.trainer_rank(j), "plan", self.plans)
 
     def _boundaries(self, iterations: list[int]) -> None:
         """Rank 0's part of the checkpoints and evaluations at the boundaries before

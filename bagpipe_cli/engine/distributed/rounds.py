@@ -1,32 +1,51 @@
 """What rank 0 sends the trainers each round, and how a trainer makes its Round of it.
 
-Rank 0 sends plans, not samples. A round's plan leaves rank 0 once, down a tree of the
-trainers (`relay.py`), and every trainer reads its own samples (keys, dense features and
-labels of its slice of each batch) from the dataset's memory-mapped columns, then finds the
-position of each of its accesses in U_b itself (`RoundMaker`).
+Rank 0 sends plans, not samples. Every trainer reads its own samples (keys, dense features
+and labels of its slice of each batch) from the dataset's memory-mapped columns, then finds
+the position of each of its accesses in the plan's rows itself (`RoundMaker`).
 
-The plan (`shared_round`) holds what every trainer needs and cannot compute from its own
-samples: per round the fetched rows, their slots and private owner (each trainer picks its
-own with `RoundPlan.fetch_for`), the pre-evicted rows (and a resumed cache's warm rows); per
-iteration U_b, the slots, the LRPP classes, each row's one user and the evictions. Keys travel as int32 where the key
-space fits, a row's user as int16; the trainer widens them back, so it computes on exactly
-the values in-process training does. A system whose trainers need no view of the global
-batch (sync: each fetches and pushes its own rows) gets |U_b| alone per iteration, so its
-rank 0 sends nothing that grows with the batch. `PlanWire` is that rule for one run; its
-`nbytes` is what a plan costs on the wire, which an in-process run counts as its planner's
-(`engine/comm/traffic.py`).
+What a plan holds is what a trainer needs and cannot compute from its own samples, and two
+kinds of plan cross:
+
+- one plan for every trainer (`shared_round`), which leaves rank 0 once, down a tree of the
+  trainers (`relay.py`): per round the fetched rows, their slots and private owner (each
+  trainer picks its own with `RoundPlan.fetch_for`), the pre-evicted rows (and a resumed
+  cache's warm rows); per iteration U_b, the slots, the LRPP classes, each row's one user
+  and the evictions. A system whose trainers need no view of the global batch (sync: each
+  fetches and pushes its own rows) gets |U_b| alone per iteration, so its rank 0 sends
+  nothing that grows with the batch.
+- a partitioned cache's (bagpipe, N > 1: `engine/planning/partition.py`) trainer j gets its
+  own (`trainer_round`), point to point from rank 0: per iteration only the rows it needs
+  (`trainer_rows`: those its samples read and those it is home of before or after b), with
+  their LRPP classes, homes and sources, the writers of the rows it is home of (of the
+  others, itself), and its own evictions; per round the number of rows fetched (the fetched
+  rows themselves it finds in its iterations' sources). The round's counts (fetched,
+  sync_now, sync_later, no_sync, |U_b|) stay the global ones, so every trainer takes part in
+  every exchange alike. At 8 trainers a trainer's plan was about a tenth of the whole
+  (docs/architecture.md, "The distributed schedule").
+
+Keys travel as int32 where the key space fits, a row's user as int16, a partitioned
+cache's trainer indices and counts of writers as int8 where N <= 127; the trainer widens
+them back, so it computes on exactly the values in-process training does. `PlanWire` is
+that rule for one run; its `nbytes` is what a round's plans cost on the wire, which an
+in-process run counts as its planner's (`engine/comm/traffic.py`).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bagpipe_cli.engine.distributed.wire import encode
 from bagpipe_cli.engine.planning.feed import Round, SliceReader
 from bagpipe_cli.engine.planning.keys import KeySets
+from bagpipe_cli.engine.planning.partition import Partition
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
+
+if TYPE_CHECKING:
+    from bagpipe_cli.engine.setup import RunSetup
 
 _EMPTY_KEYS = np.empty(0, np.int64)
 _EMPTY_SLOTS = np.empty(0, np.int32)
@@ -46,38 +65,112 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
                        pre_evict_keys=_EMPTY_KEYS, pre_evict_slots=_EMPTY_SLOTS,
                        iters=[_planless_iter(p, global_view, keys) for p in rp.iters])
     owner = rp.fetch_owner.astype(np.int16) if rp.fetch_owner is not None else None
-    slots = rp.fetch_slots
-    if rp.iters and rp.iters[0].part is not None:  # partitioned: each trainer's slots are its own
-        owner, slots = None, _EMPTY_SLOTS
-    return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner, fetch_slots=slots,
+    return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner,
                    pre_evict_keys=rp.pre_evict_keys.astype(keys),
                    warm=None if rp.warm is None else (rp.warm[0].astype(keys), rp.warm[1]),
                    iters=[_shared_iter(p, keys) for p in rp.iters])
 
 
+def own_plans(s: RunSetup) -> bool:
+    """Whether rank 0 sends each trainer its own plan (a partitioned cache of N > 1
+    trainers: `trainer_round`), not one plan down the relay tree."""
+    return s.spec.partitioned and s.cfg.trainers > 1
+
+
+def trainer_rows(part: Partition, i: int) -> tuple[np.ndarray, np.ndarray]:
+    """Trainer i's share of an iteration's Partition: (positions in U_b of the rows it needs,
+    sorted: those it reads at b, and those it is home of before b (it delivers them) or after
+    it (it sums their partials); a mask of the (row, writer) pairs it needs: every pair of a
+    row it is home of, its own of the others)."""
+    homed = (part.src == i) | (part.home == i)
+    pairs = homed[part.pair_row] | (part.writers == i)
+    need = homed.copy()
+    need[part.pair_row[pairs]] = True
+    return np.flatnonzero(need), pairs
+
+
+def trainer_round(rp: RoundPlan, i: int, keys: type, ids: type) -> RoundPlan:
+    """Round `rp` of a partitioned cache as rank 0 sends it to trainer i (see the module
+    docstring): every list by position in its rows (`trainer_rows`), which a
+    `PartitionedCache` reads as it reads U_b once `RoundMaker` has put back the keys of the
+    rows it reads; a trainer, writer or count of writers as `ids` (`id_dtype`)."""
+    return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
+                   fetched_rows=rp.fetch_count, pre_evict_keys=rp.pre_evict_keys.astype(keys),
+                   iters=[_trainer_iter(p, i, keys, ids) for p in rp.iters])
+
+
+def id_dtype(trainers: int) -> type:
+    """The narrowest integer type of a trainer's index (-1 included) and of a row's count of
+    writers."""
+    return np.int8 if trainers <= np.iinfo(np.int8).max else np.int16
+
+
+def _trainer_iter(p: IterPlan, i: int, keys: type, ids: type) -> IterPlan:
+    part = p.part
+    rows, pairs = trainer_rows(part, i)
+    count = np.bincount(np.searchsorted(rows, part.pair_row[pairs]), minlength=len(rows))
+    reads = np.zeros(len(rows), dtype=bool)
+    reads[np.searchsorted(rows, part.rows_of(i))] = True
+    evicted = p.evict_keys[part.home[np.searchsorted(p.uniq, p.evict_keys)] == i]  # its own
+    return replace(p, uniq=p.uniq[rows[~reads]].astype(keys), inverse=_NO_INVERSE,
+                   slots=_EMPTY_SLOTS, evict_keys=evicted.astype(keys), evict_slots=_EMPTY_SLOTS,
+                   owner=None, row_class=p.row_class[rows], subset_of=len(p.uniq),
+                   part=Partition(*(a.astype(ids) for a in (count, part.writers[pairs],
+                                                            part.home[rows], part.src[rows]))))
+
+
+def trainer_sizes(p: IterPlan, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[n] per trainer, the lengths of its plan of iteration `p` (`trainer_round`): its rows,
+    their keys that cross (the rows it does not read), its (row, writer) pairs, its evictions."""
+    rows, pairs = zip(*(trainer_rows(p.part, i) for i in range(n)), strict=True)
+    reads = np.bincount(p.part.writers.astype(np.int64), minlength=n)
+    evicted = np.bincount(p.part.home[np.searchsorted(p.uniq, p.evict_keys)].astype(np.int64),
+                          minlength=n)
+    size = np.array([len(r) for r in rows])
+    return size, size - reads, np.array([int(m.sum()) for m in pairs]), evicted
+
+
 class PlanWire:
-    """A run's rounds as the planner sends them (`shared_round` with the run's settings;
-    None, the end of the plans, as it is)."""
+    """A run's rounds as the planner sends them (`shared_round` with the run's settings, or
+    with `trainers` > 0 each trainer's own: `trainer_round`; None, the end of the plans, as
+    it is, to the relay's root or to every trainer)."""
 
-    def __init__(self, global_view: bool, cached: bool, total_rows: int):
+    def __init__(self, global_view: bool, cached: bool, total_rows: int, trainers: int = 0):
         self.global_view, self.cached, self.keys = global_view, cached, key_dtype(total_rows)
+        self.trainers = trainers
 
-    def __call__(self, rp: RoundPlan | None) -> RoundPlan | None:
-        return None if rp is None else shared_round(rp, self.global_view, self.cached, self.keys)
+    @classmethod
+    def of(cls, s: RunSetup, cached: bool) -> PlanWire:
+        """The run's: each trainer its own plan where `own_plans`."""
+        return cls(s.spec.global_view, cached, s.total_rows, s.cfg.trainers if own_plans(s) else 0)
+
+    @property
+    def relayed(self) -> bool:
+        """Whether one plan goes down the relay tree (else each trainer gets its own)."""
+        return not self.trainers
+
+    def sends(self, rp: RoundPlan | None) -> list[tuple[int, RoundPlan | None]]:
+        """(trainer, plan) of each plan round `rp` (None: the end) sends: to the relay's
+        root, or to each trainer its own."""
+        if rp is not None and rp.iters and (rp.iters[0].part is None) != self.relayed:
+            raise ValueError(f"round {rp.r}: a partitioned cache's plans go to each trainer, "
+                             "every other one down the relay tree")
+        if self.relayed:
+            return [(0, None if rp is None else shared_round(rp, self.global_view, self.cached,
+                                                             self.keys))]
+        ids = id_dtype(self.trainers)
+        return [(j, None if rp is None else trainer_round(rp, j, self.keys, ids))
+                for j in range(self.trainers)]
 
     def nbytes(self, rp: RoundPlan | None) -> int:
-        """The bytes of round `rp` (or of the end) on the wire, as `wire.send_obj` sends it."""
-        return encode(self(rp)).nbytes
+        """The bytes round `rp` (or the end) puts on rank 0's link, every plan of it as
+        `wire.send_obj` sends it."""
+        return sum(encode(plan).nbytes for _, plan in self.sends(rp))
 
 
 def _shared_iter(p: IterPlan, keys: type) -> IterPlan:
-    out = replace(p, uniq=p.uniq.astype(keys), inverse=_NO_INVERSE,
-                  evict_keys=p.evict_keys.astype(keys))
-    if p.part is not None:  # each trainer's slots are its own; the partition says who reads
-        out.slots, out.evict_slots, out.owner = _EMPTY_SLOTS, _EMPTY_SLOTS, None
-    elif p.owner is not None:
-        out.owner = p.owner.astype(np.int16)
-    return out
+    return replace(p, uniq=p.uniq.astype(keys), inverse=_NO_INVERSE, evict_keys=p.evict_keys.astype(keys),
+                   owner=None if p.owner is None else p.owner.astype(np.int16))
 
 
 def _planless_iter(p: IterPlan, global_view: bool, keys: type) -> IterPlan:
@@ -103,7 +196,11 @@ class RoundMaker:
         dense, labels = [], []
         for p in rp.iters:
             keys, d, y = self.read(p.b)
-            if p.global_rows is None:  # U_b sent: each access's position in it
+            if p.subset_of is not None:  # the rows it needs of U_b, but those its samples read
+                p.uniq = np.union1d(self.keysets.unique(keys)[0], p.uniq.astype(np.int64))
+                p.part = Partition(*(a.astype(np.int16) for a in (p.part.count, p.part.writers,
+                                                                  p.part.home, p.part.src)))
+            if p.global_rows is None:  # U_b (or its rows of it) sent: each access's position in it
                 p.uniq = p.uniq.astype(np.int64)
                 p.evict_keys = p.evict_keys.astype(np.int64)
                 p.inverse = np.searchsorted(p.uniq, keys).astype(np.int32)

@@ -158,7 +158,7 @@ def _play(cfg: TrainConfig, layout: Layout, rank: int, placement: Placement, fau
     # (dense buckets, sync_later sums); every rank takes part in making a group, in order.
     group, *lanes = [dist.new_group(layout.trainer_ranks, timeout=timeout, backend=cfg.backend)
                      for _ in range(3)]
-    # The plans' relay (rank 0 and the trainers: `relay.py`), a group of its own.
+    # The plans (rank 0 and the trainers: `relay.py`), a group of their own.
     plans = dist.new_group([0, *layout.trainer_ranks], timeout=timeout, backend="gloo")
     tracer = _tracer(cfg, layout, rank)
     s = prepare(cfg)

@@ -1,6 +1,7 @@
 """A trainer rank: the training loop (engine/trainer/loop.py) for one trainer of N.
 
-Its rounds' plans come from rank 0 down the relay tree (`relay.py`), ahead of use; it reads
+Its rounds' plans come from rank 0, ahead of use, down the relay tree (`relay.py`), or (a
+partitioned cache's) its own from rank 0; it reads
 its own slice of every batch from the dataset (`rounds.RoundMaker`); its rows come from the
 server ranks (`DistributedTransport`), its sums from the other trainers (`DistributedCollective`). At a checkpoint it sends rank 0 its new metrics records (trainer 0
 also the dense model, its optimizer and the RNG state) and its resident rows, then every
@@ -26,7 +27,7 @@ from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import TRAINERS, Layout
 from bagpipe_cli.engine.distributed.relay import PlanFeed
-from bagpipe_cli.engine.distributed.rounds import RoundMaker
+from bagpipe_cli.engine.distributed.rounds import RoundMaker, own_plans
 from bagpipe_cli.engine.distributed.transport import DistributedTransport
 from bagpipe_cli.engine.distributed.wire import PLANNING_WAIT_S, decode, recv_encoded, send_obj
 from bagpipe_cli.engine.planning.feed import SliceReader
@@ -45,7 +46,7 @@ from bagpipe_cli.launch.contention import sched_times, wait_delta
 def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCollective, plans: Any,
                  device: torch.device, faults: Faults, tracer: NoTracer = NO_TRACE) -> None:
     """Trainer i: its slice of every global batch, synchronised with the other trainers;
-    `plans`: the relay's process group."""
+    `plans`: the plans' process group (rank 0 and the trainers)."""
     cfg = s.cfg
     tracer.name_thread(trainer_role(i, 1), "main")
     model, dense_opt = build_dense(cfg, s.mcfg, device)
@@ -68,7 +69,7 @@ def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCol
                       s.total_rows)
     cpu, sched = time.process_time(), sched_times()
     try:
-        records = loop.run(PlanFeed(layout, plans, i, make, traffic))
+        records = loop.run(PlanFeed(layout, plans, i, make, traffic, relayed=not own_plans(s)))
     except RuntimeError as e:  # a background sum failed (DDP re-raises it): its error says why
         if collective.failure is not None:
             raise collective.failure from None

@@ -3,8 +3,9 @@ the training loop into a bounded queue, so planning overlaps training. Traced, e
 reading and planning is a slice, and so is a wait on a full queue (the planner is ahead).
 
 Given `plan_bytes` (`distributed/rounds.py`'s `PlanWire.nbytes`), it counts each round's
-plan, and the end of the plans, as the distributed planner sends them: its own `traffic`'s
-`plan` sent on its thread, the trainers' `received` as the training loop takes them."""
+plans (one, or each trainer's own), and the end of the plans, as the distributed planner
+sends them: its own `traffic`'s `plan` sent on its thread, the trainers' `received` (what
+this process's trainers together receive) as the training loop takes them."""
 
 from __future__ import annotations
 

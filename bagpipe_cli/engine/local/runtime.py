@@ -147,7 +147,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
-    wire = PlanWire(s.spec.global_view, planning.slots is not None, s.total_rows)
+    wire = PlanWire.of(s, planning.slots is not None)
     feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
                                        loader_workers(cfg, placement)), on_start=pinned.helper,
                         tracer=tracer, plan_bytes=wire.nbytes, received=transport.traffic)

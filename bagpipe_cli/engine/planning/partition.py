@@ -21,8 +21,9 @@ x to one trainer fewer), else any writer; among them the (x mod count)-th, so th
 every trainer reads (the hot head) spread over the trainers as a sum's chunks do, and a
 row read by the same trainers keeps its home.
 
-Every trainer receives the whole Partition (rank 0's plan), so each knows what it sends,
-to whom, and what it receives from whom, in one order: by position in U_b.
+Over torch.distributed each trainer receives the Partition's entries of the rows it reads or
+is home of (`engine/distributed/rounds.py`), so each knows what it sends, to whom, and what
+it receives from whom, in one order: by position in U_b.
 """
 
 from __future__ import annotations

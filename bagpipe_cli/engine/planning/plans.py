@@ -40,11 +40,17 @@ class IterPlan:
     # more of the global batch); None: `uniq` is U_b.
     global_rows: int | None = None
     part: Partition | None = None  # the physical partition of U_b (engine/planning/partition.py)
+    # |U_b| where `uniq` (and `row_class`, `part`, `evict_keys`) hold only the rows one trainer
+    # of a partitioned cache needs (its plan on a trainer rank: `distributed/rounds.py`'s
+    # `trainer_round`); None: `uniq` is U_b (or, with `global_rows`, a trainer's own rows).
+    subset_of: int | None = None
 
     @property
     def unique_rows(self) -> int:
         """|U_b|: distinct rows of the global batch."""
-        return len(self.uniq) if self.global_rows is None else self.global_rows
+        if self.global_rows is not None:
+            return self.global_rows
+        return len(self.uniq) if self.subset_of is None else self.subset_of
 
     def accesses_of(self, first: int, count: int, total: int) -> np.ndarray:
         """Positions in U_b of the accesses of trainers first..first+count-1 of `total`
@@ -84,6 +90,16 @@ class RoundPlan:
     # A resumed fixed-capacity cache's first round: (keys, slots) of the rows a run never
     # stopped would hold here, fetched into their slots before anything else (`builders.py`).
     warm: tuple[np.ndarray, np.ndarray] | None = None
+    # len(fetch_keys) of the round where `fetch_keys` is left out: a partitioned cache's
+    # trainer rank finds its own fetches in its iterations' plans (`distributed/rounds.py`);
+    # None: `fetch_keys` is the round's.
+    fetched_rows: int | None = None
+
+    @property
+    def fetch_count(self) -> int:
+        """Rows fetched for the round, by every trainer together (every trainer takes part
+        in a round's server exchange when this is not 0)."""
+        return len(self.fetch_keys) if self.fetched_rows is None else self.fetched_rows
 
     def fetch_for(self, i: int, count: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """(keys, slots) trainers i..i+count-1 fetch: every row except the other trainers'

@@ -121,13 +121,13 @@ class PartitionedCache(EmbeddingSystem):
         t0 = time.perf_counter()
         # Every trainer asks the servers alike (lockstep), with rows or without.
         fut = self._inflight.pop(rp.r, None)
-        if len(rp.fetch_keys):
+        if rp.fetch_count:
             keys = self._fetch_of(rp)
             rows, state = (fut or self.transport.fetch(keys)).result()
             with self.tracer.span("insert rows", "insert", rows=len(keys)):
                 self.local.put(keys, rows, state)
         waited = time.perf_counter() - t0
-        if next_rp is not None and len(next_rp.fetch_keys):
+        if next_rp is not None and next_rp.fetch_count:
             keys = self._fetch_of(next_rp)
             with self.tracer.span("prefetch issued", "request", rows=len(keys), target=next_rp.r):
                 self._inflight[next_rp.r] = self.transport.fetch(keys)
