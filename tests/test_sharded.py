@@ -16,7 +16,9 @@ import pytest
 from helpers import assert_same_parameters
 
 from bagpipe_cli.engine import TrainConfig, train
+from bagpipe_cli.engine.systems import sharded_hot
 from bagpipe_cli.engine.systems.sharded import owner, requests
+from bagpipe_cli.engine.systems.sharded_hot import pays, rows_that_pay
 from bagpipe_cli.models import MODELS
 
 KW = dict(batch_size=256, iterations=8, eval_rows=2000, servers=2, optimizer="adagrad")
@@ -73,7 +75,8 @@ def test_a_real_log_over_procs_equals_sync(real_data, tmp_path):
 
 def test_the_hot_set_keeps_hot_rows_out_of_the_all_to_alls(tiny_dataset):
     """sharded-hot's all-to-alls carry only cold rows: of the rows a trainer reads from
-    another's shard, the hot set (fae's, the run's most accessed) takes most on skewed data."""
+    another's shard, the hot set (at 2 trainers nearly every row the other trainer reads:
+    its sum moves a row a trainer, the all-to-alls a row and 4 bytes) takes most."""
     kw = dict(data=str(tiny_dataset), trainers=2, **KW)
     plain, hot = (train(TrainConfig(system=s, **kw)) for s in ("sharded", "sharded-hot"))
     assert 0 < hot.summary["rows_fetched"] < plain.summary["rows_fetched"] / 2
@@ -86,3 +89,44 @@ def test_one_trainer_over_procs_holds_every_row_and_equals_sync(tiny_dataset):
     procs = train(TrainConfig(system="sharded", transport="torch", procs=3, **kw))
     assert_same_parameters(train(TrainConfig(system="sync", **kw)), procs)
     assert procs.summary["rows_fetched"] == 0  # every row is its own
+
+
+def test_the_hot_set_is_the_rows_whose_sum_costs_less_than_their_all_to_alls():
+    """3 trainers, rows of 1 float (G = 4 B): a row pays when (8 + 2G) sum_b m_b > 2 (N-1) G
+    n, i.e. 16 m > 16 n. Rows 0-2 are read by every trainer (m = 2): hot. Row 3 (trainer
+    0's) is read by trainer 1 alone (m = 1): 16 = 16, the boundary, cold. Row 4 by its
+    owner alone (m = 0): cold. Row 5, read by every trainer in the second batch, is past the
+    profiled half (--hot-sample 0.5): cold."""
+    first = np.array([0, 1, 2, 0, 1] + [0, 1, 2, 3, 4] + [0, 1, 2, 2, 2])
+    batches = [first, np.full(15, 5)]
+    hot = rows_that_pay(lambda: iter(batches), 2, 0.5, 3, 1, 8)
+    assert np.flatnonzero(hot).tolist() == [0, 1, 2]
+    m, n = np.array([2, 2, 2, 1, 0]), np.ones(5, int)
+    assert pays(m, n, 3, 4).tolist() == [16, 16, 16, 0, -16]
+    # at 2 trainers one reader other than the owner pays (the sum moves G a trainer, the
+    # all-to-alls G + 4); at 3, with rows of 2 floats, one reader is below the boundary
+    assert pays(np.array([1]), np.array([1]), 2, 4).item() > 0
+    assert pays(np.array([1]), np.array([1]), 3, 8).item() < 0
+    assert not rows_that_pay(lambda: iter(batches), 2, 1.0, 1, 1, 8).any()  # one trainer: none
+
+
+def test_the_engine_and_the_model_pick_the_same_hot_set(tiny_dataset, monkeypatch):
+    """One function picks the hot set for both, from the same batches: the set a run's
+    trainers hold is the one `bagpipe simulate` models."""
+    from bagpipe_cli.simulate import sharded as model
+    from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
+    assert model.rows_that_pay is sharded_hot.rows_that_pay
+    picked = []
+
+    def spy(*args):
+        picked.append(rows_that_pay(*args))
+        return picked[-1]
+
+    monkeypatch.setattr(sharded_hot, "rows_that_pay", spy)
+    monkeypatch.setattr(model, "rows_that_pay", spy)
+    kw = dict(batch_size=256, iterations=8, eval_rows=2000, servers=2)
+    train(TrainConfig(system="sharded-hot", data=str(tiny_dataset), trainers=4, **kw))
+    trace_volumes(TraceConfig(data=str(tiny_dataset), trainers=4, row_dim=16, **kw), ["sharded-hot"])
+    engine, simulated = picked
+    assert engine.any() and np.array_equal(engine, simulated)

@@ -171,7 +171,7 @@ class SystemSpec:
             cache = "partitioned among the trainers (N > 1)"
         elif self.holds_tables == "shard":
             cache = "none: the tables sharded across the trainers" + (
-                " (and --cache-rows hot rows on every one)" if "cache_rows" in self.reads else "")
+                " (and a hot set on every one)" if "hot_sample" in self.reads else "")
         elif self.holds_tables == "all":
             cache = "every row"
         else:
@@ -265,12 +265,13 @@ _SPECS = (
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded:ShardedSystem.build"),
                volumes="bagpipe_cli.simulate.sharded:sharded_volumes", replicated=False, global_view=False, holds_tables="shard",
                color="#e7969c"),
-    SystemSpec("sharded-hot", "sharded, with fae's hot set replicated on every trainer: the "
-               "hot rows' gradients summed among all trainers, only cold rows in the all-to-alls",
+    SystemSpec("sharded-hot", "sharded, with the rows whose sum costs fewer bytes than their "
+               "all-to-alls (profiled over --hot-sample; not --cache-rows) replicated on every "
+               "trainer: their gradients summed among all trainers, only cold rows in the all-to-alls",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}.sharded_hot:sharded_hot_system"),
                volumes="bagpipe_cli.simulate.sharded:sharded_hot_volumes", replicated=False, holds_tables="shard",
-               reads=_CACHE_SETTINGS | {"hot_sample"}, capacity_from_peak=True, color="#637939"),
+               reads=frozenset({"hot_sample"}), color="#637939"),
     SystemSpec("torchrec", "TorchRec EmbeddingBagCollection + DistributedModelParallel "
                "(optional: make torchrec)", plan=Lazy(f"{PLANNER}:no_plan"), build_system=None,
                volumes=None,

@@ -94,7 +94,12 @@ class ModelConfig:
 
 def row_dim(cfg: ModelConfig) -> int:
     """Width of one embedding row the engine stores for `cfg`: E, plus 1 for a first-order weight."""
-    return cfg.emb_dim + (1 if getattr(MODELS[cfg.name], "first_order", False) else 0)
+    return row_width(cfg.name, cfg.emb_dim)
+
+
+def row_width(model: str, emb_dim: int) -> int:
+    """`row_dim` of a `model` at E = `emb_dim`, before the dataset's sizes are known."""
+    return emb_dim + (1 if getattr(MODELS[model], "first_order", False) else 0)
 
 
 def build_model(cfg: ModelConfig) -> nn.Module:

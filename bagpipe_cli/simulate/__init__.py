@@ -219,7 +219,7 @@ def run_simulate(cfg: SimulateConfig,
     (`progress` at each system's trace and each batch read)."""
     import pandas as pd
 
-    from bagpipe_cli.models import ModelConfig, row_dim
+    from bagpipe_cli.models import ModelConfig, row_dim, row_width
     from bagpipe_cli.simulate.calibrate import dense_bytes, state_dim
     from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
@@ -229,7 +229,8 @@ def run_simulate(cfg: SimulateConfig,
                      lookahead=cfg.lookahead, round=cfg.round, planners=cfg.planners,
                      cache_rows=cfg.cache_rows,
                      staleness=cfg.staleness, hot_sample=cfg.hot_sample, trainers=cfg.trainers,
-                     servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime)
+                     servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime,
+                     row_dim=row_width(cfg.model, cfg.emb_dim))
     compute, csrc = _compute(cfg)
     vols, info = trace_volumes(tc, cfg.systems, lambda s: track.trace(f"tracing {s}"), track.batch)
     mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim,

@@ -134,6 +134,7 @@ def read_measured(folder: Path) -> MeasuredRun:
     # A --procs run's collectives cross loopback, not the sleep-emulated network: they take
     # what they took; with --net-shape they cross the shaped links, which the model has.
     on_network = not distributed or bool(train.get("net_shape"))
+    width = int(config.get("row_dim", mcfg.emb_dim))
     trace = TraceConfig(
         data=str(data), batch_size=int(train["batch_size"]), iterations=int(train["iterations"]),
         lookahead=int(train.get("lookahead", 16)), round=train.get("round"),
@@ -141,14 +142,14 @@ def read_measured(folder: Path) -> MeasuredRun:
         cache_rows=train.get("cache_rows"), staleness=int(train.get("staleness", 0)),
         trainers=int(train.get("trainers", 1)), servers=int(train.get("servers", 1)),
         eval_rows=train.get("eval_rows"), runtime="distributed" if distributed else "inproc",
-        hot_sample=float(train.get("hot_sample", 1.0)),
+        hot_sample=float(train.get("hot_sample", 1.0)), row_dim=width,
     )
     cluster = Cluster(int(train.get("trainers", 1)), int(train.get("servers", 1)),
                       train.get("net_gbps"), float(train.get("net_latency_us") or 0.0),
                       collectives_on_network=on_network, plans_on_network=on_network,
                       # runs before the exact sum: the distributed runtime all-gathered
                       collective=train.get("collective", "allgather" if distributed else "exact"))
-    work = Workload(row_dim=int(config.get("row_dim", mcfg.emb_dim)),
+    work = Workload(row_dim=width,
                     state_dim=state_dim(train.get("optimizer", "sgd")),
                     dense_bytes=dense_bytes(mcfg), warmup=warmup)
     bench = config.get("bench") or {}

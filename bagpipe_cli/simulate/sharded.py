@@ -5,8 +5,10 @@ read (row k is trainer k mod N's) and serves what they ask of its own: `Volumes.
 [I, 2, N], the rows asked and served. The all-to-alls then move, per trainer, the counts
 (8 bytes to each other trainer), the ids asked (8 bytes a row), the rows served back (the
 row's floats, no optimizer state) and the partial gradients of the rows asked; each lasts
-as long as its busiest trainer's share (`model.py`). sharded-hot's hot rows (fae's set)
-cross in neither: their gradients over U_b are summed among all trainers (`sync_now`).
+as long as its busiest trainer's share (`model.py`). sharded-hot's hot rows cross in
+neither: their gradients over U_b are summed among all trainers (`sync_now`). They are the
+engine's (`engine/systems/sharded_hot.py`'s `rows_that_pay`, the same function over the same
+profiled batches): the rows whose sum moves fewer bytes per trainer than their all-to-alls.
 The servers send the tables once before training, untimed (`setup_rows`): each trainer
 its shard (and sharded-hot's every trainer the hot rows).
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from bagpipe_cli.engine.registry import SystemSpec
-from bagpipe_cli.policies.decisions import HotSetDecisions
+from bagpipe_cli.engine.systems.sharded_hot import rows_that_pay
 from bagpipe_cli.simulate.inputs import Volumes
 from bagpipe_cli.simulate.volumes import _no_plan, _planless_round, _Trace
 
@@ -46,5 +48,7 @@ def sharded_volumes(t: _Trace, s: SystemSpec) -> Volumes:
 
 
 def sharded_hot_volumes(t: _Trace, s: SystemSpec) -> Volumes:
-    """sharded-hot: only the cold ones; fae's hot set is summed among the trainers."""
-    return _volumes(t, s, HotSetDecisions(t.trace(), t.capacity(), t.cfg.hot_sample).hot)
+    """sharded-hot: only the cold ones; the rows that pay are summed among the trainers."""
+    c = t.cfg
+    return _volumes(t, s, rows_that_pay(t.keys, t.iterations, c.hot_sample, c.trainers,
+                                        c.row_dim, t.total))

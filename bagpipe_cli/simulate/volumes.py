@@ -62,6 +62,7 @@ class TraceConfig:
     # distributed: a process per trainer (torch.distributed), each fetching what it needs
     runtime: str = "inproc"
     hot_sample: float = 1.0  # fae: the fraction of the batches whose hottest rows it caches
+    row_dim: int = 16  # floats of an embedding row (E, +1 for wdl/deepfm): sharded-hot's break-even
 
     def __post_init__(self) -> None:
         if self.runtime not in RUNTIMES:

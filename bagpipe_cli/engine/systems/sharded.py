@@ -17,8 +17,8 @@ one trainer, and a table larger than a trainer's share still fits. Per iteration
 The embedding servers hold the tables only before training (each trainer fetches its shard,
 not timed, as `local` fetches the tables) and after it (each writes its shard back).
 
-With a hot set (`hot`: sharded-hot, engine/systems/sharded_hot.py) every trainer also holds
-a replica of the hot rows: their partial gradients over U_b are summed among all trainers
+With a hot set (`hot`: sharded-hot, engine/systems/sharded_hot.py: the rows whose sum costs
+fewer bytes than their all-to-alls) every trainer also holds a replica of the hot rows: their partial gradients over U_b are summed among all trainers
 (the exact collective: trainer order) and every trainer applies the same step, so only the
 cold rows cross in the all-to-alls. A trainer then needs U_b (the plan's global view).
 
@@ -46,6 +46,7 @@ from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
 
 KEY_BYTES = 8  # an id on the wire (int64)
+VALUE_BYTES = 4  # a value of a row or of its gradient on the wire (float32)
 
 
 def owner(keys: np.ndarray, n: int) -> np.ndarray:
@@ -147,7 +148,7 @@ class ShardedSystem(_PushingSystem):
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         if self.own is None:
             asked, served = self._moves(step) if self.n > 1 else (np.zeros(1, np.int64),) * 2
-            row = 4 * self.weight.shape[1]
+            row = VALUE_BYTES * self.weight.shape[1]
             peers = np.full(self.n, self.n - 1)
             self._emulate(step, peers, peers, KEY_BYTES)  # the counts of ids
             self._emulate(step, asked, served, KEY_BYTES)  # ids to the owners
@@ -195,7 +196,7 @@ class ShardedSystem(_PushingSystem):
         if self.own is None:
             if self.n > 1:
                 asked, served = self._served
-                self._emulate(step, asked, served, 4 * self.weight.shape[1])  # gradients
+                self._emulate(step, asked, served, VALUE_BYTES * self.weight.shape[1])  # gradients
                 if self.hot is not None:  # the hot rows' sum among the trainers
                     hot = torch.from_numpy(self.is_hot(keys)).to(grad.device)
                     self.collective.start_sum(grad[hot]).result()
