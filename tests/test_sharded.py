@@ -84,8 +84,10 @@ def test_the_hot_set_keeps_hot_rows_out_of_the_all_to_alls(tiny_dataset):
 
 def test_one_trainer_over_procs_holds_every_row_and_equals_sync(tiny_dataset):
     """One trainer rank is every trainer, but holds no in-process servers: it fetches every
-    row as its shard, and its all-to-alls are with itself alone."""
-    kw = dict(data=str(tiny_dataset), trainers=1, **{**KW, "servers": 1})
+    row as its shard, and its all-to-alls are with itself alone. One torch thread in both
+    runtimes (docs/architecture.md, "Which runs give the same bits": a trainer rank computes on
+    its share of the cores, the in-process one on them all)."""
+    kw = dict(data=str(tiny_dataset), trainers=1, threads=1, **{**KW, "servers": 1})
     procs = train(TrainConfig(system="sharded", transport="torch", procs=3, **kw))
     assert_same_parameters(train(TrainConfig(system="sync", **kw)), procs)
     assert procs.summary["rows_fetched"] == 0  # every row is its own

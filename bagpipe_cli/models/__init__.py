@@ -6,6 +6,13 @@
 
 # Importing the model modules fills the MODELS registry.
 from bagpipe_cli.models import dcn, deepfm, dlrm, wdl  # noqa: F401
-from bagpipe_cli.models.common import MODELS, ModelConfig, build_model, footprint, row_dim, row_width
+from bagpipe_cli.models.common import (
+    MODELS,
+    ModelConfig,
+    build_model,
+    footprint,
+    row_dim,
+    row_width,
+)
 
 __all__ = ["MODELS", "ModelConfig", "build_model", "footprint", "row_dim", "row_width"]
