@@ -60,7 +60,8 @@ def check_not_input(out: Path, inputs: Iterable[Input], option: str = "--out") -
 # into a folder that holds one of another kind (a run's --out over a dataset, checkpoints in
 # a run folder...).
 FOLDER_MARKS = {"dataset": "meta.json", "run": "summary.json", "bench": "bench.json",
-                "profile": "profile.json", "report": "report.json", "simulation": "simulate.json"}
+                "profile": "profile.json", "report": "report.json", "simulation": "simulate.json",
+                "advice": "advice.json"}
 CHECKPOINTS = "checkpoints"  # a folder of ckpt-NNNNNNNN folders (engine/records/checkpoint.py)
 FILE = "file"
 

@@ -66,6 +66,7 @@ def base(tiny_dataset, tmp_path):
         ("bench",): ["--quick"],
         ("report",): [EXAMPLE],
         ("simulate",): [tiny_dataset, "--compute-ms", "5"],
+        ("advise",): [tiny_dataset, "--trainers", "2", "--net-gbps", "1", "--scale", "2"],
     }
 
 

@@ -217,6 +217,8 @@ def test_no_string_lists_systems():
 
 # Lists of three or more system names in code, on purpose; the rest enumerate the registry.
 CODE_SUBSETS = {
+    ("tests/test_advise.py", frozenset({"sync", "bagpipe", "local"})):
+        "a winner, the baseline and a system without fetches: advise's run kept short",
     ("tests/test_baselines.py", frozenset({"bagpipe", "lru", "lfu", "fae", "het", "local"})):
         "a floor: the registry's filter still enrols the systems known exact",
     ("tests/test_simulate.py", frozenset({"sync", "bagpipe", "het", "hotline"})):

@@ -39,6 +39,9 @@ COMMANDS = {
     "simulate": ("bagpipe_cli.cli.simulate:simulate",
                  "Predict iteration times and speed-ups of every system on a cluster from "
                  "SOURCE's trace."),
+    "advise": ("bagpipe_cli.cli.advise:advise",
+               "Answer which system trains fastest on your cluster: measure, model, validate, "
+               "verdict."),
     "systems": ("bagpipe_cli.cli.systems:systems",
                 "List every system (--system, a bench file's systems): what each models and is."),
 }

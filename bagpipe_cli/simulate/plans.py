@@ -44,8 +44,6 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bagpipe_cli.engine.distributed.rounds import trainer_sizes
-
 if TYPE_CHECKING:
     from bagpipe_cli.engine.planning.plans import RoundPlan
     from bagpipe_cli.simulate.inputs import Cluster, Volumes
@@ -112,6 +110,8 @@ def lookahead_plans(kb: int, trainers: int, rp: RoundPlan, lrpp: bool = True,
     if own is None:
         return lookahead_round(kb, trainers, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
                                [len(p.evict_keys) for p in rp.iters], lrpp)
+    from bagpipe_cli.engine.distributed.rounds import trainer_sizes  # torch: not for --help
+
     each = trainer_rounds(kb, trainers, [trainer_sizes(p, trainers) for p in rp.iters])
     own[rp.iters[0].b] = each.max()
     return int(each.sum())
