@@ -1,10 +1,12 @@
 """Guidance from the size of the data: whether every embedding table fits on a trainer.
 
 A cache (Bagpipe's, or any other system's) exists because the tables do not fit in a
-trainer's memory. When they fit many times over, `local` (every table resident on the
-trainer) is the answer: it fetches nothing and plans nothing, and every cache only adds
-work. `table_fit` says so, for `profile` (a dataset and this machine's memory), `bench` and
-`report` (stored runs: `runs_fit`).
+trainer's memory. When they fit many times over, `local` (LOCAL: every table on each
+trainer) can run. That is a fact of sizes, not a verdict: which system is fastest is for a
+measurement or the model at the user's settings to say (`local` sums every row gradient
+among the trainers, which can cost more than a cache's fetches). `table_fit` says the fact,
+for `profile` (a dataset and this machine's memory), `bench` and `report` (stored runs:
+`runs_fit`; `report.verdict` adds the measurements beside it where they disagree).
 
 Definitions:
 - a table's bytes: its rows of `row_dim` floats (E, +1 for a model with first-order
@@ -26,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 from bagpipe_cli.engine.memory import table_bytes
+from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.limits import human_bytes, machine_memory
 
 FITS_TIMES = 10  # the tables fit many times over: at most 1/10 of a trainer's memory
 # Floats of optimizer state per row: engine/trainer/optim.py's RowOptimizer.state_dim (which imports
 # torch), held equal by tests/test_guidance.py.
 ROW_STATE_FLOATS = {"sgd": 0, "adagrad": 1}
+LOCAL = spec("local").summary  # what `local` is, in the registry's words (`bagpipe systems`)
 THIS_MACHINE = "this machine's"
 RECORDED = "recorded by the runs"
 
@@ -62,7 +66,8 @@ class TableFit:
         return self.table_bytes * FITS_TIMES <= self.memory_bytes
 
     def sentence(self) -> str | None:
-        """One sentence when the tables fit many times over (None otherwise)."""
+        """One sentence when the tables fit many times over (None otherwise): the fact, that
+        `local` can run, and no winner (a size check names none)."""
         if not self.fits_many:
             return None
         what = (f"All {self.tables} tables" if self.tables != 1 else "The one table")
@@ -72,9 +77,9 @@ class TableFit:
         lead = f"Dataset `{self.dataset}`: {what[0].lower()}{what[1:]}" if self.dataset else what
         return (f"{lead} ({self.rows:,} rows of {self.row_dim} floats, {size}) {fit} in a "
                 f"trainer's memory ({human_bytes(self.memory_bytes)}, {self.memory_source}) "
-                f"~{about(self.times)} times over: `local` (every table resident on the "
-                "trainer) is the answer for this data; a cache (Bagpipe or a baseline) only "
-                "adds work here.")
+                f"~{about(self.times)} times over, so `local` ({LOCAL}) can run here; which "
+                "system is fastest is for a measurement (`bagpipe bench`) or the model "
+                "(`bagpipe simulate`) at your settings to say.")
 
     def to_json(self) -> dict[str, Any]:
         return {"dataset": self.dataset, "tables": self.tables, "rows": self.rows,
@@ -145,9 +150,10 @@ def runs_fit(runs: Any) -> list[TableFit]:
     return out
 
 
-def small_data_sentences(runs: Any) -> list[str]:
-    """The sentence of every dataset of stored runs whose tables fit many times over."""
-    return [s for s in (f.sentence() for f in runs_fit(runs)) if s]
+def small_data_sentences(runs: Any) -> dict[str, str]:
+    """The sentence of every dataset of stored runs whose tables fit many times over, by
+    dataset (`TableFit.dataset`)."""
+    return {f.dataset: s for f in runs_fit(runs) if (s := f.sentence())}
 
 
 def _int(v: Any) -> int:

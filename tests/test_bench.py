@@ -72,11 +72,14 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
     m = load_metrics(out / "runs" / runs[0]["run_id"])
     assert len(m) == 8 and m["measured"].sum() == 6
     # "live" output: one line per finished run and the summary table, then the verdict in
-    # words (as `report` gives it) and the small-data guidance: these tables fit many times.
+    # words (as `report` gives it) and the small-data fact: these tables fit many times.
     assert runs[0]["run_id"] in r.output and "bagpipe report" in r.output
     closing = r.stdout[r.stdout.index("median over repeats"):]
-    assert "was fastest" in closing and "the best other system" in closing
-    assert "`local` (every table resident on the trainer) is the answer" in closing
+    # the fastest named with its lead, or a lead within the noise said in words
+    assert (("was fastest" in closing and "the best other system" in closing)
+            or "are within the noise of each other" in closing)
+    assert "`local` (every table on each trainer: no fetches" in closing and "can run" in closing
+    assert "is the answer" not in closing and "mean ms" in closing
 
 
 @pytest.mark.slow

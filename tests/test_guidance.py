@@ -1,5 +1,6 @@
 """Small-data guidance (bagpipe_cli/guidance.py): when every table fits a trainer many times
-over, `profile`, `bench` and `report` say that `local` is the answer; not for big tables."""
+over, `profile`, `bench` and `report` say that `local` can run (a size names no winner);
+nothing for big tables. Beside measurements that disagree (`report.fit`), both are said."""
 
 import json
 import shutil
@@ -21,7 +22,7 @@ GIB = 2**30
 MOVIELENS = [944, 1683, 2, 21, 818, 42]  # MovieLens-100k's tables: 3,510 rows
 
 
-def test_tiny_tables_fit_many_times_over_and_local_is_the_answer():
+def test_tiny_tables_fit_many_times_over_and_local_can_run():
     fit = guidance.table_fit(MOVIELENS, 64, "adagrad", memory=16 * GIB, dataset="ml-100k")
     assert fit.rows == 3510 and fit.tables == 6 and fit.state_dim == 1
     assert fit.table_bytes == 4 * 3510 * 65
@@ -29,9 +30,12 @@ def test_tiny_tables_fit_many_times_over_and_local_is_the_answer():
     text = fit.sentence()
     assert text.startswith("Dataset `ml-100k`: all 6 tables (3,510 rows of 64 floats, 891.2 KiB "
                            "with their optimizer state) fit in a trainer's memory (16.0 GiB, "
-                           "recorded by the runs) ~19,000 times over: `local` (every table "
-                           "resident on the trainer) is the answer for this data")
-    assert "a cache (Bagpipe or a baseline) only adds work here" in text
+                           "recorded by the runs) ~19,000 times over, so `local` (every table on "
+                           "each trainer: no fetches, all row gradients summed among the "
+                           "trainers) can run here")
+    # a size check names no winner: that is a measurement's or the model's to say
+    assert "is the answer" not in text and "only adds work" not in text
+    assert "`bagpipe bench`" in text and "`bagpipe simulate`" in text
 
 
 def test_big_tables_get_no_sentence():
@@ -85,4 +89,67 @@ def test_profile_prints_the_sentence(tiny_dataset, tmp_path):
                                  "--optimizer", "adagrad", "--out", str(tmp_path / "p")])
     assert r.exit_code == 0, r.output
     assert "all 8 tables (10,080 rows of 8 floats, 354.4 KiB with their optimizer state)" in r.stdout
-    assert "`local` (every table resident on the trainer) is the answer" in r.stdout
+    assert "`local` (every table on each trainer: no fetches" in r.stdout
+    assert "is the answer" not in r.stdout
+
+
+def test_profile_and_train_default_to_one_row_width():
+    """`profile`'s --dim and `train`'s --emb-dim default alike (one field, TrainConfig's), so
+    "fits N times over" reads the same in both."""
+    from bagpipe_cli.cli.profile import profile
+    from bagpipe_cli.cli.train import train
+    from bagpipe_cli.profile import ProfileConfig
+
+    dim = next(p.default for p in profile.params if p.name == "dim")
+    emb = next(p.default for p in train.params if p.name == "emb_dim")
+    assert dim == emb == TrainConfig.emb_dim == ProfileConfig(data="x").dim
+
+
+def _with_local(tmp_path: Path, local_sps: list[float]) -> Path:
+    """The example bench with every `lru` run relabelled `local` at `local_sps` samples/s."""
+    bench = tmp_path / "bench"
+    shutil.copytree(EXAMPLE, bench)
+    lru = sorted(r for r in (bench / "runs").iterdir() if r.name.startswith("lru"))
+    for i, run in enumerate(lru):
+        for name in ("config.json", "summary.json"):
+            d = json.loads((run / name).read_text())
+            if name == "config.json":
+                d["train"]["system"] = "local"
+            else:
+                d["system"], d["samples_per_s"] = "local", local_sps[i % len(local_sps)]
+            (run / name).write_text(json.dumps(d))
+    return bench
+
+
+def test_a_bench_that_measured_local_slower_never_calls_it_the_answer(tmp_path):
+    """Where `local` measured slower than another system outside the noise, the guidance says
+    the fit and that measurement in one line, and no line calls `local` the answer."""
+    bench = _with_local(tmp_path, [10.0, 11.0])
+    rep = build_report(ReportConfig(results=(bench,), out=tmp_path / "r", formats=("md",)))
+    (line,) = rep.verdict.guidance
+    assert line.startswith("Dataset `tiny`: all 8 tables") and "can run here" in line
+    assert "Measured beside it, `local` was not the fastest: in " in line
+    assert "outside the noise of the repeats" in line
+    assert not [x for x in rep.verdict.lines() if "is the answer" in x]
+    assert all("`local` (every table on each trainer) was fastest" not in x
+               for x in rep.verdict.lines())
+    # local measured fastest: the fit alone (the setting's verdict names the winner)
+    fast = _with_local(tmp_path / "fast", [10**7, 1.1 * 10**7])
+    rep = build_report(ReportConfig(results=(fast,), out=tmp_path / "r2", formats=("md",)))
+    (line,) = rep.verdict.guidance
+    assert "Measured beside it" not in line
+
+
+def test_the_bench_closing_lines_print_no_verdict_from_the_size(tmp_path, capsys):
+    """`bench`'s closing verdict (`print_verdict`) gives the guidance as `report` does."""
+    from bagpipe_cli.cli.report import print_verdict
+    from bagpipe_cli.report.analysis import annotate, summary_table
+    from bagpipe_cli.report.verdict import build_verdict
+    from bagpipe_cli.results import load_runs
+
+    runs = annotate(load_runs(_with_local(tmp_path, [10.0, 11.0])).runs)
+    v = build_verdict(runs, summary_table(runs))
+    print_verdict(v)
+    text = capsys.readouterr().out
+    assert "can run here" in text and "`local` was not the fastest" in text
+    assert "is the answer" not in text

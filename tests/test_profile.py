@@ -23,6 +23,7 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import TableSpec, open_dataset
 from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.data.writer import DatasetWriter
+from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.policies import trace as trace_mod
 from bagpipe_cli.policies.simulators import (
@@ -466,7 +467,8 @@ def test_cli_profile_writes_outputs(tiny, tmp_path):
         batch_trace(open_dataset(tiny), 256), 1).fetched_rows
     assert pol[("none", None, None)]["fetched_rows"] == j["trace"]["unique_accesses"]
     b = pol[("bagpipe", 50, None)]
-    assert b["fetched_bytes"] == b["fetched_rows"] * 64 * 4
+    # the default row width: train's --emb-dim (one default for both)
+    assert b["fetched_bytes"] == b["fetched_rows"] * TrainConfig.emb_dim * 4 == b["fetched_rows"] * 16 * 4
     assert b["hit_rate"] == pytest.approx(1 - b["fetched_rows"] / b["unique_accesses"])
     for c in j["bagpipe_vs_belady"]:
         assert c["belady_fetched_rows"] <= c["bagpipe_fetched_rows"]

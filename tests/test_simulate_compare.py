@@ -188,3 +188,28 @@ def test_the_unmodelled_runs_are_noted():
     note = unmodelled_note({unmodelled: 2})
     assert note.startswith(f"note: left out 2 {unmodelled} run(s): simulate has no model")
     assert f"{OURS}," in note and f"{unmodelled}," not in note
+
+
+def test_the_prediction_table_names_what_each_mb_column_counts():
+    """plan MB (rank 0's plans), server rows MB, collective MB: sync fetching rows reads more
+    than its plan's 0.001; a system fetching 0 rows has a footnote on its setup copy."""
+    from bagpipe_cli.simulate.compare import prediction_table
+
+    cluster = SimpleNamespace(net_gbps=1.0, trainer_gbps=None, trainers=2, servers=1,
+                              net_latency_us=0.0)
+    cfg = SimpleNamespace(name="x", cluster=cluster, runtime="distributed", batch_size=64,
+                          lookahead=4)
+    sync = Prediction(REFERENCE, 2.0, 2.0, 1.0, 0.5, 0.5, 0.1, planner_mb_per_iter=0.001,
+                      server_rows_mb_per_iter=1.17, collective_mb_per_iter=0.2)
+    local = Prediction(BOUND, 1.5, 1.5, 1.0, 0.0, 0.5, 0.0, server_rows_mb_per_iter=0.4,
+                       collective_mb_per_iter=0.9)
+    result = SimpleNamespace(config=cfg, trace={"iterations": 10}, predictions=[sync, local],
+                             volumes={REFERENCE: {"rows_fetched": 4571.0},
+                                      BOUND: {"rows_fetched": 0.0}})
+    t = prediction_table(result)
+    assert "MB/iter" not in t.columns
+    assert {"plan MB", "server rows MB", "collective MB"} <= set(t.columns)
+    row = dict(zip(t.columns, t.rows[0], strict=True))
+    assert (row["plan MB"], row["server rows MB"], row["collective MB"]) == ("0.001", "1.170", "0.200")
+    (note,) = [line for line in t.caption.splitlines() if line.startswith("*")]
+    assert note.startswith(f"* {BOUND} fetches 0 rows: its server rows MB are its tables' setup copy")

@@ -62,7 +62,8 @@ def test_the_fastest_system_leads_not_bagpipe(tmp_path):
     assert s.fastest.over_other.noise == "outside"
     assert s.fastest.over_sync.ratio == pytest.approx(2850 / 1050)
     (text,) = s.sentences
-    assert text.startswith("all runs: `fae` was fastest, 2,850 samples/s (median of 2 repeats)")
+    assert text.startswith("all runs: `fae` was fastest, 2,850 samples/s (median of 2 repeats; "
+                           "samples/s: each run's batch / its mean iteration)")
     assert "1.39× the throughput of the best other system, `bagpipe` (outside the noise" in text
     assert "2.71× the throughput of `sync` (outside the noise" in text
     lines = v.lines()
@@ -84,8 +85,24 @@ def test_overlapping_repeats_are_within_the_noise(tmp_path):
                                 "fae": sps(2000, 2600)})
     (s,) = verdict_of(root).settings
     assert s.fastest.variant == "fae" and s.fastest.over_other.noise == "within"
-    assert "(within the noise of the repeats: they do not show which is faster)" in s.sentences[0]
+    # the headline names both, in words, without a multiplier
+    head = s.sentences[0]
+    assert head.startswith("all runs: `fae` and `bagpipe` are within the noise of each other "
+                           "(2,300 and 2,150 samples/s")
+    assert "so the repeats do not show which is faster" in head
+    assert "was fastest" not in head
+    assert head.index("within the noise of each other") < head.index("×")
     assert s.fastest.over_sync.noise == "outside"
+    assert "`fae`: 2.19× the throughput of `sync` (outside the noise" in head
+
+
+def test_a_best_speedup_within_the_noise_has_no_headline_multiplier(tmp_path):
+    root = make_runs(tmp_path, {"sync": sps(1000, 1300), "bagpipe": sps(1100, 1200)})
+    v = verdict_of(root)
+    assert v.bagpipe.startswith("Bagpipe against sync, at its best (`bagpipe`, all runs): "
+                                "`bagpipe` and `sync` are within the noise of each other")
+    assert "×" not in v.bagpipe
+    assert "×" not in v.settings[0].sentences[0]
 
 
 def test_one_repeat_leaves_the_noise_unknown(tmp_path):
@@ -93,7 +110,7 @@ def test_one_repeat_leaves_the_noise_unknown(tmp_path):
     (s,) = verdict_of(root).settings
     assert s.fastest.over_other.noise == "unknown"
     assert "(from one repeat: the noise is unknown)" in s.sentences[0]
-    assert "median of 1 repeat)" in s.sentences[0]
+    assert "median of 1 repeat;" in s.sentences[0]
 
 
 def test_local_is_in_the_verdict_and_every_table(tmp_path):
@@ -103,13 +120,13 @@ def test_local_is_in_the_verdict_and_every_table(tmp_path):
     rep = build_report(ReportConfig(results=(root,), out=tmp_path / "r", formats=("md",)))
     (s,) = rep.verdict.settings
     assert s.fastest.variant == "local" and s.fastest.over_other.over == "bagpipe"
-    assert "`local` (every table on the trainer) was fastest" in s.sentences[0]
+    assert "`local` (every table on each trainer) was fastest" in s.sentences[0]
     assert "local" in set(rep.summary["variant"]) and "local" in set(rep.breakdown["variant"])
     r = CliRunner().invoke(cli, ["report", str(root), "--out", str(tmp_path / "r2"),
                                  "--format", "md"])
     assert r.exit_code == 0, r.output
     out = r.stdout
-    assert out.index("`local` (every table on the trainer) was fastest") < out.index("median over repeats")
+    assert out.index("`local` (every table on each trainer) was fastest") < out.index("median over repeats")
 
 
 def test_an_approximate_system_is_labelled_and_time_to_target_named(tmp_path):
@@ -157,6 +174,12 @@ def test_a_run_under_load_is_flagged_before_the_verdict(tmp_path):
     rep = build_report(ReportConfig(results=(root,), out=tmp_path / "r", formats=("md",)))
     md = (rep.out / "report.md").read_text()
     assert md.index("Warning: all runs: 1 of 4 runs ran under load") < md.index("was fastest")
+    # Runs already at --threads 1 are never told to compare --threads 1.
+    one = make_runs(tmp_path / "one", {"sync": [{"samples_per_s": 1000, "contention": idle}] * 2,
+                                       "bagpipe": [{"samples_per_s": 50, "contention": loaded}] * 2},
+                    train={"sync": {"threads": 1}, "bagpipe": {"threads": 1}})
+    (flag,) = verdict_of(one).flags
+    assert "--threads 1" not in flag.text and "bagpipe advise DATA --trainers N" in flag.text
 
 
 def test_compute_times_far_apart_are_flagged(tmp_path):
@@ -176,6 +199,12 @@ def test_compute_times_far_apart_are_flagged(tmp_path):
     assert "`sync` 15.0, `bagpipe` 30.0, `lru` 17.0" in flag.text and "hotline" not in flag.text
     assert f"more than {COMPUTE_SPREAD:g}× slower than `sync`" in flag.text
     assert "not trustworthy" in flag.text and "--threads 1" in flag.text
+    # The same runs at --threads 1: that remedy was followed; the next one is the model.
+    one = make_runs(tmp_path / "one", {"sync": reps(5.0, 10.0), "bagpipe": reps(10.0, 20.0)},
+                    train={"sync": {"threads": 1}, "bagpipe": {"threads": 1}})
+    (flag,) = verdict_of(one).flags
+    assert "--threads 1" not in flag.text
+    assert "`bagpipe advise DATA --trainers N --net-gbps G`" in flag.text
     # Within the spread: nothing to say.
     calm = make_runs(tmp_path / "calm", {"sync": reps(5.0, 10.0), "bagpipe": reps(7.0, 14.0)})
     assert verdict_of(calm).flags == []
@@ -208,3 +237,14 @@ def test_bench_prints_the_flags_after_its_closing_table(tmp_path, capsys):
     assert out.index("warning: all runs: 2 of 4 runs ran under load (`bagpipe-r1`, `bagpipe-r2`): "
                      "up to 2.0 other runnable processes per core at the start. Their times") \
         < out.index("`sync` was fastest")
+
+
+def test_a_loaded_run_s_own_note_never_repeats_the_remedy_it_followed():
+    """launch/contention.py's note, as `train` prints it: at one torch thread, the next step."""
+    from bagpipe_cli.launch.contention import describe
+
+    c = {"cores": 2, "processes": 1, "load_per_core": 2.0, "run_queue_wait_share": 0.5,
+         "steal_share": None}
+    assert "compare --threads 1" in describe(c)["note"]
+    note = describe(c, threads=1)["note"]
+    assert "--threads 1" not in note and "`bagpipe advise DATA --trainers N --net-gbps G`" in note

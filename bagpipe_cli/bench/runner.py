@@ -289,7 +289,7 @@ def _index_row(p: PlannedRun, r: int, folder: Path, s: dict[str, Any], status: s
         "run_id": p.run_id(r), "repeat": r, "system": p.config.system, "model": p.config.model,
         "dataset": p.dataset, "setting": p.setting_label, "variant": p.variant_label,
         "status": status, "path": f"runs/{folder.name}",
-        **{k: s.get(k) for k in ("samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
+        **{k: s.get(k) for k in ("samples_per_s", "mean_iter_ms", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
                                  "final_loss", "eval_auc", "network_emulated", "wall_s")},
         "finished": now() if status == "done" else None,
     }

@@ -55,7 +55,7 @@ def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None
     run's median iteration, as `bagpipe report` shows them), then warnings for settings whose
     runs ran under load or whose systems computed the same model at very different speeds,
     the fastest system of every setting in words, and whether the tables fit a trainer many
-    times over (then `local` is the answer).
+    times over (then `local` can run; it is named fastest only by its measurements).
     """
     if quick and config is not None:
         raise click.UsageError("give a CONFIG file or --quick, not both")
@@ -141,8 +141,8 @@ class _Display:
 
     def _table(self) -> Table:
         t = Table(title=f"bench {self.name} -> {self.out}", title_justify="left")
-        for col in ("run id", "system", "setting", "samples/s", "median ms", ""):
-            t.add_column(col, justify="right" if col in ("samples/s", "median ms") else "left")
+        for col in ("run id", "system", "setting", "samples/s", "mean ms", ""):
+            t.add_column(col, justify="right" if col in ("samples/s", "mean ms") else "left")
         hidden = len(self.rows) - LIVE_ROWS
         if hidden > 0:
             t.add_row(f"... {hidden} earlier runs (index.csv)", "", "", "", "", "")
@@ -174,12 +174,12 @@ class _Display:
             else:
                 cells = _cells(e.row)
                 err_console.print(f"[{e.done}/{e.total}] {cells[0]}  {cells[1]}  {cells[2]}  "
-                                  f"{cells[3]} samples/s  {cells[4]} ms  {cells[5]}", highlight=False,
+                                  f"{cells[3]} samples/s  {cells[4]} mean ms  {cells[5]}", highlight=False,
                                   soft_wrap=True)
 
 
 def _cells(r: dict) -> list[str]:
-    sps, ms = r.get("samples_per_s"), r.get("median_iter_ms")
+    sps, ms = r.get("samples_per_s"), r.get("mean_iter_ms")
     setting = ", ".join(x for x in (r.get("variant"), r.get("setting")) if x and x != "-") or "-"
     return [r["run_id"], r["system"], setting, f"{sps:,.0f}" if sps is not None else "-",
             f"{ms:.1f}" if ms is not None else "-", "kept" if r.get("status") == "kept" else ""]
@@ -203,12 +203,16 @@ def closing_rows(index) -> list[dict]:
 
 
 def _summary_table(index, name: str, out: Path) -> Table:
-    """Median over repeats of samples/s and of each run's median iteration, per configuration."""
-    t = Table(title=f"bench {name}: median over repeats", title_justify="left")
-    for col in ("system", "setting", "repeats", "samples/s", "median ms"):
+    """Per configuration, the median over repeats of samples/s and the mean iteration it
+    makes (`results.config_figures`: both rank alike, as the verdict does)."""
+    from bagpipe_cli.results.figures import RANK_CAPTION
+
+    t = Table(title=f"bench {name}: median over repeats", title_justify="left",
+              caption=RANK_CAPTION, caption_justify="left")
+    for col in ("system", "setting", "repeats", "samples/s", "mean ms"):
         t.add_column(col, justify="left" if col in ("system", "setting") else "right")
     for r in closing_rows(index):
-        sps, ms = r["samples_per_s_median"], r["iter_ms_median"]
+        sps, ms = r["samples_per_s_median"], r["iter_ms_mean"]
         t.add_row(r["system"], r["setting"], str(r["repeats"]), "-" if sps != sps else f"{sps:,.0f}",
                   "-" if ms != ms else f"{ms:.1f}")
     return t

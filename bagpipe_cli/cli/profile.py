@@ -26,7 +26,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.engine.config import EMB_OPTIMIZERS
+from bagpipe_cli.engine.config import EMB_OPTIMIZERS, TrainConfig
 from bagpipe_cli.outputs import Input
 from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES
 
@@ -53,8 +53,9 @@ def _int(v: str) -> int:
                    "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
 @click.option("--policies", default=",".join(POLICIES), show_default=True,
               help="Policies to simulate, comma-separated.")
-@click.option("--dim", type=int, default=64, show_default=True,
-              help="Embedding dimension, for the fp32 bytes fetched and the tables' size.")
+@click.option("--dim", type=int, default=TrainConfig.emb_dim, show_default=True,
+              help="Embedding dimension, for the fp32 bytes fetched and the tables' size "
+                   "(train's --emb-dim default).")
 @click.option("--optimizer", type=click.Choice(EMB_OPTIMIZERS), default="sgd", show_default=True,
               help="Embedding optimizer, for the tables' size (adagrad keeps one float of "
                    "state a row).")
@@ -70,8 +71,9 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     per_batch.csv, bagpipe_vs_belady.csv, lookahead_reuse.csv, reuse_factor.csv,
     reuse_histogram.csv) and PNG plots to --out, and prints a summary: with the size of the
     embedding tables (--dim floats a row, and --optimizer's state) against this machine's
-    memory, and, when they fit many times over, that `local` (every table on the trainer) is
-    the answer for this data.
+    memory, and, when they fit many times over, that `local` (every table on each trainer)
+    can run (the size names no winner: `bagpipe bench` measures one, `bagpipe simulate`
+    predicts one).
 
     What lookahead buys, for k = 1..K (K = the largest --lookahead, at most 64 and the number
     of batches - 1), per table and for all tables: the share of the distinct rows of batch

@@ -155,7 +155,10 @@ def _table(t) -> Table:
     OUT in red."""
     tab = Table(title=t.title, caption=t.caption)
     for col in t.columns:
-        tab.add_column(col, justify="left" if col in t.left else "right")
+        # a count of megabytes a word a line ("server\nrows\nMB"): its words kept whole
+        head = col.replace(" ", "\n") if col.endswith(" MB") else col
+        tab.add_column(head, justify="left" if col in t.left else "right",
+                       min_width=max(map(len, head.splitlines())) if "\n" in head else None)
     for row in t.rows:
         cells = [Text(c) for c in row]
         for c in cells:

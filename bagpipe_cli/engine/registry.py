@@ -112,7 +112,9 @@ class SystemSpec:
     #                                 oracle's (engine/memory.py's estimate counts it)
     runner: str = ENGINE  # ENGINE, or "module:function" of an external runner (optional install)
     install: str | None = None  # how to install an external runner's library
-    role: str = "baseline"  # "reference" (speed-ups are over it), "ours", "bound", "baseline"
+    # "reference" (speed-ups are over it), "ours", "bound" (local: every table on each
+    # trainer; a name, not a claim that nothing is faster), "baseline"
+    role: str = "baseline"
     color: str = "#333333"  # its colour in every plot
     published: bool = False  # the Bagpipe paper compared it (a scenario's `reported:` applies)
 
@@ -254,7 +256,8 @@ _SPECS = (
                per_trainer_volumes=True, replicated=False, reads=frozenset({"staleness"}),
                exact_only_if=("staleness", 0), inexact_when="--staleness > 0", resumable=False,
                published=True, color="#ff7f0e"),
-    SystemSpec("local", "every table on the trainer: the upper bound, no remote access",
+    SystemSpec("local", "every table on each trainer: no fetches, all row gradients summed "
+               "among the trainers",
                plan=Lazy(f"{PLANNER}:no_plan"),
                build_system=Lazy(f"{SYSTEMS_PACKAGE}:LocalSystem.build"),
                volumes=f"{VOLUMES}:local_volumes", holds_tables="all",

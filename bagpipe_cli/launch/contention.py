@@ -179,10 +179,26 @@ class ContentionMeter:
         })
 
 
-def describe(c: dict[str, Any]) -> dict[str, Any]:
+# The next step where comparing --threads 1 is what the runs already did: the model, whose
+# compute is measured in CPU time (a busy machine's waits left out).
+ADVISE = "bagpipe advise DATA --trainers N --net-gbps G"
+
+
+def remedy(one_thread: bool) -> str:
+    """What to do about figures taken on a busy machine, never what the runs already did:
+    at one torch thread a run has compared --threads 1, so the next step is `bagpipe
+    advise` (it measures compute in CPU time and answers from the model)."""
+    if one_thread:
+        return ("rerun on an idle machine, or ask the model, which measures compute in CPU "
+                f"time: `{ADVISE}`")
+    return "rerun on an idle machine, or compare --threads 1"
+
+
+def describe(c: dict[str, Any], threads: int | None = None) -> dict[str, Any]:
     """`c` with `loaded` and a one-sentence `note` (None when nothing was seen). Waiting for
     a CPU counts as load only where the run's own processes do not outnumber its cores (a
-    --procs run of more ranks than cores waits by design)."""
+    --procs run of more ranks than cores waits by design). `threads`: the run's torch
+    threads where known (1: the note's remedy is not --threads 1 again)."""
     load, wait, steal = c.get("load_per_core"), c.get("run_queue_wait_share"), c.get("steal_share")
     cores, procs = c["cores"], c.get("processes", 1)
     seen, own = [], None
@@ -201,8 +217,7 @@ def describe(c: dict[str, Any]) -> dict[str, Any]:
     note = None
     if seen:
         note = ("Ran on a busy machine: " + "; ".join(seen + ([own] if own else [])) +
-                ". Its speed is not the machine's: rerun on an idle machine (or compare "
-                "--threads 1)")
+                ". Its speed is not the machine's: " + remedy(threads == 1))
     elif own:
         note = own[0].upper() + own[1:] + " (a cluster gives each its own cores)"
     return {**c, "loaded": bool(seen), "note": note}

@@ -27,6 +27,7 @@ import pandas as pd
 
 from bagpipe_cli.data.checks import small_data_warning
 from bagpipe_cli.data.format import open_dataset
+from bagpipe_cli.engine.config import shared
 from bagpipe_cli.engine.memory import DATASET_FIX, estimate_profile, refuse_over
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.io import path_record
@@ -87,7 +88,8 @@ class ProfileConfig:
     lookaheads: tuple[int, ...] = (200,)  # Bagpipe lookaheads L to simulate
     cache_rows: tuple[int, ...] | None = None  # capacities R; None: Bagpipe's peaks, 2 max|U_b|
     policies: tuple[str, ...] = POLICIES  # policies to simulate
-    dim: int = 64  # embedding dimension, for bytes (fp32)
+    # embedding dimension, for bytes (fp32): train's --emb-dim, its default declared once
+    dim: int = shared("emb_dim")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "data", Path(self.data))

@@ -12,8 +12,8 @@ Definitions:
   `speedup_low`-`speedup_high`: its range over every pair of repeats of the two systems,
   which holds 1 when it is within their noise (`report.noise`).
 - samples/s and iteration time of a group: `results.config_figures`, the one definition
-  `bench`'s closing table shares: medians over repeats of each run's `samples_per_s` and
-  `median_iter_ms` (p10/p90: of samples/s over repeats; of iteration time, the median over
+  `bench`'s closing table shares: medians over repeats of each run's `samples_per_s` (the
+  rank: its mean iteration, `iter_ms_mean`, ranks alike) and `median_iter_ms` (p10/p90: of samples/s over repeats; of iteration time, the median over
   repeats of each run's `p10_iter_ms`/`p90_iter_ms`).
 """
 
@@ -41,7 +41,7 @@ _NOT_SETTING = {"system", "data", "dataset_path", "dataset_rows", "dataset_table
                 "embedding_rows", *SYSTEM_OWN_SETTINGS,
                 *(f.name for f in fields(TrainConfig) if f.metadata["section"] == "output")}
 SUMMARY_COLUMNS = [
-    "setting", "system", "variant", "runs", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
+    "setting", "system", "variant", "runs", "iter_ms_mean", "iter_ms_median", "iter_ms_p10", "iter_ms_p90",
     "samples_per_s_median", "samples_per_s_p10", "samples_per_s_p90", "speedup",
     "speedup_p10", "speedup_p90", "speedup_low", "speedup_high", "final_loss", "eval_auc",
 ]

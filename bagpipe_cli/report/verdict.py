@@ -5,10 +5,13 @@ trusted. `report` puts them first on its page and its console output, `bench` af
 closing table.
 
 Definitions (a setting, a variant, a group: `report.analysis`):
-- samples/s of a group: the median over its repeats (`results.config_figures`);
+- samples/s of a group: the median over its repeats of each run's samples/s, its batch over
+  its mean iteration (`results.config_figures`): the one statistic the verdict and `bench`'s
+  table rank by (its `mean ms` column is the same median as a time);
 - fastest: the group with the highest samples/s in its setting; the best other system: the
-  fastest group of another system (`local` included: it is the bound a cache is measured
-  against); a gap is the ratio of the two medians;
+  fastest group of another system (`local` included); a gap is the ratio of the two medians;
+- a lead within the noise is said in words, without a multiplier in its headline ("`a` and
+  `b` are within the noise of each other");
 - a gap is outside the noise when the two groups' ranges over repeats (min–max) do not
   overlap, within it when they do, unknown when either has one repeat (`report.noise`);
 - fastest to target: the group with the lowest median time to the target AUC over the
@@ -19,7 +22,11 @@ Definitions (a setting, a variant, a group: `report.analysis`):
 - flag `compute`: in one setting (one model, batch size, device...), the groups' compute
   (the median over repeats of `median_time_ms` forward + backward) more than COMPUTE_SPREAD
   apart, leaving out the systems whose compute legitimately differs (hotline's split
-  batches: `popular_share` set; slipstream's skipped samples: `samples_skipped` > 0).
+  batches: `popular_share` set; slipstream's skipped samples: `samples_skipped` > 0);
+- a flag's remedy (`launch.contention.remedy`) is never what its runs already did: runs at
+  one torch thread (`threads` or `env_torch_threads` 1) are sent to `bagpipe advise`;
+- the guidance: `report.fit` (the small-data fact, and `local`'s measurements where they
+  disagree with reading it as a verdict).
 """
 
 from __future__ import annotations
@@ -32,13 +39,14 @@ import numpy as np
 import pandas as pd
 
 from bagpipe_cli.engine.registry import role
-from bagpipe_cli.guidance import small_data_sentences
+from bagpipe_cli.launch.contention import remedy
 from bagpipe_cli.report.accuracy import fidelity
 from bagpipe_cli.report.analysis import BASELINE, ordered_groups
+from bagpipe_cli.report.fit import fit_guidance
 from bagpipe_cli.report.noise import NOISE_MARK, UNKNOWN_MARK, noise_mark, ratio_range
 from bagpipe_cli.results.figures import COMPUTE_SPREAD, percentile
 
-FIX = "rerun on an idle machine, or compare --threads 1"
+MEASURE = "samples/s: each run's batch / its mean iteration"
 NOISE_WORDS = {"outside": "outside the noise of the repeats",
                "within": "within the noise of the repeats: they do not show which is faster",
                "unknown": "from one repeat: the noise is unknown"}
@@ -97,7 +105,7 @@ class Verdict:
     settings: list[SettingVerdict] = field(default_factory=list)
     flags: list[Flag] = field(default_factory=list)
     bagpipe: str | None = None  # Bagpipe's best speed-up over sync, in one line
-    guidance: list[str] = field(default_factory=list)  # small data: `local` is the answer
+    guidance: list[str] = field(default_factory=list)  # small data: `local` can run (report.fit)
 
     def lines(self) -> list[str]:
         """Every sentence, in reading order: flags, the verdict per setting, Bagpipe's line,
@@ -168,14 +176,15 @@ def _name(lead: Lead, speed: bool = True) -> str:
     if lead.fidelity == "rounding":
         return f"`{lead.variant}` (sync's parameters up to rounding)"
     if role(lead.system) == "bound":
-        return f"`{lead.variant}` (every table on the trainer)"
+        return f"`{lead.variant}` (every table on each trainer)"
     return f"`{lead.variant}`"
 
 
-def _gaps(lead: Lead, words: str) -> str:
-    """Its gaps in words: `words` says what a ratio is ("{r}× the throughput of {who}")."""
+def _gaps(lead: Lead, words: str, other: bool = True) -> str:
+    """Its gaps in words: `words` says what a ratio is ("{r}× the throughput of {who}");
+    `other`: the gap over the best other system too (not when the headline said it)."""
     parts = []
-    if lead.over_other is not None:
+    if lead.over_other is not None and other:
         o = lead.over_other
         parts.append(words.format(r=f"{o.ratio:.2f}", who=f"the best other system, {o.who}")
                      + f" ({NOISE_WORDS[o.noise]})")
@@ -187,32 +196,60 @@ def _gaps(lead: Lead, words: str) -> str:
     return ", and ".join(parts)
 
 
+def _tie(setting: str, lead: Lead, values: str, words: str, speed: bool = True) -> str:
+    """The headline of a lead within the noise: the two named, no multiplier; `values` says
+    both groups' figures, `words` the lead's other gaps ("{r}× ... {who}")."""
+    o = lead.over_other
+    rest = _gaps(lead, words, other=False)
+    name = _name(lead, speed)
+    return (f"{setting}: {name} and {o.who} are within the noise of each other ({values}; "
+            "their ranges over repeats overlap, so the repeats do not show which is faster)"
+            + (f"; {name}: {rest}." if rest else "."))
+
+
+def _within(lead: Lead) -> bool:
+    return lead.over_other is not None and lead.over_other.noise == "within"
+
+
+def _fastest_sentence(setting: str, fast: Lead) -> str:
+    reps = f"median of {fast.runs} repeat{'s' if fast.runs != 1 else ''}"
+    words = "{r}× the throughput of {who}"
+    if _within(fast):
+        other = fast.value / fast.over_other.ratio
+        return _tie(setting, fast, f"{fast.value:,.0f} and {other:,.0f} samples/s, medians over "
+                    "repeats of each run's batch / its mean iteration", words)
+    gaps = _gaps(fast, words)
+    return (f"{setting}: {_name(fast)} was fastest, {fast.value:,.0f} samples/s ({reps}; "
+            f"{MEASURE})" + (f": {gaps}." if gaps else "; no other system ran here."))
+
+
 def setting_verdict(setting: str, groups: list[pd.DataFrame]) -> SettingVerdict:
     """The verdict of one setting from its groups (the repeats of each variant)."""
     fast = _lead(groups, "samples_per_s", higher=True)
-    sentences = []
-    if fast is not None:
-        reps = f"median of {fast.runs} repeat{'s' if fast.runs != 1 else ''}"
-        gaps = _gaps(fast, "{r}× the throughput of {who}")
-        sentences.append(f"{setting}: {_name(fast)} was fastest, {fast.value:,.0f} samples/s "
-                         f"({reps})" + (f": {gaps}." if gaps else "; no other system ran here."))
+    sentences = [_fastest_sentence(setting, fast)] if fast is not None else []
     target = _target(groups)
     to_target = _lead(groups, "time_to_target_s", higher=False) if not math.isnan(target) else None
     if not math.isnan(target):
-        if to_target is None:
-            sentences.append(f"{setting}: no system reached the target AUC {target:g}.")
-        else:
-            reached = (f"{to_target.runs} of {to_target.repeats} repeat"
-                       f"{'s' if to_target.repeats != 1 else ''} that reached it")
-            gaps = _gaps(to_target, "{r}× sooner than {who}")
-            missed = [g.iloc[0]["variant"] for g in groups if not len(_values(g, "time_to_target_s"))]
-            sentences.append(f"{setting}: fastest to the target AUC {target:g}: "
-                             f"{_name(to_target, speed=False)}, "
-                             f"{to_target.value:.2f} s (median of the {reached})"
-                             + (f": {gaps}" if gaps else "")
-                             + (f"; not reached by {', '.join(f'`{v}`' for v in missed)}."
-                                if missed else "."))
+        sentences.append(_target_sentence(setting, target, to_target, groups))
     return SettingVerdict(setting, fast, to_target, target, tuple(sentences))
+
+
+def _target_sentence(setting: str, target: float, lead: Lead | None,
+                     groups: list[pd.DataFrame]) -> str:
+    """The fastest to the target AUC in words (a lead within the noise: no multiplier)."""
+    if lead is None:
+        return f"{setting}: no system reached the target AUC {target:g}."
+    missed = [g.iloc[0]["variant"] for g in groups if not len(_values(g, "time_to_target_s"))]
+    tail = (f"; not reached by {', '.join(f'`{v}`' for v in missed)}." if missed else ".")
+    words = "{r}× sooner than {who}"
+    if _within(lead):
+        values = (f"{lead.value:.2f} and {lead.value * lead.over_other.ratio:.2f} s to the "
+                  f"target AUC {target:g}, medians over the repeats that reached it")
+        return _tie(setting, lead, values, words, speed=False).removesuffix(".") + tail
+    reached = f"{lead.runs} of {lead.repeats} repeat{'s' if lead.repeats != 1 else ''} that reached it"
+    gaps = _gaps(lead, words)
+    return (f"{setting}: fastest to the target AUC {target:g}: {_name(lead, speed=False)}, "
+            f"{lead.value:.2f} s (median of the {reached})" + (f": {gaps}" if gaps else "") + tail)
 
 
 def _target(groups: list[pd.DataFrame]) -> float:
@@ -236,7 +273,23 @@ def _loaded_detail(hit: pd.DataFrame) -> str:
     if parts:
         return ", and ".join(parts)
     notes = [n for n in hit.get("contention_note", pd.Series(dtype=object)) if isinstance(n, str)]
-    return notes[0].rstrip(".") if notes else "no figures recorded"
+    # a note's own remedy left out: the flag gives the one its runs did not follow
+    return notes[0].split(". Its speed")[0].rstrip(".") if notes else "no figures recorded"
+
+
+def one_thread(runs: pd.DataFrame) -> bool:
+    """Whether every run of `runs` computed with one torch thread (`--threads 1`, or one
+    recorded in its environment): comparing --threads 1 is then what they already did."""
+    def at_one(col: str) -> pd.Series:
+        v = pd.to_numeric(runs[col], errors="coerce") if col in runs else None
+        return v == 1 if v is not None else pd.Series(False, index=runs.index)
+
+    return bool(len(runs)) and bool((at_one("threads") | at_one("env_torch_threads")).all())
+
+
+def _fix(runs: pd.DataFrame) -> str:
+    """The remedy of a flag on `runs`: never one they already followed."""
+    return remedy(one_thread(runs))
 
 
 def loaded_flags(runs: pd.DataFrame) -> list[Flag]:
@@ -255,7 +308,7 @@ def loaded_flags(runs: pd.DataFrame) -> list[Flag]:
         out.append(Flag(setting, "loaded", tuple(hit["run_id"]),
                         f"{setting}: {len(hit)} of {len(g)} runs ran under load ({ids}{more}): "
                         f"{_loaded_detail(hit)}. Their times measure the other processes as much "
-                        f"as the systems; {FIX}."))
+                        f"as the systems; {_fix(g)}."))
     return out
 
 
@@ -280,6 +333,7 @@ def compute_flags(runs: pd.DataFrame) -> list[Flag]:
     out = []
     for setting, groups in _groups(runs).items():
         ms = {g.iloc[0]["variant"]: _compute_ms(g) for g in groups}
+        fix = _fix(pd.concat(groups))
         ms = {v: x for v, x in ms.items() if not math.isnan(x) and x > 0}
         if len(ms) < 2:
             continue
@@ -296,7 +350,7 @@ def compute_flags(runs: pd.DataFrame) -> list[Flag]:
                         f"than {COMPUTE_SPREAD:g}× slower than `{fastest}`, so the speed-ups in "
                         "this setting are not trustworthy. Likely cause: thread oversubscription "
                         "(a system's extra threads: loader, prefetcher, planner, competing with "
-                        f"torch's) or a loaded machine; {FIX}."))
+                        f"torch's) or a loaded machine; {fix}."))
     return out
 
 
@@ -307,6 +361,10 @@ def bagpipe_line(summary: pd.DataFrame) -> str | None:
         return None
     b = best.loc[best["speedup"].idxmax()]
     noise = _noise(b["speedup"], b["speedup_low"], b["speedup_high"])
+    if noise == "within":
+        return (f"Bagpipe against sync, at its best (`{b['variant']}`, {b['setting']}): "
+                f"`{b['variant']}` and `sync` are within the noise of each other (their ranges "
+                "over repeats overlap, so the repeats do not show which is faster).")
     return (f"Bagpipe's largest speed-up over sync: {b['speedup']:.2f}× (`{b['variant']}`, "
             f"{b['setting']}; {NOISE_WORDS[noise]}).")
 
@@ -315,4 +373,4 @@ def build_verdict(runs: pd.DataFrame, summary: pd.DataFrame) -> Verdict:
     """The verdict of annotated runs (`analysis.annotate`) and their summary table."""
     settings = [setting_verdict(s, gs) for s, gs in _groups(runs).items()]
     return Verdict(settings, loaded_flags(runs) + compute_flags(runs), bagpipe_line(summary),
-                   small_data_sentences(runs))
+                   fit_guidance(runs, _groups(runs)))

@@ -31,8 +31,12 @@ from bagpipe_cli.results.schema import (
 BENCH, ENVIRONMENT, INDEX, INDEX_TABLE = "bench.json", "environment.json", "index.json", "index.csv"
 BENCH_KIND = "bagpipe-bench"
 INDEX_COLUMNS = ["run_id", "repeat", "system", "model", "dataset", "setting", "variant", "status",
-                 "path", "samples_per_s", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
+                 "path", "samples_per_s", "mean_iter_ms", "median_iter_ms", "p10_iter_ms", "p90_iter_ms",
                  "final_loss", "eval_auc", "network_emulated", "wall_s", "finished"]
+
+
+# The columns an index.csv must hold: benches written before `mean_iter_ms` lack it.
+INDEX_REQUIRED = tuple(c for c in INDEX_COLUMNS if c != "mean_iter_ms")
 
 
 def now() -> str:
@@ -101,6 +105,6 @@ def open_bench(out: Path) -> StoredBench:
     env_path = out / ENVIRONMENT
     env = read_json(env_path, None) if env_path.is_file() else {}
     index = read_index(out)
-    table = read_csv(out / INDEX_TABLE, tuple(INDEX_COLUMNS), numeric=False) if index is not None \
+    table = read_csv(out / INDEX_TABLE, INDEX_REQUIRED, numeric=False) if index is not None \
         else pd.DataFrame(columns=INDEX_COLUMNS)
     return StoredBench(out, bench, env, index, table)

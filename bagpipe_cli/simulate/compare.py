@@ -43,7 +43,8 @@ def published(system: str) -> bool:
 
 def prediction_table(result: Any) -> TextTable:
     """One row per system of a `SimulateResult`: its predicted times, speed-up over the
-    reference, rank 0's work and the rows it fetches per iteration."""
+    reference, rank 0's work, the megabytes each part sends per iteration (plan, server
+    rows, collective: each column names what it counts) and the rows it fetches."""
     cfg, cl = result.config, result.config.cluster
     net = f"{cl.net_gbps:g} Gbit/s" if cl.net_gbps else "infinite bandwidth"
     if cl.trainer_gbps:
@@ -53,8 +54,11 @@ def prediction_table(result: Any) -> TextTable:
              f"{result.trace['iterations']:,} iterations traced")
     caption = ("ms per iteration, means after warm-up; fetch, sync, plan: exposed waits (plan: for "
                "rank 0 or the plans' relay); iter = compute + fetch + sync + plan; vs sync: "
-               "speed-up of the mean; rank 0: its planning + sending per iteration, and the plan "
-               "MB it sends")
+               "speed-up of the mean; rank 0: its planning + sending per iteration. MB per "
+               "iteration: plan MB, the plans rank 0 sends; server rows MB, the rows (with their "
+               "state) all the servers send; collective MB, the trainers' sums and exchanges "
+               "(the busiest trainer's sent); fetched: rows fetched per iteration"
+               + "".join(f"\n{n}" for n in setup_notes(result)))
     rows = []
     for p in result.predictions:
         v = result.volumes[p.system]
@@ -62,15 +66,25 @@ def prediction_table(result: Any) -> TextTable:
                      f"{p.exposed_sync_ms:.2f}", f"{p.exposed_plan_ms:.2f}", f"{p.mean_ms:.2f}",
                      f"{p.median_ms:.2f}", f"{p.speedup:.2f}x" if math.isfinite(p.speedup) else "-",
                      f"{p.planner_ms_per_iter:.2f}", f"{p.planner_mb_per_iter:.3f}",
+                     f"{p.server_rows_mb_per_iter:.3f}", f"{p.collective_mb_per_iter:.3f}",
                      f"{v['rows_fetched']:,.0f}"])
     columns = ["system", "compute", "fetch", "sync", "plan", "iter", "median", "vs sync",
-               "rank 0", "MB/iter", "fetched/iter"]
+               "rank 0", "plan MB", "server rows MB", "collective MB", "fetched"]
     return TextTable(title, caption, columns, rows, left=("system",))
 
 
+def setup_notes(result: Any) -> list[str]:
+    """A footnote per system that fetches no rows but whose servers send some: those are its
+    tables' setup copy (local: each trainer's copy of every table; sharded: each trainer's
+    shard), sent once before training, untimed, spread over the iterations."""
+    return [f"* {p.system} fetches 0 rows: its server rows MB are its tables' setup copy, sent "
+            "once before training (untimed), spread over the iterations"
+            for p in result.predictions
+            if result.volumes[p.system]["rows_fetched"] == 0 and p.server_rows_mb_per_iter > 0]
+
+
 def speedup_table(preds: list[Prediction], reported: dict[str, Any] | None) -> TextTable | None:
-    """bagpipe's predicted speed-up over every other system simulated (the bound `local`
-    included), with a `reported` column where the scenario has published figures: a system's
+    """bagpipe's predicted speed-up over every other system simulated (`local` included), with a `reported` column where the scenario has published figures: a system's
     own entry of `reported.speedup`, else "up to" `reported.speedup_max`, for the systems the
     publication compared (`published`), "-" for the others. None without bagpipe."""
     ours = next((p for p in preds if role(p.system) == "ours"), None)

@@ -31,6 +31,7 @@ from bagpipe_cli.engine.records.run_record import RunRecord
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.trainer.evaluation import accuracy_summary, eval_frame, evaluate
 from bagpipe_cli.environment import peak_rss_mb
+from bagpipe_cli.launch.contention import describe
 from bagpipe_cli.limits import machine_memory
 
 
@@ -119,6 +120,8 @@ def finish_run(r: RunRecord) -> TrainResult:
                     "eval_rows": s.eval_rows, "trainer_devices": r.layout.trainer_devices,
                     "backend": r.layout.backend, "world_size": r.layout.world,
                     "process_peak_rss_mb": peak_rss_mb(), **r.facts()})
+    if "cores" in (summary.get("contention") or {}):  # its note's remedy: never the --threads 1 the run had
+        summary["contention"] = describe(summary["contention"], torch_threads(r.layout.placement))
     held = [x["peak_resident_rows"] for x in r.roles.values()
             if x.get("peak_resident_rows") is not None]
     if held:  # a partitioned cache's: its largest trainer's (each trainer's in roles)
@@ -129,6 +132,12 @@ def finish_run(r: RunRecord) -> TrainResult:
     return TrainResult(run_config(s, r.layout.to_json(), runner), metrics, complete_summary(summary),
                        r.model, assemble_tables(r.servers, s.cardinalities), trainer_records(frames),
                        evals_df, r.trace, run_warnings(s, summary))
+
+
+def torch_threads(placement: list[dict[str, Any]]) -> int | None:
+    """The most torch threads a process of the run computed with (None where unrecorded)."""
+    threads = [p["torch_threads"] for p in placement if isinstance(p.get("torch_threads"), int)]
+    return max(threads) if threads else None
 
 
 def memory_summary(s: RunSetup, roles: dict[str, Any]) -> dict[str, Any]:

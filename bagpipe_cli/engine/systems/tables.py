@@ -1,4 +1,5 @@
-"""Every table resident on the trainer (`local`): the upper bound, no remote traffic."""
+"""Every table on each trainer (`local`): no fetches, all row gradients summed among the
+trainers."""
 
 from __future__ import annotations
 
@@ -47,7 +48,9 @@ def write_back_in_pieces(system: EmbeddingSystem, keys: np.ndarray, weight: torc
 
 
 class LocalSystem(EmbeddingSystem):
-    """Every table resident on the trainer: the upper bound, no remote traffic.
+    """Every table on each trainer: no fetches, all row gradients summed among the trainers
+    (the sum of every row a batch touched, each iteration: with many trainers or a slow
+    network it can cost more than a cache's fetches).
 
     The tables are copied from the servers before training (not timed) and written back
     after it, so evaluation and saved models see the final values. In-process they are
