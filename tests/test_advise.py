@@ -102,3 +102,7 @@ def test_a_lead_within_the_models_error_has_no_headline_multiplier():
     assert "within the model's error" in v.lines[0] and "x sync" not in v.lines[0]
     clear = verdict(preds, sweep, [0.01, -0.02, 0.01], 0.2, 4, 10)
     assert not clear.within_error and "2.00x sync" in clear.lines[0]
+
+
+def test_one_trainer_is_singular():
+    assert ranges([(1, "local"), (2, "bagpipe")], "trainers", "trainer count") == "local at 1 trainer, bagpipe from 2"

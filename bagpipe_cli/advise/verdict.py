@@ -74,7 +74,8 @@ def ranges(points: list[tuple[float, str]], unit: str, every: str) -> str:
     parts = []
     for i, (s, a, b) in enumerate(runs):
         if i == 0:
-            parts.append(f"{s} up to {b:g} {unit}")
+            parts.append(f"{s} at {b:g} {unit.rstrip('s') if unit == 'trainers' else unit}" if a == b == 1
+                         else f"{s} up to {b:g} {unit}")
         elif i == len(runs) - 1:
             parts.append(f"{s} from {a:g}")
         else:
