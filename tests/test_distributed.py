@@ -296,11 +296,9 @@ def test_in_process_counts_the_traffic_a_procs_run_sends(tiny_dataset, tmp_path,
 
     `control` differs by nature: over --procs it is what only crosses between processes (rank
     0's start-up state to every rank, the DONE requests that end a trainer's requests),
-    while in-process the planner, trainer and servers share it in memory: 0 there. With
-    several trainers the bytes differ too, by design: in-process one process makes every
-    trainer's requests (sync fetches U_b once, not each trainer its slice's rows), so only
-    one trainer compares. The report's bytes-by-role table stays a table of ranks: an
-    in-process run has no rows in it."""
+    while in-process the planner, trainer and servers share it in memory: 0 there (several
+    trainers: tests/test_runtime_figures.py). The report's bytes-by-role table stays a table
+    of ranks: an in-process run has no rows in it."""
     args = ["--system", system, "--trainers", "1", "--servers", "2", "--iterations", "6",
             "--batch-size", "128", "--eval-rows", "0"]
     r = [_run(tmp_path, tiny_dataset, name, *args, *extra)

@@ -58,8 +58,10 @@ class TraceConfig:
     trainers: int = 1  # N
     servers: int = 1  # K
     eval_rows: int | None = None  # held-out tail, as `bagpipe train` (default 10%, <= 50,000)
-    # inproc: one process for every trainer (what it fetches, it fetches once);
-    # distributed: a process per trainer (torch.distributed), each fetching what it needs
+    # inproc: one process for every trainer (a replicated cache fetches each row once;
+    # bagpipe's partitioned cache, sync and het count and charge each trainer's requests, as
+    # the distributed runtime sends them); distributed: a process per trainer
+    # (torch.distributed), each fetching what it needs
     runtime: str = "inproc"
     hot_sample: float = 1.0  # fae: the fraction of the batches whose hottest rows it caches
     row_dim: int = 16  # floats of an embedding row (E, +1 for wdl/deepfm): sharded-hot's break-even
@@ -188,10 +190,10 @@ class _Trace:
         return [np.unique(keys[i * per:(i + 1) * per]) for i in range(self.cfg.trainers)]
 
     def pushed(self, kb: np.ndarray, uniq: np.ndarray) -> np.ndarray:
-        """Rows per shard a pushing system fetches and pushes: U_b in-process, each trainer's
-        own rows apart (distributed)."""
+        """Rows per shard a pushing system fetches and pushes: each trainer's own rows apart,
+        in both runtimes (in-process, the requests the trainers' ranks would send)."""
         k = self.cfg.servers
-        return sum(by_shard(x, k) for x in self.slices(kb)) if self.distributed else by_shard(uniq, k)
+        return sum(by_shard(x, k) for x in self.slices(kb))
 
     @property
     def key_bytes(self) -> int:
@@ -227,15 +229,18 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     # N > 1: each row on the trainers that read it (simulate/partition.py)
     v.exchanges = Exchanges.zeros(t.iterations, n) if oracle.partitioned else None
     v.plan_trainer_bytes = np.zeros(t.iterations, np.int64) if v.exchanges is not None and t.distributed else None
+    if v.exchanges is not None:  # each trainer's requests, in both runtimes
+        v.messages = n
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
         mine = record_round(v.exchanges, rp, k) if v.exchanges is not None else None
-        if not t.distributed:  # one process fetches each row once
+        if mine is not None:  # each trainer the rows it reads (partitioned), in both runtimes
+            v.round_fetch[b0] = mine
+        elif not t.distributed:  # a replicated cache in one process fetches each row once
             v.round_fetch[b0] = by_shard(rp.fetch_keys, k)
-        else:  # each trainer the rows it reads (partitioned), else all but others' private rows
-            v.round_fetch[b0] = mine if mine is not None else sum(by_shard(rp.fetch_for(i)[0], k)
-                                                                  for i in range(n))
+        else:  # every trainer all but the others' private rows
+            v.round_fetch[b0] = sum(by_shard(rp.fetch_for(i)[0], k) for i in range(n))
         for p in rp.iters:
             v.write_back[p.b] = by_shard(p.evict_keys, k)
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
@@ -315,6 +320,7 @@ def fetched_volumes(t: _Trace, s: SystemSpec) -> Volumes:
     """No cache (sync): every iteration fetches its rows and pushes their gradients."""
     v = t.empty(s.name)
     v.push_gradients = True
+    v.messages = t.cfg.trainers  # each trainer's request, in both runtimes
     v.empty_fetch_message = t.cfg.servers == 1  # a fetch is sent even for no rows
     for rp, (keys,) in t.planned(_no_plan(t), v, hold_keys=True):
         b, uniq = rp.iters[0].b, rp.iters[0].uniq

@@ -14,8 +14,9 @@ payload), by the trainer that sends it and the server that serves it; the rows a
 brings back are the server's sent and the trainer's received. Over torch.distributed these
 are the messages themselves (`engine/distributed/transport.py` and
 `engine/distributed/server.py`); in-process (`engine/local/transport.py`) the same requests
-are counted as the distributed runtime would send them, one process's: every server gets
-every request, empty or not, as in lockstep. A plan is counted as the planner encodes it
+are counted as the distributed runtime would send them, every trainer's (`Transport`'s
+`asked`): every server gets every request, empty or not, as in lockstep, so an in-process
+run's trainers' process counts what its N trainer ranks together would. A plan is counted as the planner encodes it
 (`engine/distributed/rounds.py`'s `PlanWire`), in both runtimes; a process's sums by its
 collective (`comm.collective.count_collective`). In-process nothing else crosses a process
 boundary (start-up state, checkpoints, evaluations, results), so its `control` stays 0.

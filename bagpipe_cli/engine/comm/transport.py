@@ -7,6 +7,11 @@ before later fetches of the same rows.
 
 Runtimes: `engine/local/transport.py` (serving threads in this process) and
 `engine/distributed/transport.py` (server ranks over torch.distributed).
+
+`asked`: a process that runs several trainers (in-process) makes one request for all of
+them; `asked` names what each trainer would ask for (the requests its rank would send), so
+the transport counts and charges those requests (`engine/comm/traffic.py`) while it moves
+the rows once. None: the call is this process's one request.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import numpy as np
 import torch
 
 from bagpipe_cli.engine.comm.network import NetworkModel
+
+Asked = list[np.ndarray] | None  # per trainer, the keys its request holds (module docstring)
 
 
 class RowsFuture(Protocol):
@@ -39,15 +46,17 @@ class Transport(ABC):
     bytes_received = 0  # and received from them
 
     @abstractmethod
-    def fetch(self, keys: np.ndarray) -> RowsFuture:
+    def fetch(self, keys: np.ndarray, asked: Asked = None) -> RowsFuture:
         """Start fetching the rows (and optimizer state) of global `keys`, in that order."""
 
     @abstractmethod
-    def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
+    def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor,
+                   asked: Asked = None) -> list[Future]:
         """Start writing rows back to their servers; the futures complete when they landed."""
 
     @abstractmethod
-    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any,
+                       asked: Asked = None) -> list[Future]:
         """Send row gradients to the servers, which apply the row optimizer `opt`."""
 
     @abstractmethod

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from bagpipe_cli.engine.comm.network import NetworkModel
 from bagpipe_cli.engine.comm.shards import split_by_shard
 from bagpipe_cli.engine.comm.traffic import Traffic, request_bytes
-from bagpipe_cli.engine.comm.transport import Transport
+from bagpipe_cli.engine.comm.transport import Asked, Transport
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.wire import (
     OP_CHECKPOINT,
@@ -94,7 +94,8 @@ class DistributedTransport(Transport):
         if len(self._pending) > 256:
             self._pending = [p for p in self._pending if not p[0].is_completed()]
 
-    def fetch(self, keys: np.ndarray) -> DistributedRows:
+    def fetch(self, keys: np.ndarray, asked: Asked = None) -> DistributedRows:
+        # (`asked`: a rank runs one trainer, whose request this is)
         parts = []
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             src = self.layout.server_rank(k)
@@ -111,7 +112,8 @@ class DistributedTransport(Transport):
             parts.append((pos, r, s, works, src))
         return DistributedRows(len(keys), parts, self.dim, self.sdim, self.layout, self.tracer)
 
-    def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> list[Future]:
+    def write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor,
+                   asked: Asked = None) -> list[Future]:
         rows, state = rows.cpu(), state.cpu()
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             p = torch.from_numpy(pos)
@@ -119,7 +121,8 @@ class DistributedTransport(Transport):
             self._send(k, OP_WRITEBACK, local, *payload)
         return []
 
-    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any) -> list[Future]:
+    def push_gradients(self, keys: np.ndarray, grad: torch.Tensor, opt: Any,
+                       asked: Asked = None) -> list[Future]:
         grad = grad.cpu()
         for k, (pos, local) in enumerate(split_by_shard(keys, self.num_servers)):
             self._send(k, OP_GRAD, local, grad[torch.from_numpy(pos)].contiguous())

@@ -4,8 +4,10 @@ the time the distributed runtime's sum of the same bytes would take (`--collecti
 rows' gradients and the losses on the critical path, and whatever of the dense gradients'
 sum the backward pass did not hide (the distributed runtime sums them in buckets while the
 backward runs); asynchronous sums wait on a serving thread of their own. It counts the
-bytes one trainer would send and receive (of a partitioned cache's rows, moved by need:
-the busiest trainer's, `move_rows`)."""
+bytes each trainer would send and receive (`sent`, `received`: per trainer, as each
+trainer rank counts its own; `bytes_sent`, `bytes_received`: their totals), a partitioned
+cache's rows moved by need each trainer's own (`move_rows`), and waits what the busiest
+trainer's link would take."""
 
 from __future__ import annotations
 
@@ -29,15 +31,25 @@ class LocalCollective(Collective):
                  track: tuple[str, str] | None = None):
         self.size, self.network, self.kind, self.tracer = size, network, kind, tracer
         self._worker = LocalServer("collectives", on_start, tracer, track)
-        self.bytes_sent = self.bytes_received = 0
+        self.sent = np.zeros(size, np.int64)  # bytes each trainer sent in sums and exchanges
+        self.received = np.zeros(size, np.int64)
         self.exposed_s = 0.0
 
+    @property
+    def bytes_sent(self) -> int:
+        return int(self.sent.sum())
+
+    @property
+    def bytes_received(self) -> int:
+        return int(self.received.sum())
+
     def _count(self, tensors: list[torch.Tensor], extra: int = 0) -> int:
-        """Bytes of `tensors` (plus `extra` float32s); counts one trainer's traffic of them."""
+        """Bytes of `tensors` (plus `extra` float32s); counts every trainer's traffic of
+        their sum (each sends and receives the same)."""
         n = sum(t.numel() for t in tensors) + extra
         moved = traffic(self.kind, n, 4, self.size)
-        self.bytes_sent += moved
-        self.bytes_received += moved
+        self.sent += moved
+        self.received += moved
         return 4 * n
 
     def allreduce_(self, tensors: list[torch.Tensor], values: list[torch.Tensor],
@@ -64,11 +76,11 @@ class LocalCollective(Collective):
                   x: torch.Tensor | None = None, later: bool = False):
         """The partitioned cache's rows by need (engine/planning/partition.py): trainer i sends
         `sent[i]` rows and receives `received[i]`; an all-to-all takes as long as the
-        busiest trainer's link (sending and receiving at once), whose bytes are counted.
-        The values are complete already: `later` returns a Future of `x`, else None."""
+        busiest trainer's link (sending and receiving at once); each trainer's bytes are
+        counted. The values are complete already: `later` returns a Future of `x`, else None."""
         rows_out, rows_in = int(sent.max(initial=0)), int(received.max(initial=0))
-        self.bytes_sent += rows_out * row_bytes
-        self.bytes_received += rows_in * row_bytes
+        self.sent += np.asarray(sent, np.int64) * row_bytes
+        self.received += np.asarray(received, np.int64) * row_bytes
         seconds = (self.network.transfer_seconds(max(rows_out, rows_in) * row_bytes)
                    if self.size > 1 and rows_out + rows_in else 0.0)
         if later:

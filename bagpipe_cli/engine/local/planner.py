@@ -5,7 +5,9 @@ reading and planning is a slice, and so is a wait on a full queue (the planner i
 Given `plan_bytes` (`distributed/rounds.py`'s `PlanWire.nbytes`), it counts each round's
 plans (one, or each trainer's own), and the end of the plans, as the distributed planner
 sends them: its own `traffic`'s `plan` sent on its thread, the trainers' `received` (what
-this process's trainers together receive) as the training loop takes them."""
+this process's trainers together receive, and pass on) as the training loop takes them: a
+plan that goes down the relay tree of `relayed` trainers is received by each of them and
+sent on by all but the root (its N - 1 edges), each trainer's own plan received once."""
 
 from __future__ import annotations
 
@@ -30,10 +32,11 @@ class LocalPlanner:
     def __init__(self, rounds: Iterator[tuple[RoundPlan, list[Batch]]], depth: int = 4,
                  on_start: Callable[[], None] | None = None, tracer: NoTracer = NO_TRACE,
                  plan_bytes: Callable[[RoundPlan | None], int] | None = None,
-                 received: Traffic | None = None):
+                 received: Traffic | None = None, relayed: int = 1):
         self.traffic = Traffic()  # the planner's
         self._received = received or Traffic()  # the trainers'
         self._plan_bytes = plan_bytes or (lambda rp: 0)
+        self._relayed = relayed
         self._q: queue.Queue = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._on_start = on_start
@@ -83,7 +86,8 @@ class LocalPlanner:
             if isinstance(item, BaseException):
                 raise item
             rnd, n = item
-            self._received.receive("plan", n)
+            self._received.receive("plan", n * self._relayed)
+            self._received.send("plan", n * (self._relayed - 1))
             if rnd is None:
                 return
             yield rnd

@@ -43,6 +43,7 @@ from bagpipe_cli.engine.records.run_record import RunLayout, RunRecord, TrainerR
 from bagpipe_cli.engine.records.trace import (
     NO_TRACE,
     PLANNER,
+    NoTracer,
     Tracer,
     trace_document,
     trace_meta,
@@ -147,10 +148,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
                         trainers, start, device,
                         checkpoint=_checkpoint(ckpt, servers, prior) if ckpt else None,
                         progress=progress, evaluate=_evaluator(s, servers, evals), tracer=tracer)
-    wire = PlanWire.of(s, planning.slots is not None)
-    feed = LocalPlanner(planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
-                                       loader_workers(cfg, placement)), on_start=pinned.helper,
-                        tracer=tracer, plan_bytes=wire.nbytes, received=transport.traffic)
+    feed = _planner(s, planning, start, placement, pinned, tracer, transport)
     meter = ContentionMeter(len(set(placement.compute) | set(placement.helpers)))
     t_start = time.perf_counter()
     try:
@@ -180,6 +178,17 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
         eval_s=loop.eval_s, trace=trace))
 
 
+def _planner(s: RunSetup, planning: Planning, start: int, placement: Placement, pinned: Pinned,
+             tracer: NoTracer, transport: LocalTransport) -> LocalPlanner:
+    """The planner thread, its plans counted as rank 0 sends them and the trainers receive
+    them (each its own, or every trainer the one plan down the relay tree)."""
+    cfg, wire = s.cfg, PlanWire.of(s, planning.slots is not None)
+    rounds = planned_rounds(s.ds, cfg, s.train_rows, planning.planner, s.offsets, start,
+                            loader_workers(cfg, placement))
+    return LocalPlanner(rounds, on_start=pinned.helper, tracer=tracer, plan_bytes=wire.nbytes,
+                        received=transport.traffic, relayed=cfg.trainers if wire.relayed else 1)
+
+
 def _roles(planning: Planning, feed: LocalPlanner, report: TrainerReport,
            transport: LocalTransport, collective: LocalCollective) -> dict[str, dict[str, Any]]:
     """summary.json's roles of an in-process run: the planner thread, the trainers (one
@@ -187,7 +196,8 @@ def _roles(planning: Planning, feed: LocalPlanner, report: TrainerReport,
     as the distributed runtime would count it (`engine/comm/traffic.py`)."""
     iters = len(report.records)
     return {"planner": {**planning.role(), "traffic": feed.traffic.figures(iters)},
-            "trainers": report.role(iters),
+            "trainers": {**report.role(iters), "collective_bytes_by_trainer": {
+                "sent": collective.sent.tolist(), "received": collective.received.tolist()}},
             **{f"server{k}": r.role(iters) for k, r in enumerate(transport.server_reports())},
             "collectives": {"busy_s": collective.busy_s}}
 

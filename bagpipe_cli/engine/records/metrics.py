@@ -48,8 +48,9 @@ COLUMNS = (
                                "write-backs and gradient pushes"),
     Column("unique_rows", "first", "|U_b|: distinct embedding rows of the global batch"),
     Column("rows_fetched", "sum", "rows transferred from the servers for this iteration (the "
-                                  "sharded tables: from the rows' owners), summed over trainer "
-                                  "processes (a row every trainer fetches counts once each)"),
+                                  "sharded tables: from the rows' owners), summed over the "
+                                  "trainers (a row every trainer fetches counts once each; "
+                                  "in-process, what each trainer's rank would fetch)"),
     Column("rows_written_back", "sum", "rows (or row gradients) sent back to the servers (the "
                                        "sharded tables: to the rows' owners), summed over trainer "
                                        "processes"),
@@ -127,8 +128,12 @@ SUMMARY_KEYS = {
     "median_iter_ms": "median iteration time", "p10_iter_ms": "10th percentile",
     "p90_iter_ms": "90th percentile",
     "median_time_ms": "median of every time column (ms)",
-    "rows_fetched": "total of the column", "rows_written_back": "total of the column",
+    "rows_fetched": "total of the column",
+    "rows_written_back": "total of the column",
     "cache_hits": "total of the column", "unique_rows": "total of the column",
+    "rows_fetched_once": "unique_rows - cache_hits, totalled: the rows of U_b no trainer held, "
+                         "each once however many trainers fetched it (the logical cache's "
+                         "fetches; rows_fetched counts each trainer's)",
     "final_loss": "loss of the last iteration", "final_loss_mean10": "mean loss of the last 10",
     "wall_s": "seconds from the start of training to the last write-back (--eval-every's "
               "evaluations left out)",
@@ -170,7 +175,9 @@ SUMMARY_KEYS = {
              "time) and serial_cpu_ms_per_batch (its own thread's, the slices laid together); every "
              "role's traffic: bytes sent and received by kind (plan, samples, rows, "
              "gradients, collective, control), in total and per iteration (in-process: the "
-             "planner's, the trainers' process's and each server's, control 0)",
+             "planner's, the trainers' process's (what its trainers' ranks together would "
+             "send and receive; collective_bytes_by_trainer: each one's collective bytes) "
+             "and each server's, control 0)",
     "contention": "how much of the machine the run had (launch/contention.py): cores, "
                   "load_per_core (other runnable tasks per core at the start), loadavg (1-min, "
                   "start and end), run_queue_wait_share (of its compute threads' runnable "
@@ -209,6 +216,7 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
         **{k: int(metrics[k].sum()) for k in ("rows_fetched", "rows_written_back", "cache_hits",
                                                "unique_rows")},
+        "rows_fetched_once": int((metrics["unique_rows"] - metrics["cache_hits"]).sum()),
         **split_figures(metrics, batch_size),
         "final_loss": float(metrics["loss"].iloc[-1]),
         "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),

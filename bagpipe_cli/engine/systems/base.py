@@ -149,10 +149,12 @@ class EmbeddingSystem(ABC):
         if len(self._pending) > 64:  # completed ones need not be kept
             self._pending = [f for f in self._pending if not f.done()]
 
-    def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor) -> None:
+    def _write_back(self, keys: np.ndarray, rows: torch.Tensor, state: torch.Tensor,
+                    asked: list[np.ndarray] | None = None) -> None:
         # Sent even when empty: the torch transport keeps every trainer's requests in
-        # lockstep (the in-process one sends nothing for no rows).
-        self._send(self.transport.write_back(keys, rows, state))
+        # lockstep (the in-process one sends nothing for no rows). `asked`: each trainer's
+        # share, where this process runs several (`Transport`).
+        self._send(self.transport.write_back(keys, rows, state, asked))
 
     def flush(self) -> None:
         """Wait until every write-back and push has landed on the servers."""

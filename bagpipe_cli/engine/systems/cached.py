@@ -42,6 +42,8 @@ class CacheSystem(EmbeddingSystem):
         self._read: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (b, U_b's rows, state)
         # The key held in each slot (-1: free), for checkpoints: set on insert, cleared on eviction.
         self.slot_key = np.full(cache.capacity, -1, dtype=np.int64)
+        # The sync_later rows `evict` deferred, by id: (their keys, each trainer's share).
+        self._later: dict[int, tuple[np.ndarray, list[np.ndarray] | None]] = {}
 
     @classmethod
     def build(cls, p: SystemParts, prefetch_ahead: bool, lrpp: bool) -> CacheSystem:
@@ -58,16 +60,38 @@ class CacheSystem(EmbeddingSystem):
         self.make_room(rp)
         fut = self._inflight.pop(rp.r, None)
         if len(rp.fetch_keys):
-            self.insert(rp, fut or self.transport.fetch(self._fetch_of(rp)[0]))
+            self.insert(rp, fut or self.transport.fetch(self._fetch_of(rp)[0], self._asked(rp)))
         waited = time.perf_counter() - t0
         # Every write-back of earlier iterations is already queued, so the servers serve this
         # fetch after them (see the oracle on why that is early enough).
         if self.prefetch_ahead and next_rp is not None and len(next_rp.fetch_keys):
             keys = self._fetch_of(next_rp)[0]
             with self.tracer.span("prefetch issued", "request", rows=len(keys), target=next_rp.r):
-                self._inflight[next_rp.r] = self.transport.fetch(keys)
+                self._inflight[next_rp.r] = self.transport.fetch(keys, self._asked(next_rp))
                 self._trace_reads(next_rp)
         return waited
+
+    def _split(self) -> bool:
+        """Whether this process stands for several trainers of a partitioned cache (bagpipe
+        in-process, N > 1): it then counts, and its transport charges, what each trainer's
+        rank would fetch and write back (`partitioned.PartitionedCache`)."""
+        return self.lrpp and self.trainers.all and self.trainers.count > 1
+
+    def _asked(self, rp: RoundPlan) -> list[np.ndarray] | None:
+        """Round `rp`'s fetch as each trainer's rank asks for it: the rows fetched for an
+        iteration it reads them at (None: this process's one request)."""
+        if not self._split() or not rp.iters or rp.iters[0].part is None:
+            return None
+        return [np.concatenate([p.uniq[m[p.part.src[m] < 0]] for p in rp.iters
+                                for m in [p.part.rows_of(i)]]) for i in self.trainers.indices()]
+
+    def _by_home(self, plan: IterPlan, keys: np.ndarray) -> list[np.ndarray] | None:
+        """Evicted `keys` of `plan` by the trainer that writes each back (its home), as the
+        trainers' ranks send them (None: this process's one request)."""
+        if not self._split() or plan.part is None:
+            return None
+        home = plan.part.home[np.searchsorted(plan.uniq, keys)]
+        return [keys[home == i] for i in self.trainers.indices()]
 
     def make_room(self, rp: RoundPlan) -> None:
         """A round's start before its rows arrive: grow the cache if the plan's capacity grew
@@ -123,8 +147,11 @@ class CacheSystem(EmbeddingSystem):
         step.cache_hits = len(p.uniq) - p.fetched
         coll = self.collective
         if p.part is not None and coll is not None and coll.size > 1:
-            # In-process, the partitioned cache's deliveries (engine/planning/partition.py), emulated.
+            # In-process, the partitioned cache's deliveries (engine/planning/partition.py),
+            # emulated; its fetches counted as the trainers' ranks make them (a row each of
+            # its readers fetches counts once for each).
             f = p.part.moves(p.row_class, coll.size)
+            step.rows_fetched = int(f.fetched.sum()) if self._split() else step.rows_fetched
             coll.move_rows(f.delivered_sent, f.delivered_received,
                            4 * (self.cache.weight.shape[1] + self.cache.state.shape[1]))
         rows, state = self.cache.read(p.slots)
@@ -156,13 +183,22 @@ class CacheSystem(EmbeddingSystem):
             c = classes[pos]
             now = ((c == NO_SYNC) & self.trainers.owns(plan.owner[pos])) | ((c == SYNC_NOW) & share)
             later = (c == SYNC_LATER) & share
-        self.write_back_slots(ek[now], es[now])  # sent even when empty (lockstep)
+        self.write_back_slots(ek[now], es[now], self._by_home(plan, ek[now]))  # sent even when empty
         self.forget(es)  # evicted from the logical cache on every trainer
-        return int(now.sum() + later.sum()), (ek[later], es[later])
+        deferred = ek[later]
+        if classes is not None and plan.sync_later:  # written back once settled (the loop)
+            self._later[id(deferred)] = (deferred, self._by_home(plan, deferred))
+        return int(now.sum() + later.sum()), (deferred, es[later])
 
-    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray) -> None:
+    def write_back_slots(self, keys: np.ndarray, slots: np.ndarray,
+                         asked: list[np.ndarray] | None = None) -> None:
+        """`asked`: each trainer's share (`_by_home`); the sync_later rows `evict` deferred
+        carry theirs."""
+        held = self._later.pop(id(keys), None)
+        if asked is None and held is not None and held[0] is keys:
+            asked = held[1]
         rows, state = self.cache.read(slots)
-        self._write_back(keys, rows.cpu(), state.cpu())
+        self._write_back(keys, rows.cpu(), state.cpu(), asked)
 
     def forget(self, slots: np.ndarray) -> None:
         """Slots whose rows were evicted (their write-back is queued or done)."""

@@ -163,7 +163,7 @@ class PartitionedCache(EmbeddingSystem):
             self._delivered = p.b
         mine = self._mine(p)
         step.rows_fetched = int((p.part.src[mine] < 0).sum())
-        step.cache_hits = len(mine) - step.rows_fetched
+        step.cache_hits = p.unique_rows - p.fetched  # of U_b, as the logical cache's (in-process)
         # The slots of b's rows (`keys`: by `_mine`) stay theirs while they are held, which
         # is until after their updates (sync_later ones: their home keeps them).
         p._slots = self.local.slots(keys)  # type: ignore[attr-defined]

@@ -31,8 +31,22 @@ class _PushingSystem(EmbeddingSystem):
         return keys, index.reshape(-1)
 
     def push(self, step: Step, keys: np.ndarray, grad: torch.Tensor, opt: RowOptimizer) -> None:
-        self._send(self.transport.push_gradients(keys, grad.cpu(), opt))
-        step.rows_written_back = len(keys)
+        asked = self.own_rows(step.plan)
+        self._send(self.transport.push_gradients(keys, grad.cpu(), opt, asked))
+        step.rows_written_back = len(keys) if asked is None else sum(map(len, asked))
+
+    def own_rows(self, plan: IterPlan) -> list[np.ndarray] | None:
+        """Where this process runs several trainers: the rows each trainer's samples read,
+        which its rank fetches and pushes (the servers count and charge those requests:
+        `Transport`'s `asked`); None: one trainer, whose rows are the process's."""
+        if self.trainers.count == 1:
+            return None
+        own = getattr(plan, "_own_rows", None)
+        if own is None:
+            own = [np.unique(plan.uniq[plan.accesses_of(i, 1, self.trainers.total)])
+                   for i in self.trainers.indices()]
+            plan._own_rows = own  # type: ignore[attr-defined]
+        return own
 
 
 class SyncSystem(_PushingSystem):
@@ -44,9 +58,10 @@ class SyncSystem(_PushingSystem):
 
     def read(self, step: Step, keys: np.ndarray, index: torch.Tensor) -> torch.Tensor:
         t0 = time.perf_counter()
-        rows, _ = self.transport.fetch(keys).result()
+        asked = self.own_rows(step.plan)  # each trainer's rank fetches its own rows
+        rows, _ = self.transport.fetch(keys, asked).result()
         step.times["prefetch_wait"] += time.perf_counter() - t0
-        step.rows_fetched = len(keys)
+        step.rows_fetched = len(keys) if asked is None else sum(map(len, asked))
         return rows.to(self.device).index_select(0, index)
 
 
