@@ -38,6 +38,12 @@ SKIPPED = {
     "bagpipe bench --resume --out results/paper": "continues results/paper, of the line above",
     "bagpipe bench benchmarks/successors.yaml --out results/successors":
         "42 runs, minutes (a small bench of the same systems stands in for its folder)",
+    "bagpipe advise data/mine --trainers 16 --net-gbps 25 --out results/mine-advice":
+        "a minute of runs and modelling (tests/test_advise.py runs advise, smaller)",
+    "bagpipe advise data/mine --trainers 16 --net-gbps 25 --scale 100 --out results/mine-advice-x100":
+        "writes the log 100 times larger, then minutes of runs (tests/test_advise.py runs --scale)",
+    "bagpipe advise data/demo --trainers 16 --net-gbps 25 --out results/advice":
+        "minutes of runs on the demo data (tests/test_advise.py runs advise, smaller)",
     "bagpipe simulate --cluster benchmarks/paper-scenario.yaml --out results/paper-scenario":
         "generates an 8M-row dataset (1.3 GB) and traces 488 batches of 16,384: minutes",
 }
