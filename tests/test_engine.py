@@ -120,6 +120,44 @@ def test_train_cli_writes_run_and_model(tiny_dataset, tmp_path):
         assert col in metrics[0].split(",")
 
 
+def test_a_run_records_its_compute_in_cpu_time_beside_wall_time(tiny_dataset):
+    """On one torch thread each compute phase's CPU time is that thread's: at most its wall
+    time (a tolerance for the clocks' reads), no worker counted; the summary has both."""
+    r = train(TrainConfig(data=str(tiny_dataset), system="sync", batch_size=256, iterations=12,
+                          eval_rows=1000, threads=1))
+    m, tolerance = r.metrics, 50e-6  # seconds, per phase of the one thread
+    for phase in ("forward", "backward", "optimizer"):
+        assert (m[f"{phase}_cpu"] > 0).all(), phase
+        assert (m[f"{phase}_cpu"] <= m[phase] + tolerance).all(), phase
+    assert (m["worker_cpu"] == 0).all() and (m["compute_threads"] == 1).all()
+    c = r.summary["median_compute_ms"]
+    assert 0 < c["cpu"] <= c["wall"] + 3e3 * tolerance and c["cpu_all_threads"] == c["cpu"]
+    assert c["compute_threads"] == 1
+    assert set(r.summary["median_cpu_ms"]) == {"forward_cpu", "backward_cpu", "optimizer_cpu",
+                                               "worker_cpu"}
+
+
+def test_the_cpu_clock_finds_torchs_workers():
+    """With two torch threads the clock finds the intra-op worker that a parallel op runs on,
+    and counts the CPU it spends apart from the calling thread's."""
+    from bagpipe_cli.engine.trainer.staging import CpuClock
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        clock = CpuClock()
+        clock.ready()
+        assert len(clock.workers) == 1
+        before = clock.read()
+        x = torch.ones(1 << 20)
+        for _ in range(20):
+            x.mul_(1.0)
+        own, workers = clock.spent(before, clock.read())
+        assert own > 0 and workers > 0
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("args, warning, warnings", [
     (["--system", "lru", "--cache-rows", "2000", "--round", "2"],
      "--round 2 is ignored: --system lru with --cache-rows does not read it (read by bagpipe)", 1),

@@ -14,8 +14,9 @@ import pytest
 from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
-from bagpipe_cli.engine.records.metrics import TIME_KEYS
-from bagpipe_cli.simulate.calibrate import DISAGREEMENT, calibrate
+from bagpipe_cli.engine.records.metrics import CPU_PHASES, TIME_KEYS
+from bagpipe_cli.simulate.calibrate import DISAGREEMENT, calibrate, read_measured
+from bagpipe_cli.simulate.cpu_time import NOISE
 
 # A stored no-network run (batch 256, one trainer, model dlrm): the template of the runs below.
 TEMPLATE = (Path(__file__).parent / "data" / "bench-example" / "runs"
@@ -23,9 +24,11 @@ TEMPLATE = (Path(__file__).parent / "data" / "bench-example" / "runs"
 
 
 def fake_run(folder: Path, system: str, fwd_bwd_ms: float, optimizer_ms: float = 1.0,
-             popular: int = 0) -> Path:
+             popular: int = 0, cpu: float | None = None, loaded: bool | None = None) -> Path:
     """The template run as `system`'s, its timers set to `fwd_bwd_ms` of forward+backward
-    (a third forward) and `optimizer_ms` each iteration; `popular` samples computed first."""
+    (a third forward) and `optimizer_ms` each iteration; `popular` samples computed first;
+    with `cpu`, CPU columns of `cpu` times the wall ones (the template, from before them,
+    has none); `loaded`: its summary's contention.loaded."""
     shutil.copytree(TEMPLATE, folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["train"]["system"] = system
@@ -36,7 +39,16 @@ def fake_run(folder: Path, system: str, fwd_bwd_ms: float, optimizer_ms: float =
     if popular:
         m["popular_samples"] = popular
     m["time"] = m[list(TIME_KEYS)].sum(axis=1) + 1e-4
+    if cpu is not None:
+        for k in CPU_PHASES:
+            m[f"{k}_cpu"] = cpu * m[k]
+        m["worker_cpu"], m["compute_threads"] = 0.0, 1
     m.to_csv(folder / "metrics.csv", index=False)
+    if loaded is not None:
+        summary = json.loads((folder / "summary.json").read_text())
+        summary["contention"] = {"loaded": loaded, "load_per_core": 2.0 if loaded else 0.0,
+                                 "run_queue_wait_share": 0.7 if loaded else 0.05}
+        (folder / "summary.json").write_text(json.dumps(summary))
     return folder
 
 
@@ -102,6 +114,9 @@ def test_simulate_uses_the_one_figure_warns_and_compares_every_system(tiny_datas
     src = js["compute_source"]
     assert src["fwd_bwd"]["ms_used"] == pytest.approx(3.0) and src["fwd_bwd"]["measured_ms"]["het"] == 6.0
     assert src["warnings"] == [w.removeprefix("Warning: ") for w in warnings]
+    # the runs (from before the CPU columns) gave wall time; the load simulate ran under
+    assert src["compute_clock"] == {"cpu": 0, "wall": 6} and len(src["runs_load"]) == 6
+    assert {"cores", "load_per_core", "loadavg", "loaded"} <= set(js["load"])
     assert "forward+backward measured once: 3.00 ms" in r.stdout
     # bagpipe's table has a row for every other system simulated, the bound local included
     for s in ("sync", "het", "hotline", "local"):
@@ -120,3 +135,34 @@ def test_a_comparison_without_its_reference_shows_a_dash(tiny_dataset):
     assert r.exit_code == 0, r.output
     assert re.search(r"│ local .* │ +- │ ", r.stdout) and "speed-up of bagpipe" not in r.stdout
     assert re.search(r"^fastest: local, [\d.]+x over lru \(the best other\)$", r.stdout, re.M), r.stdout
+
+
+def test_calibration_takes_cpu_time_where_a_run_has_it(tmp_path):
+    """A run measured on a loaded machine: its wall compute 3x its CPU compute. The model
+    takes the CPU figure, says so, records the runs' loads, and one warning names the run;
+    an older run without CPU columns gives its wall time."""
+    loaded = read_measured(fake_run(tmp_path / "busy" / "sync-r0", "sync", 6.0, 1.5,
+                                    cpu=1 / 3, loaded=True))
+    assert loaded.compute_clock == "cpu"
+    assert loaded.compute.fwd_bwd_ms == pytest.approx(2.0)
+    assert loaded.compute.optimizer_ms == pytest.approx(0.5)
+    assert loaded.compute_wall_ms == pytest.approx(7.5) and loaded.compute_cpu_ms == pytest.approx(2.5)
+    old = read_measured(fake_run(tmp_path / "old" / "sync-r0", "sync", 6.0, 1.5))
+    assert old.compute_clock == "wall" and old.compute.fwd_bwd_ms == pytest.approx(6.0)
+    assert old.compute_cpu_ms is None and old.load is None
+
+    per, src = calibrate(tmp_path / "busy")
+    assert per["sync"].fwd_bwd_ms == pytest.approx(2.0)  # not the wall 6.0
+    assert src["compute_clock"] == {"cpu": 1, "wall": 0} and src["loaded_runs"] == 1
+    [run] = src["runs_load"]
+    assert run["loaded"] is True and run["compute_clock"] == "cpu"
+    [warning] = src["warnings"]
+    assert f"{loaded.run_id} (wall 7.50 ms, CPU 2.50 ms)" in warning and f"{NOISE:.0%}" in warning
+    assert "\n" not in warning
+
+
+def test_agreeing_wall_and_cpu_time_give_no_warning(tmp_path):
+    fake_run(tmp_path / "sync-r0", "sync", 2.0, cpu=1 / (1 + NOISE / 2), loaded=False)
+    per, src = calibrate(tmp_path)
+    assert src["warnings"] == [] and src["loaded_runs"] == 0
+    assert per["sync"].fwd_bwd_ms == pytest.approx(2.0 / (1 + NOISE / 2))

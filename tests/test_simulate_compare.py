@@ -144,15 +144,19 @@ def test_a_label_shows_what_differs_and_only_what_the_system_reads():
 
 def _row(system: str, predicted: float, measured: float, *, runtime: str = "inproc",
          plan: tuple[float, float | None] = (0.0, None), emulated: bool = False,
-         fetch_cpu_from: str = "own prefetch_wait (no network)") -> ValidationRow:
-    """A validated run made by hand: predicted and measured median ms, and rank 0's
-    predicted MB and counted bytes per iteration."""
+         fetch_cpu_from: str = "own prefetch_wait (no network)", loaded: bool | None = False,
+         compute: tuple[float, float | None] = (1.0, 1.0)) -> ValidationRow:
+    """A validated run made by hand: predicted and measured median ms, rank 0's predicted
+    MB and counted bytes per iteration, its recorded load (None: none recorded) and its
+    compute's wall and CPU ms (None: no CPU columns)."""
     run = SimpleNamespace(
         run_id=f"{system}-{measured}", system=system, path=Path("runs") / system,
         trace=SimpleNamespace(runtime=runtime), cluster=SimpleNamespace(trainers=1),
         compute=ComputeTimes(fwd_bwd_ms=1.0), measured_median_ms=measured,
         measured_mean_ms=measured, network_emulated=emulated, fetch_cpu_from=fetch_cpu_from,
-        counted_plan_bytes=plan[1], counted_server_rows=None, counted_collective=None)
+        counted_plan_bytes=plan[1], counted_server_rows=None, counted_collective=None,
+        compute_clock="wall" if compute[1] is None else "cpu", compute_wall_ms=compute[0],
+        compute_cpu_ms=compute[1], load=None if loaded is None else {"loaded": loaded})
     p = pred(system, predicted)
     p.planner_mb_per_iter = plan[0]
     return ValidationRow(run, p, setting=f"label of {system}")
@@ -169,7 +173,9 @@ def test_validate_table_and_tallies():
     assert table.rows[1][5:7] == ["+50.0%", "OUT"]
     assert table.rows[2][5:] == ["+10.0%", "ok", "+5.0%", "-", "-"]
     lines = summary_lines(rows)
-    assert lines[0] == f"2 of 3 runs within ±20%; by system: {REFERENCE} 1/2, {OURS} 1/1"
+    assert lines[0] == (f"2 of 3 runs within ±20%; by system: {REFERENCE} 1/2, {OURS} 1/1; "
+                        "0 of them ran loaded")
+    assert lines[1] == "compute from CPU time for 3 run(s), from wall time for 0"
     assert "rank 0's plan bytes: 1 of 1 distributed runs within ±10%" in lines
     assert ("rank 0's plan bytes not checked for 2 run(s): in-process run: its links are "
             "emulated, not counted") in lines
@@ -180,6 +186,25 @@ def test_validate_table_and_tallies():
                          "CPU is taken as 0")
     out = _row(OURS, 10.0, 10.0, runtime="distributed", plan=(2.0, 1e6))
     assert validation_table([out]).rows[0][7] == "+100.0% OUT"
+
+
+def test_validate_counts_loaded_runs_and_names_those_whose_wall_and_cpu_disagree():
+    """The tally says how many runs ran loaded (and how many recorded no load), which clock
+    their compute came from, and a warning names the runs whose wall compute is more than
+    NOISE above their CPU compute."""
+    rows = [_row(REFERENCE, 10.0, 10.0, loaded=True, compute=(3.0, 1.5)),
+            _row(REFERENCE, 10.0, 10.0, compute=(1.1, 1.0)),
+            _row(OURS, 10.0, 10.0, loaded=None, compute=(4.0, None))]
+    lines = summary_lines(rows)
+    assert lines[0].endswith("; 1 of them ran loaded (1 recorded no load)")
+    assert lines[1].startswith("compute from CPU time for 2 run(s), from wall time for 1 (")
+    [warning] = [ln for ln in lines if ln.startswith("Warning:")]
+    assert f"{REFERENCE}-10.0 (wall 3.00 ms, CPU 1.50 ms)" in warning and "1 run(s)" in warning
+    assert "loaded" in warning and "\n" not in warning
+    assert f"{REFERENCE}-10.0 (wall 1.10" not in warning  # 10% apart: noise
+    d = rows[0].to_dict()
+    assert (d["compute_clock"], d["compute_wall_ms"], d["compute_cpu_ms"], d["loaded"]) == (
+        "cpu", 3.0, 1.5, True)
 
 
 def test_the_unmodelled_runs_are_noted():

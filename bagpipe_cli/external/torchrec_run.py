@@ -31,6 +31,7 @@ pipeline loads during this iteration, b+1), `forward` (model forward: embedding 
 output all-to-all, dense), `backward` (backward with the fused embedding update and DDP's
 all-reduce), `optimizer` (dense step), `sync` (the rest: the pipeline's input distribution
 and bookkeeping). Cache columns are 0: TorchRec keeps every table resident on its shard.
+The CPU columns are empty (NaN): not measured here.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.records.metrics import (
     COLUMN_NAMES,
+    CPU_KEYS,
     TIME_KEYS,
     check_loss,
     complete_summary,
@@ -218,7 +220,8 @@ def _train(s: RunSetup, dmp, dense_opt, rank: int, world: int) -> tuple[list[dic
         loss, _ = pipe.progress(it)
         elapsed = time.perf_counter() - t
         times["sync"] = max(0.0, elapsed - sum(times.values()))  # what the other phases leave
-        rec = {**dict.fromkeys(COLUMN_NAMES, 0), "iteration": b, "loss": float(loss),
+        rec = {**dict.fromkeys(COLUMN_NAMES, 0), **dict.fromkeys(CPU_KEYS, math.nan),  # unmeasured
+               "compute_threads": math.nan, "iteration": b, "loss": float(loss),
                "time": elapsed, **times}
         check_loss(rec["loss"], b, cfg)  # a NaN loss stops the run, naming the iteration
         records.append(rec)

@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import os
 import statistics
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +89,39 @@ def sched_times(pid: int | None = None) -> dict[str, tuple[int, int]]:
     return out
 
 
+def thread_cpu_clock(tid: int) -> int:
+    """The clock id of thread `tid`'s CPU time, for `time.clock_gettime` (Linux's per-thread
+    CPU clock, CPUCLOCK_SCHED: the run time /proc/<pid>/task/<tid>/schedstat shows)."""
+    return (~tid << 3) | 6
+
+
+def thread_cpu(clock: int) -> float | None:
+    """The CPU seconds of a `thread_cpu_clock` (None: the thread is gone)."""
+    try:
+        return time.clock_gettime(clock)
+    except OSError:
+        return None
+
+
+def busy_threads(probe: Callable[[], None], limit: int) -> list[int]:
+    """The threads of this process (tids), at most `limit` of them and the busiest first, that
+    ran on a CPU while `probe()` ran on the calling thread: neither the calling thread nor any
+    Python thread (`threading.enumerate`), so when `probe` runs a parallel torch op, torch's
+    intra-op workers of this thread."""
+    python = {t.native_id for t in threading.enumerate()} | {threading.get_native_id()}
+
+    def cpu() -> dict[int, float]:  # each thread's CPU clock: current even while it runs
+        tids = (int(t.name) for t in _own_tasks(os.getpid()))
+        return {t: c for t in tids if t not in python
+                and (c := thread_cpu(thread_cpu_clock(t))) is not None}
+
+    before = cpu()
+    probe()
+    ran = {t: c - before.get(t, 0.0) for t, c in cpu().items()}
+    busy = sorted((t for t, r in ran.items() if r > 0), key=lambda t: -ran[t])
+    return busy[:max(0, limit)]
+
+
 def wait_delta(before: dict[str, tuple[int, int]],
                after: dict[str, tuple[int, int]]) -> tuple[int, int]:
     """(ns on a CPU, ns waiting) between two `sched_times`, summed over the threads."""
@@ -128,6 +163,18 @@ def machine_load(cores: int) -> float | None:
     """Other processes' runnable tasks per core of this process's `cores`, now."""
     n = others_runnable([os.getpid()])
     return None if n is None else n / cores
+
+
+def load_now() -> dict[str, Any]:
+    """The machine's load now, as this process finds it (for a `simulate`, which measures
+    nothing itself but records what it ran beside): its usable cores, other processes'
+    runnable tasks per core, the 1-minute load average, and `loaded` (LOADED's
+    load_per_core or more)."""
+    cores = usable_core_count(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                              else os.cpu_count() or 1)
+    load = machine_load(cores)
+    return {"cores": cores, "load_per_core": load, "loadavg": _loadavg(),
+            "loaded": load is not None and load >= LOADED["load_per_core"]}
 
 
 def _loadavg() -> float | None:

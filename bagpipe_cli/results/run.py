@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.engine.records.metrics import COLUMN_NAMES
+from bagpipe_cli.engine.records.metrics import COLUMN_NAMES, CPU_KEYS
 from bagpipe_cli.engine.records.trace import TRACE_VERSION
 from bagpipe_cli.engine.trainer.evaluation import EVAL_COLUMNS
 from bagpipe_cli.environment import environment
@@ -37,9 +37,10 @@ from bagpipe_cli.results.schema import RUN_SCHEMA_VERSION, read_csv, read_json
 CONFIG, METRICS, TRAINER_METRICS, SUMMARY = (
     "config.json", "metrics.csv", "metrics_trainers.csv", "summary.json")
 EVAL_METRICS, TRACE = "metrics_eval.csv", "trace.json"
-# Columns that came after schema 1's first runs: a run without them is still whole.
+# Columns that came after schema 1's first runs: a run without them is still whole (a reader
+# of the CPU columns falls back to the time ones: simulate/calibrate.py).
 LATER_COLUMNS = ("stale_reads", "popular_samples", "fetch_overlap", "samples_skipped",
-                 "stale_threshold")
+                 "stale_threshold", *CPU_KEYS, "compute_threads")
 REQUIRED_COLUMNS = tuple(c for c in COLUMN_NAMES if c not in LATER_COLUMNS)
 
 

@@ -96,6 +96,7 @@ class SimulateResult:
     volumes: dict[str, dict[str, float]]  # per system: mean rows per iteration moved
     sweep: pd.DataFrame  # sweep, system, trainers, net_gbps, batch_size, mean_ms, speedup,
     #                      rank 0's figures (SWEEP_PLAN_COLUMNS) and the rest (SWEEP_TIME_COLUMNS)
+    load: dict[str, Any] | None = None  # the machine's load it ran under (contention.load_now)
 
     def predictions_frame(self) -> pd.DataFrame:
         import pandas as pd
@@ -116,6 +117,7 @@ class SimulateResult:
             "workload": asdict(self.workload) | {"row_bytes": self.workload.row_bytes},
             "compute": {s: asdict(c) | {"total_ms": c.total_ms} for s, c in self.compute.items()},
             "compute_source": self.compute_source,
+            "load": self.load,
             "predictions": self.predictions_frame().to_dict(orient="records"),
             "sweep": self.sweep.to_dict(orient="records"),
             "reported": self.config.reported,
@@ -139,6 +141,14 @@ def _compute(cfg: SimulateConfig) -> tuple[dict[str, ComputeTimes], dict[str, An
                    "system's measured_ms), the other phases each system's own"}
     src["fwd_bwd"] = {**src["fwd_bwd"], "ms_used": src["fwd_bwd"]["ms"] * factor}
     return {s: per.get(s, per["*"]).scaled(factor) for s in cfg.systems}, src
+
+
+def _machine_load() -> dict[str, Any]:
+    """The machine's load as a simulation starts (`launch/contention.load_now`): what it ran
+    beside, recorded in simulate.json (`load`)."""
+    from bagpipe_cli.launch.contention import load_now
+
+    return load_now()
 
 
 def _mean_volumes(v: Volumes, warmup: int) -> dict[str, float]:
@@ -231,7 +241,7 @@ def run_simulate(cfg: SimulateConfig,
                      staleness=cfg.staleness, hot_sample=cfg.hot_sample, trainers=cfg.trainers,
                      servers=cfg.servers, eval_rows=cfg.eval_rows, runtime=cfg.runtime,
                      row_dim=row_width(cfg.model, cfg.emb_dim))
-    compute, csrc = _compute(cfg)
+    load, (compute, csrc) = _machine_load(), _compute(cfg)  # the load before its own work
     vols, info = trace_volumes(tc, cfg.systems, lambda s: track.trace(f"tracing {s}"), track.batch)
     mcfg = ModelConfig(cfg.model, info["dense_features"], info["tables"], cfg.emb_dim,
                        bottom_mlp=cfg.bottom_mlp, top_mlp=cfg.top_mlp)
@@ -239,7 +249,6 @@ def run_simulate(cfg: SimulateConfig,
     info["warmup"] = cfg.warmup
     preds = [predict(vols[s], cfg.cluster, work, compute[s]) for s in cfg.systems]
     add_speedups(preds)
-
     rows = []
     track.stage("sweeping bandwidth")
     for g in cfg.sweep_gbps:
@@ -272,7 +281,8 @@ def run_simulate(cfg: SimulateConfig,
         rows += [_sweep_row("trainers", p, n, cl.net_gbps, batch) for p in ps]
     track.stage("done")
     return SimulateResult(cfg, info, work, compute, csrc, preds,
-                          {s: _mean_volumes(v, cfg.warmup) for s, v in vols.items()}, pd.DataFrame(rows))
+                          {s: _mean_volumes(v, cfg.warmup) for s, v in vols.items()},
+                          pd.DataFrame(rows), load)
 
 
 def write_simulation(result: SimulateResult, out: Path, overwrite: bool = False) -> list[Path]:

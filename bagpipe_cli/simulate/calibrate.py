@@ -10,6 +10,7 @@ median over the measured iterations (after warm-up) of
   bookkeeping.
 
 `prefetch_wait` and `sync` are left out: they are the communication the model predicts.
+Forward, backward and optimizer: the CPU columns where a run has them, else wall (`cpu_time`).
 
 `calibrate` (for `simulate --calibrate`) measures the model's forward + backward once: every
 system the engine runs in one pass computes the same dense model on the same batch, so their
@@ -42,6 +43,7 @@ from bagpipe_cli.results import (
     read_trainer_metrics,
 )
 from bagpipe_cli.results.figures import COMPUTE_SPREAD
+from bagpipe_cli.simulate import cpu_time
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes, Workload
 from bagpipe_cli.simulate.volumes import TraceConfig
 
@@ -81,6 +83,11 @@ class MeasuredRun:
     counted_collective: list[float] | None = None
     device: str = ""  # where its trainers computed (a GPU's name, or "cpu"; "" unrecorded)
     phased: bool = False  # computed some batch in two passes (hotline's popular samples first)
+    compute_clock: str = cpu_time.WALL  # forward, backward, optimizer's clock
+    compute_wall_ms: float = math.nan  # forward+backward+optimizer (median ms), wall; CPU
+    compute_cpu_ms: float | None = None  # (None: the run has no CPU figure)
+    wall_fwd_bwd_ms: float = 0.0  # forward + backward, wall: how loaded it ran, for a twin
+    load: dict[str, Any] | None = None  # its summary's contention (`cpu_time.run_load`)
 
     def twin_key(self) -> tuple:
         """Runs equal in everything but the network are twins."""
@@ -94,8 +101,9 @@ def _round_len(train: dict[str, Any]) -> int:
 
 
 def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
-               emulated: bool = True) -> ComputeTimes:
-    """Median compute phases of the measured iterations (see the module docstring).
+               emulated: bool = True, clock: str = cpu_time.WALL) -> ComputeTimes:
+    """Median compute phases of the measured iterations (see the module docstring); forward,
+    backward and optimizer in `clock`'s time (`cpu_time.CPU`: the CPU columns).
 
     Without an emulated network (`emulated=False`), `prefetch_wait` is CPU work alone
     (gathering rows, inserting them into the cache) and becomes `fetch_cpu_ms`.
@@ -110,9 +118,10 @@ def compute_of(metrics: pd.DataFrame, warmup: int, round_len: int = 1,
     def med(x: pd.Series) -> float:
         return max(0.0, 1e3 * float(np.median(x))) if len(x) else 0.0
 
-    return ComputeTimes(data_ms=med(starts["data"]), fwd_bwd_ms=med(m["forward"] + m["backward"]),
-                        backward_ms=med(m["backward"]),
-                        optimizer_ms=med(m["optimizer"]), other_ms=med(other),
+    fwd, bwd, opt = cpu_time.columns(clock)
+    return ComputeTimes(data_ms=med(starts["data"]), fwd_bwd_ms=med(m[fwd] + m[bwd]),
+                        backward_ms=med(m[bwd]),
+                        optimizer_ms=med(m[opt]), other_ms=med(other),
                         fetch_cpu_ms=0.0 if emulated else med(starts["prefetch_wait"]))
 
 
@@ -154,10 +163,14 @@ def read_measured(folder: Path) -> MeasuredRun:
                     dense_bytes=dense_bytes(mcfg), warmup=warmup)
     bench = config.get("bench") or {}
     emulated = bool(summary.get("network_emulated", cluster.network.emulated))
+    device = _device(config)
+    clocks = cpu_time.clock_fields(m, summary, device)
+    clock = clocks["compute_clock"]
     if distributed:
-        compute = _distributed_compute(stored, warmup, _round_len(train), emulated, on_network)
+        compute = _distributed_compute(stored, warmup, _round_len(train), emulated, on_network,
+                                       clock)
     else:
-        compute = compute_of(metrics, warmup, _round_len(train), emulated)
+        compute = compute_of(metrics, warmup, _round_len(train), emulated, clock)
     return MeasuredRun(
         path=Path(folder), run_id=str(bench.get("run_id", Path(folder).name)), system=system,
         settings=_settings(train, data), trace=trace, cluster=cluster, workload=work, compute=compute,
@@ -168,7 +181,7 @@ def read_measured(folder: Path) -> MeasuredRun:
         counted_plan_bytes=counted_plan_bytes(summary),
         counted_server_rows=counted_server_rows(summary, cluster.servers),
         counted_collective=counted_collective(summary, cluster.trainers),
-        device=_device(config), phased=_phased(m, trace.batch_size),
+        device=device, phased=_phased(m, trace.batch_size), **clocks,
     )
 
 
@@ -219,7 +232,7 @@ def counted_collective(summary: dict[str, Any], trainers: int) -> list[float] | 
 
 
 def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulated: bool,
-                         on_network: bool) -> ComputeTimes:
+                         on_network: bool, clock: str) -> ComputeTimes:
     """A torch.distributed run's compute: the timers of its last trainer (the last a server
     serves in a lockstep pass, so its waits for rows are the ones the model predicts and its
     wait in the collectives holds no one else's fetch), its collectives as measured when they
@@ -228,7 +241,7 @@ def _distributed_compute(stored: StoredRun, warmup: int, round_len: int, emulate
     t = read_trainer_metrics(stored.folder, summary)
     if t is not None:
         frame = t[t["trainer"] == t["trainer"].max()].drop(columns="trainer").reset_index(drop=True)
-    c = compute_of(frame, warmup, round_len, emulated)
+    c = compute_of(frame, warmup, round_len, emulated, clock)
     m = frame.iloc[warmup:] if len(frame) > warmup else frame
     if not on_network:
         c = replace(c, sync_ms=1e3 * float(np.median(m["sync"])) if len(m) else 0.0)
@@ -259,7 +272,7 @@ def read_measured_runs(*paths: Path) -> tuple[list[MeasuredRun], list[SkippedRun
     An emulated-network run's `fetch_cpu_ms` (the CPU share of its waits for rows, which
     its timers cannot separate from the emulated transfer) comes from its no-network twins
     (same settings but the network): their median, scaled by the ratio of the two runs'
-    forward+backward times (the machine's load when each ran).
+    forward+backward wall times (the machine's load when each ran).
     """
     runs, skipped = read_runs(paths, read_measured)
     _fetch_cpu_from_twins(runs)
@@ -285,8 +298,8 @@ def _fetch_cpu_from_twins(runs: list[MeasuredRun]) -> None:
             r.fetch_cpu_from = "none (no no-network twin)"
             continue
         cpu = float(np.median([t.compute.fetch_cpu_ms for t in ts]))
-        fb = float(np.median([t.compute.fwd_bwd_ms for t in ts]))
-        load = r.compute.fwd_bwd_ms / fb if fb > 0 else 1.0
+        fb = float(np.median([t.wall_fwd_bwd_ms for t in ts]))
+        load = r.wall_fwd_bwd_ms / fb if fb > 0 else 1.0
         r.compute = replace(r.compute, fetch_cpu_ms=cpu * load)
         r.fetch_cpu_from = f"{len(ts)} no-network twin(s)"
 
@@ -302,7 +315,7 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     without runs gets the median over the systems ("*"). Returns the compute per system and
     what it came from (batch size, trainers, model, device, runs used, the shared figure and
     each system's own, `warnings` (`shared_compute`'s) and `skipped`: the runs left out as
-    unreadable, each {path, reason}).
+    unreadable, each {path, reason}), and their compute's clocks and loads (`cpu_time`).
     """
     runs, skipped = read_measured_runs(*paths)
     if model:
@@ -323,12 +336,14 @@ def calibrate(*paths: Path, model: str | None = None) -> tuple[dict[str, Compute
     own = {s: _median_compute([r.compute for r in rs]) for s, rs in by_system.items()}
     shared = shared_compute(by_system, ref["model"])
     fb, bwd, warnings = shared["ms"], shared["backward_ms"], shared.pop("warnings")
+    clocks = cpu_time.clock_record(use, "--calibrate")
+    warnings += clocks.pop("warnings")
     out = {s: replace(c, fwd_bwd_ms=fb, backward_ms=bwd) if s in shared["systems"] else c
            for s, c in own.items()}
     out["*"] = replace(_median_compute(list(own.values())), fwd_bwd_ms=fb, backward_ms=bwd,
                        sync_ms=0.0, server_ms=0.0, cpu_bound_ms=0.0)
     source = {**ref, "device": ref["device"] or None, "runs": len(use), "network_emulated_runs": not quiet,
-              "models": [ref["model"]], "fwd_bwd": shared, "warnings": warnings,
+              "models": [ref["model"]], "fwd_bwd": shared, **clocks, "warnings": warnings,
               "paths": [str(p) for p in paths], "skipped": [s.to_dict() for s in skipped]}
     return out, source
 

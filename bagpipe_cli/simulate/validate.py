@@ -3,8 +3,9 @@ its measured median iteration time.
 
 For each run: the trace is rebuilt from the run's dataset and settings (batch size,
 iterations, lookahead, round, cache rows, staleness, trainers, servers), compute is
-calibrated from the same run's non-communication timers (`calibrate.compute_of`), the
-network from its config, and the prediction's median iteration time is compared with the
+calibrated from the same run's non-communication timers (`calibrate.compute_of`: forward,
+backward and optimizer in CPU time where the run has it, `cpu_time`), the network from its
+config, and the prediction's median iteration time is compared with the
 measured `median_iter_ms`. A run's label (`setting`) has its network, trainers, servers and
 batch, and every other setting that differs among the runs validated (`setting_labels`).
 
@@ -37,6 +38,7 @@ from bagpipe_cli.errors import DataError
 from bagpipe_cli.results import SkippedRun
 from bagpipe_cli.simulate.calibrate import MeasuredRun, read_measured_runs
 from bagpipe_cli.simulate.compare import TextTable
+from bagpipe_cli.simulate.cpu_time import WALL, clock_counts, gap_warning
 from bagpipe_cli.simulate.inputs import Volumes
 from bagpipe_cli.simulate.model import SYSTEMS, Prediction, predict
 from bagpipe_cli.simulate.volumes import trace_volumes
@@ -129,6 +131,8 @@ class ValidationRow:
             "predicted_mean_ms": p.mean_ms, "measured_mean_ms": r.measured_mean_ms,
             "exposed_fetch_ms": p.exposed_fetch_ms, "exposed_sync_ms": p.exposed_sync_ms,
             "planner_ms_per_iter": p.planner_ms_per_iter, "exposed_plan_ms": p.exposed_plan_ms,
+            "compute_clock": r.compute_clock, "compute_wall_ms": r.compute_wall_ms,
+            "compute_cpu_ms": r.compute_cpu_ms, "loaded": (r.load or {}).get("loaded"),
         }
         for kind in BYTE_CHECKS:
             c = self.check(kind)
@@ -243,7 +247,8 @@ def validation_table(rows: list[ValidationRow]) -> TextTable:
     tolerance says "OUT" (at its end), an unchecked byte count "-"."""
     title = (f"model vs measured median iteration time ({len(rows)} runs; within "
              f"±{TOLERANCE:.0%} passes) and counted bytes (±{BYTES_TOLERANCE:.0%})")
-    caption = ("ms per iteration; compute: calibrated from the run's own timers; bytes per "
+    caption = ("ms per iteration; compute: calibrated from the run's own timers (CPU time where "
+               "it has it); bytes per "
                "iteration, predicted / counted - 1: rank 0's plans, the servers' rows, the "
                "trainers' collectives (the worst trainer's); -: not counted")
     columns = ["system", "setting", "compute", "predicted", "measured", "error", "",
@@ -262,14 +267,18 @@ def validation_table(rows: list[ValidationRow]) -> TextTable:
 
 
 def summary_lines(rows: list[ValidationRow]) -> list[str]:
-    """The tallies under the table: runs within TOLERANCE (in all and by system), each byte
-    count's runs within BYTES_TOLERANCE and why the others were not checked, and the
-    emulated-network runs whose fetch CPU had no no-network twin to come from."""
+    """The tallies under the table: runs within TOLERANCE (in all and by system) and how many
+    of them ran loaded, the clock their compute came from, each byte count's runs within
+    BYTES_TOLERANCE and why the others were not checked, the emulated-network runs whose
+    fetch CPU had no no-network twin to come from, and a warning naming the runs whose wall
+    and CPU compute disagree beyond noise (`cpu_time.gap_warning`)."""
     by_sys: dict[str, list[bool]] = {}
     for r in rows:
         by_sys.setdefault(r.run.system, []).append(r.ok)
+    runs = [r.run for r in rows]
     lines = [f"{sum(r.ok for r in rows)} of {len(rows)} runs within ±{TOLERANCE:.0%}; by system: "
-             + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items())]
+             + ", ".join(f"{s} {sum(v)}/{len(v)}" for s, v in by_sys.items())
+             + f"; {_loaded(runs)}", _clocks(runs)]
     for kind in BYTE_CHECKS:
         name = BYTE_CHECK_NAMES[kind]
         checks = [r.check(kind) for r in rows]
@@ -283,7 +292,23 @@ def summary_lines(rows: list[ValidationRow]) -> list[str]:
     if twinless:
         lines.append(f"note: {twinless} emulated-network run(s) have no no-network twin; their "
                      "fetch CPU is taken as 0")
-    return lines
+    warning = gap_warning(runs, "--validate")
+    return lines + ([f"Warning: {warning}"] if warning else [])
+
+
+def _loaded(runs: list[MeasuredRun]) -> str:
+    """How many of `runs` ran loaded (summary.json's `contention.loaded`)."""
+    loaded = sum(bool((r.load or {}).get("loaded")) for r in runs)
+    unknown = sum(r.load is None for r in runs)
+    return (f"{loaded} of them ran loaded" + (f" ({unknown} recorded no load)" if unknown else ""))
+
+
+def _clocks(runs: list[MeasuredRun]) -> str:
+    """Which clock the runs' forward, backward and optimizer came from."""
+    n = clock_counts(runs)
+    return (f"compute from CPU time for {n['cpu']} run(s), from wall time for {n[WALL]}"
+            + (" (runs without the CPU columns: older ones, TorchRec's, or on a GPU)"
+               if n[WALL] else ""))
 
 
 def unmodelled_note(unmodelled: dict[str, int]) -> str:

@@ -30,6 +30,10 @@ class Column:
 
 
 TIME_KEYS = ("data", "prefetch_wait", "forward", "backward", "sync", "optimizer")
+# CPU seconds beside the compute phases' wall seconds (engine/trainer/staging.py, PhaseClock):
+# each phase's on the thread that runs it, and torch's intra-op workers' over the three.
+CPU_PHASES = ("forward", "backward", "optimizer")
+CPU_KEYS = (*(f"{k}_cpu" for k in CPU_PHASES), "worker_cpu")
 COLUMNS = (
     Column("iteration", "first", "global iteration b (batch b of the training rows)"),
     Column("loss", "first", "mean BCE over the global batch (every trainer has the same value)"),
@@ -46,6 +50,14 @@ COLUMNS = (
                           "and settling earlier sync_later sums (wait, apply, write back)"),
     Column("optimizer", "max", "seconds of the dense optimizer, row updates, and queueing "
                                "write-backs and gradient pushes"),
+    Column("forward_cpu", "max", "CPU seconds of the forward passes on the thread that runs "
+                                 "them (on a GPU: the host's, launching kernels)"),
+    Column("backward_cpu", "max", "CPU seconds of the backward passes on that thread"),
+    Column("optimizer_cpu", "max", "CPU seconds of the optimizer phase on that thread"),
+    Column("worker_cpu", "max", "CPU seconds torch's intra-op worker threads ran during the "
+                                "forward, backward and optimizer phases (0 with one torch thread)"),
+    Column("compute_threads", "max", "the threads the CPU columns count: 1 + torch's intra-op "
+                                     "workers found"),
     Column("unique_rows", "first", "|U_b|: distinct embedding rows of the global batch"),
     Column("rows_fetched", "sum", "rows transferred from the servers for this iteration (the "
                                   "sharded tables: from the rows' owners), summed over the "
@@ -80,7 +92,9 @@ class Step:
     plan: IterPlan
     dense: torch.Tensor  # [local samples, D]
     labels: torch.Tensor  # [local samples]
-    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(TIME_KEYS, 0.0))
+    # seconds: the time columns' and the CPU ones' (CPU_KEYS, and "compute_threads")
+    times: dict[str, float] = field(default_factory=lambda: dict.fromkeys(
+        (*TIME_KEYS, *CPU_KEYS, "compute_threads"), 0.0))
     rows_fetched: int = 0
     rows_written_back: int = 0
     cache_hits: int = 0
@@ -96,6 +110,7 @@ def iteration_record(step: Step, loss: float, seconds: float) -> dict[str, Any]:
     """One row of metrics.csv (every column of COLUMNS, in order)."""
     now, later, none = step.sync_counts
     rec = {"iteration": step.plan.b, "loss": loss, "time": seconds, **step.times,
+           "compute_threads": int(step.times["compute_threads"]),
            "unique_rows": step.plan.unique_rows, "rows_fetched": step.rows_fetched,
            "rows_written_back": step.rows_written_back, "cache_hits": step.cache_hits,
            "sync_now": now, "sync_later": later, "no_sync": none, "stale_reads": step.stale_reads,
@@ -128,8 +143,13 @@ SUMMARY_KEYS = {
     "median_iter_ms": "median iteration time", "p10_iter_ms": "10th percentile",
     "p90_iter_ms": "90th percentile",
     "median_time_ms": "median of every time column (ms)",
-    "rows_fetched": "total of the column",
-    "rows_written_back": "total of the column",
+    "median_cpu_ms": "median of every CPU column (ms): forward_cpu, backward_cpu, "
+                     "optimizer_cpu, worker_cpu",
+    "median_compute_ms": "the compute phases per iteration (ms, medians over the measured "
+                         "iterations): wall (forward + backward + optimizer), cpu (the same "
+                         "phases' CPU time on the thread that runs them: what the model takes), "
+                         "cpu_all_threads (with torch's workers' added), compute_threads",
+    "rows_fetched": "total of the column", "rows_written_back": "total of the column",
     "cache_hits": "total of the column", "unique_rows": "total of the column",
     "rows_fetched_once": "unique_rows - cache_hits, totalled: the rows of U_b no trainer held, "
                          "each once however many trainers fetched it (the logical cache's "
@@ -214,6 +234,7 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "mean_iter_ms": 1e3 * float(it.mean()) if len(it) else math.nan,
         "median_iter_ms": 1e3 * float(np.median(it)) if len(it) else math.nan, "p10_iter_ms": pct(10), "p90_iter_ms": pct(90),
         "median_time_ms": {k: 1e3 * float(m[k].median()) for k in TIME_KEYS},
+        **cpu_figures(m),
         **{k: int(metrics[k].sum()) for k in ("rows_fetched", "rows_written_back", "cache_hits",
                                                "unique_rows")},
         "rows_fetched_once": int((metrics["unique_rows"] - metrics["cache_hits"]).sum()),
@@ -222,6 +243,22 @@ def summarize(metrics: pd.DataFrame, system: str, model: str, batch_size: int, w
         "final_loss_mean10": float(metrics["loss"].iloc[-10:].mean()),
         "wall_s": wall,
     }
+
+
+def cpu_figures(m: pd.DataFrame) -> dict[str, Any]:
+    """The CPU columns' medians and the compute phases' wall and CPU time per iteration
+    (`m`: the measured iterations; NaN where a runner did not measure CPU time)."""
+    def med(x: pd.Series) -> float:
+        return 1e3 * float(x.median()) if len(x) else math.nan
+
+    own = [f"{k}_cpu" for k in CPU_PHASES]
+    threads = m["compute_threads"].max() if len(m) else math.nan
+    return {"median_cpu_ms": {k: med(m[k]) for k in CPU_KEYS},
+            "median_compute_ms": {
+                "wall": med(m[list(CPU_PHASES)].sum(axis=1)),
+                "cpu": med(m[own].sum(axis=1, min_count=len(own))),
+                "cpu_all_threads": med(m[list(CPU_KEYS)].sum(axis=1, min_count=len(CPU_KEYS))),
+                "compute_threads": None if pd.isna(threads) else int(threads)}}
 
 
 def split_figures(metrics: pd.DataFrame, batch_size: int) -> dict[str, Any]:
