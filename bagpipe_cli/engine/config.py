@@ -100,8 +100,8 @@ class TrainConfig:
     model: str = setting("dlrm", "Dense model.", choices=MODEL_NAMES, section="model")
     batch_size: int = setting(1024, "Global batch size (split evenly over the trainers).",
                               at_least=1, section="data")
-    iterations: int = setting(100, "Training iterations (the data wraps around if needed).",
-                              at_least=1, section="data", at_most=MAX_ITERATIONS)
+    iterations: int = setting(100, "Training iterations: batch b is full batch b mod M of the M in the training rows, so the data wraps around "
+                                   "and a last partial batch (training rows mod --batch-size) is never trained on.", at_least=1, section="data", at_most=MAX_ITERATIONS)
     lookahead: int = setting(16, "L: batches the oracle looks ahead.", at_least=1, section="system")
     round: int | None = setting(None, "C: iterations per prefetch/evict round [default: L/4].",
                                 section="system")

@@ -31,7 +31,6 @@ batch's arrays by position in U_b: the same plan whatever the number of workers.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -39,6 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bagpipe_cli.engine.planning.classes import BatchClasses, BatchLists
 from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.partition import (
     NO_SYNC,
@@ -84,47 +84,6 @@ class _Read:
         return self.next_pos >= 0 if self.next_pos is not None else np.zeros(len(self.uniq), dtype=bool)
 
 
-class _Classes:
-    """A batch's LRPP classes (docs/architecture.md), filled slice by slice (`add`): each
-    row's class and one user (its first writer: meaningful for no_sync rows), the count of
-    sync_now and no_sync rows and each trainer's no_sync rows. Without LRPP (`unclassed`):
-    no classes, every row synchronised."""
-
-    def __init__(self, rows: int, n: int):
-        self.row_class: np.ndarray | None = np.empty(rows, dtype=np.int8)
-        self.owner: np.ndarray | None = np.empty(rows, dtype=np.int64)
-        self.owner_rows = np.zeros(n, dtype=np.int64)
-        self.now = self.none = 0
-        self._lock = threading.Lock()
-
-    @classmethod
-    def unclassed(cls, in_next: np.ndarray, n: int) -> _Classes:
-        c = cls(0, n)
-        c.row_class = c.owner = None
-        c.now = int(in_next.sum())
-        return c
-
-    def add(self, at, evicted: np.ndarray, in_next: np.ndarray, part: Partition | None) -> None:
-        """The classes of a slice's rows (positions `at` in U_b): evicted after b, used at b+1,
-        and their partition (None: one trainer, every row's one user)."""
-        if part is None:
-            single, owner = np.ones(len(evicted), dtype=bool), np.zeros(len(evicted), dtype=np.int64)
-        else:  # a row's one user, where it has one, is its writer
-            count = part.count.astype(np.int64)
-            single = count == 1
-            owner = part.writers[np.cumsum(count) - count].astype(np.int64)
-        no_sync = single & evicted
-        row_class = np.full(len(evicted), SYNC_LATER, dtype=np.int8)
-        row_class[in_next] = SYNC_NOW
-        row_class[no_sync] = NO_SYNC
-        self.row_class[at], self.owner[at] = row_class, owner
-        mine = np.bincount(owner[no_sync], minlength=len(self.owner_rows))
-        with self._lock:
-            self.owner_rows += mine
-            self.now += int(in_next.sum())
-            self.none += int(no_sync.sum())
-
-
 class Oracle:
     """Consumes global batches' keys and yields RoundPlans (see the module docstring).
 
@@ -155,13 +114,16 @@ class Oracle:
         self.lrpp = lrpp  # classify rows for LRPP (each row's users); False: U_b alone suffices
         # LRPP's physical partition (engine/planning/partition.py): each row's writers and home.
         self.partitioned = lrpp and trainers > 1
-        self.home_of = np.zeros(total_rows if self.partitioned else 0, dtype=np.int16)
+        # Written (np.full) rather than left to the OS to zero page by page as rows are first
+        # read: every page is touched here once, not by whichever worker reaches it first.
+        self.home_of = np.full(total_rows if self.partitioned else 0, 0, dtype=np.int16)
         self.latest = np.full(total_rows, NEVER, dtype=np.int32)  # last read batch using a row
         self.last_used = np.full(total_rows, NEVER, dtype=np.int32)  # last planned use
         self.slot_of = np.full(total_rows, -1, dtype=np.int32)
-        self.where = np.zeros(total_rows, dtype=np.int32)  # a row's position in its latest batch
+        self.where = np.full(total_rows, 0, dtype=np.int32)  # a row's position in its latest batch
         self.keysets = KeySets(total_rows)
         self._trainers = np.empty(0, np.int16)
+        self._mark = np.zeros(0, dtype=bool)  # the batch's (row, trainer) marks (`_pairs`)
         # Free slots, a stack (the top at nfree - 1); None: no cache plan (no slots).
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity is not None else None
         self.nfree = capacity or 0
@@ -203,8 +165,8 @@ class Oracle:
                 if not window:
                     break
                 cur = window.popleft()
-                fetch_mask, evict_mask, part, classes = self._step(b, cur, window[0] if window else None)
-                pending.append((b, cur.uniq, cur.inverse, fetch_mask, evict_mask, classes, part))
+                lists, part, classes = self._step(b, cur, window[0] if window else None)
+                pending.append((b, cur.uniq, cur.inverse, lists, classes, part))
                 b += 1
                 if len(pending) == self.C or (done and not window):
                     rp = self._close_round(pending, pending_evicted_slots)
@@ -224,14 +186,13 @@ class Oracle:
         return 0.0 if self.workers.threads else float(self.workers.cpu.sum())
 
     def _step(self, b: int, cur: _Read, nxt: _Read | None
-              ) -> tuple[np.ndarray, np.ndarray, Partition | None, _Classes]:
-        """Batch b's fetched and evicted rows (by position in U_b), its LRPP classes and,
-        partitioned, its Partition (each row's home carries to its next use, so in order of
-        b), made slice by slice (`slices.py`)."""
+              ) -> tuple[BatchLists, Partition | None, BatchClasses]:
+        """Batch b's fetched and evicted rows, its LRPP classes and, partitioned, its
+        Partition (each row's home carries to its next use, so in order of b), made slice by
+        slice (`slices.py`)."""
         uniq, rows = cur.uniq, len(cur.uniq)
-        fetch_mask, evict_mask = np.empty(rows, dtype=bool), np.empty(rows, dtype=bool)
         in_next = cur.in_next
-        classes = _Classes(rows, self.N) if self.lrpp else _Classes.unclassed(in_next, self.N)
+        classes = BatchClasses(rows, self.N) if self.lrpp else BatchClasses.unclassed(in_next, self.N)
         codes = codes1 = None
         if self.partitioned:
             codes = self._pairs(cur)
@@ -240,17 +201,17 @@ class Oracle:
             count, home, src = (np.empty(rows if cur.split.local is not None else 0, dtype=np.int16)
                                 for _ in range(3))
 
-        def task(s: int) -> Partition | None:
+        def task(s: int) -> tuple[Partition | None, tuple]:
             at = cur.split.parts[s]
             u = uniq[at]
             f = self.last_used[u] < b - self.L
             self.last_used[u] = b
             e = self.latest[u] == b
-            fetch_mask[at], evict_mask[at] = f, e
+            lists = positions(at, f), positions(at, e)
             if codes is None:
                 if self.lrpp:  # one trainer: every row's one user
-                    classes.add(at, e, in_next[at], None)
-                return None
+                    return None, (*lists, classes.add(at, e, in_next[at], None, f))
+                return None, (*lists, np.full(len(lists[0]), -1, np.int64))
             nx = None
             if codes1 is not None:  # each row's position in b+1's slice, or -1
                 pos = cur.next_pos[at]
@@ -260,14 +221,14 @@ class Oracle:
             p = partition(u, codes[s], self.N, f, self.home_of, nx)
             if at is not ALL:
                 count[at], home[at], src[at] = p.count, p.home, p.src
-            classes.add(at, e, in_next[at], p)
-            return p
+            return p, (*lists, classes.add(at, e, in_next[at], p, f))
 
-        done = self.workers.run(task)
+        done, per = zip(*self.workers.run(task), strict=True)
+        lists = BatchLists.gathered(per, rows)
         if codes is None:
-            return fetch_mask, evict_mask, None, classes
+            return lists, None, classes
         if cur.split.local is None:
-            return fetch_mask, evict_mask, done[0], classes
+            return lists, done[0], classes
         # The slices' writers laid into the batch's pairs: each row's, in trainer order, at
         # its place in row order.
         first = np.cumsum(count, dtype=np.int64) - count
@@ -279,7 +240,7 @@ class Oracle:
             writers[np.repeat(first[at] - (np.cumsum(c) - c), c) + np.arange(len(p.writers))] = p.writers
 
         self.workers.run(lay)
-        return fetch_mask, evict_mask, Partition(count, writers, home, src), classes
+        return lists, Partition(count, writers, home, src), classes
 
     def _grow(self, short: int) -> None:
         """`short` more slots at least, an eighth of the capacity at least (so a cache grows
@@ -323,9 +284,11 @@ class Oracle:
             if r.split.local is None:
                 r.codes = [pairs_of(r.inverse, len(r.uniq), trainers, self.N)]
             else:  # trainer-aligned shares of the accesses, then each slice's pairs
-                k, a, n = self.workers.k, len(r.inverse), self.N
+                k, a, n, size = self.workers.k, len(r.inverse), self.N, len(r.uniq) * self.N
                 cuts = [a // n * (n * w // k) for w in range(k + 1)]
-                mark = np.zeros(len(r.uniq) * n, dtype=bool)
+                if len(self._mark) < size:  # kept from batch to batch: its pages touched once
+                    self._mark = np.zeros(size + size // 4, dtype=bool)
+                mark = self._mark[:size]
                 self.workers.run(lambda w: mark_accesses(mark, r.inverse, trainers, n, cuts[w], cuts[w + 1]))
                 r.codes = self.workers.run(lambda s: slice_pairs(mark, r.split.parts[s], n))
         return r.codes
@@ -338,7 +301,7 @@ class Oracle:
             self.free[self.nfree:self.nfree + len(freed)] = freed
             self.nfree += len(freed)
         evicted_slots.clear()
-        fetch_keys = np.concatenate([u[f] for (_, u, _, f, _, _, _) in pending])
+        fetch_keys = np.concatenate([u[x.fetched] for (_, u, _, x, _, _) in pending])
         self.resident += len(fetch_keys)
         self.peak_resident = max(self.peak_resident, self.resident)
         if self.free is not None:
@@ -357,22 +320,20 @@ class Oracle:
         rp = RoundPlan(r, fetch_keys, fetch_slots, resident_after_insert=self.resident,
                        capacity=self.capacity)
         owners = []
-        for b, uniq, inverse, fetch_mask, evict_mask, classes, part in pending:
+        for b, uniq, inverse, lists, classes, part in pending:
             slots = self.slot_of[uniq] if self.free is not None else np.empty(0, np.int32)
-            ev_keys = uniq[evict_mask]
-            ev_slots = slots[evict_mask] if self.free is not None else np.empty(0, np.int32)
+            ev_keys = uniq[lists.evicted]
+            ev_slots = slots[lists.evicted] if self.free is not None else np.empty(0, np.int32)
             if self.free is not None:
                 self.slot_of[ev_keys] = -1
                 evicted_slots.append(ev_slots)
             self.resident -= len(ev_keys)
             c = classes
-            it = IterPlan(b, uniq, inverse, slots, int(fetch_mask.sum()), ev_keys, ev_slots,
+            it = IterPlan(b, uniq, inverse, slots, len(lists.fetched), ev_keys, ev_slots,
                           sync_now=c.now, sync_later=len(uniq) - c.now - c.none, no_sync=c.none,
                           no_sync_owner_rows=c.owner_rows, row_class=c.row_class, owner=c.owner,
                           part=part)
-            # Fetched for b and no_sync at b: the row lives in the cache for b alone, on one trainer.
-            owner = (np.where(it.row_class[fetch_mask] == NO_SYNC, it.owner[fetch_mask], -1)
-                     if self.lrpp else np.full(int(fetch_mask.sum()), -1, np.int64))
+            owner = lists.private
             it.private_fetched = np.bincount(owner[owner >= 0], minlength=self.N)
             owners.append(owner)
             rp.iters.append(it)

@@ -94,8 +94,11 @@ def mark_accesses(mark: np.ndarray, inverse: np.ndarray, trainers: np.ndarray, n
 
 def slice_pairs(mark: np.ndarray, part: Any, n: int) -> np.ndarray:
     """A slice's (row, trainer) pairs as sorted codes `position in the slice * n + trainer`,
-    read from the batch's marks (`mark_accesses`)."""
-    return np.flatnonzero(mark.reshape(-1, n)[part])
+    read from the batch's marks (`mark_accesses`), which it then clears for the next batch."""
+    rows = mark.reshape(-1, n)
+    codes = np.flatnonzero(rows[part])
+    rows[part] = False
+    return codes
 
 
 class Workers:

@@ -166,8 +166,8 @@ class PhaseClock:
         c1 = self.cpu.read()
         t1 = time.perf_counter()
         own, workers = self.cpu.spent(c0, c1)
-        times[name + "_cpu"] += own
-        times["worker_cpu"] += workers
+        times[name + "_cpu"] = times.get(name + "_cpu", 0.0) + own
+        times["worker_cpu"] = times.get("worker_cpu", 0.0) + workers
         times["compute_threads"] = 1 + len(self.cpu.workers)
         if not self.cuda:
             times[name] += t1 - t

@@ -1,0 +1,88 @@
+"""A batch's LRPP classes and its fetched and evicted rows, as the oracle's planning workers
+fill them slice by slice (`engine/planning/slices.py`, `oracle.py`'s `_step`).
+
+- `BatchClasses`: each row's class (sync_now: U_b and U_b+1; no_sync: one writer and evicted
+  after b; sync_later: the rest) and its one user (its first writer: meaningful for no_sync
+  rows), the counts of sync_now and no_sync rows and each trainer's no_sync rows;
+- `BatchLists`: the rows fetched for b (with the one trainer each is private to: a row
+  fetched for b and no_sync at b lives in the cache for b alone, on one trainer) and the
+  rows evicted after b, by position in U_b, gathered from the slices in that order.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from bagpipe_cli.engine.planning.partition import NO_SYNC, SYNC_LATER, SYNC_NOW, Partition
+
+
+@dataclass
+class BatchLists:
+    """A batch's fetched rows (positions in U_b, sorted) with the trainer each is private
+    to (-1: every trainer's), and its evicted rows (positions, sorted)."""
+
+    fetched: np.ndarray
+    evicted: np.ndarray
+    private: np.ndarray
+
+    @classmethod
+    def gathered(cls, per: tuple, rows: int) -> BatchLists:
+        """The lists of the whole batch (of `rows` rows) from each slice's (fetched, evicted,
+        private): positions are distinct, so marking them in a table of the batch sorts them."""
+        if len(per) == 1:
+            return cls(*per[0])
+        fetched, evicted, private = (np.concatenate(x) for x in zip(*per, strict=True))
+        by_row = np.full(rows, -2, dtype=np.int64)
+        by_row[fetched] = private
+        fetched = np.flatnonzero(by_row > -2)
+        marked = np.zeros(rows, dtype=bool)
+        marked[evicted] = True
+        return cls(fetched, np.flatnonzero(marked), by_row[fetched])
+
+
+class BatchClasses:
+    """A batch's LRPP classes (docs/architecture.md), filled slice by slice (`add`): each
+    row's class and one user (its first writer: meaningful for no_sync rows), the count of
+    sync_now and no_sync rows and each trainer's no_sync rows. Without LRPP (`unclassed`):
+    no classes, every row synchronised."""
+
+    def __init__(self, rows: int, n: int):
+        self.row_class: np.ndarray | None = np.empty(rows, dtype=np.int8)
+        self.owner: np.ndarray | None = np.empty(rows, dtype=np.int64)
+        self.owner_rows = np.zeros(n, dtype=np.int64)
+        self.now = self.none = 0
+        self._lock = threading.Lock()
+
+    @classmethod
+    def unclassed(cls, in_next: np.ndarray, n: int) -> BatchClasses:
+        c = cls(0, n)
+        c.row_class = c.owner = None
+        c.now = int(in_next.sum())
+        return c
+
+    def add(self, at, evicted: np.ndarray, in_next: np.ndarray, part: Partition | None,
+            fetched: np.ndarray) -> np.ndarray:
+        """The classes of a slice's rows (positions `at` in U_b): evicted after b, used at b+1,
+        and their partition (None: one trainer, every row's one user); returns the trainer
+        each row `fetched` for b is private to, -1 for none: a row fetched for b and no_sync
+        at b lives in the cache for b alone, on one trainer."""
+        if part is None:
+            single, owner = np.ones(len(evicted), dtype=bool), np.zeros(len(evicted), dtype=np.int64)
+        else:  # a row's one user, where it has one, is its writer
+            count = part.count.astype(np.int64)
+            single = count == 1
+            owner = part.writers[np.cumsum(count) - count].astype(np.int64)
+        no_sync = single & evicted
+        row_class = np.full(len(evicted), SYNC_LATER, dtype=np.int8)
+        row_class[in_next] = SYNC_NOW
+        row_class[no_sync] = NO_SYNC
+        self.row_class[at], self.owner[at] = row_class, owner
+        mine = np.bincount(owner[no_sync], minlength=len(self.owner_rows))
+        with self._lock:
+            self.owner_rows += mine
+            self.now += int(in_next.sum())
+            self.none += int(no_sync.sum())
+        return np.where(row_class[fetched] == NO_SYNC, owner[fetched], -1)
