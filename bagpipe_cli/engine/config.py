@@ -186,7 +186,7 @@ class TrainConfig:
                                                "[default: the cores --placement keeps for it].", at_least=1,
                                          section="runtime", at_most=MAX_THREADS)
     planners: int | None = setting(None, "The planner's workers, each planning a slice of the rows [default: "
-                                         "one per 262,144 accesses of a batch, at most the cores].",
+                                         "one per 262,144 accesses of a batch, at most the planner's cores].",
                                    at_least=1, section="runtime", at_most=MAX_THREADS)
     backend: str = setting("gloo", "torch transport: the trainers' collectives (nccl needs "
                                    "--device cuda and a GPU per trainer).", choices=BACKENDS,

@@ -61,6 +61,7 @@ class RunSetup:
     rowopt: RowOptimizer
     network: NetworkModel
     memory: RunMemory  # the estimate the run was admitted on
+    feed_cores: int | None = None  # the cores the planner may use (its runtime's placement)
 
     @property
     def cardinalities(self) -> list[int]:

@@ -89,6 +89,7 @@ class DistributedPlanner:
         prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(lay.trainers)]
         self.records = [list(p) for p in prior]
         with self.tracer.span("planning pass", "planning"):
+            s.feed_cores = len(self.placements[0]["compute"])  # rank 0's
             planning = s.spec.plan(s, start)
         self._initial_state(ck, planning, start)
         if s.cfg.checkpoint_every:

@@ -122,6 +122,7 @@ def feed_need(s: RunSetup, cores: int) -> float | None:
 def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.device,
            progress: ProgressFn | None) -> TrainResult:
     cfg = s.cfg
+    s.feed_cores = len(placement.helpers) if placement.policy != "off" else None
     ck = open_resume(s)
     start = ck.iteration if ck else 0
     model, dense_opt = build_dense(cfg, s.mcfg, device)

@@ -210,10 +210,11 @@ def lookahead_plan(s: RunSetup, start: int = 0, lookahead: int | None = None,
 
 def planners(s: RunSetup) -> int:
     """The oracle's planning workers: --planners, or one per ACCESSES_PER_PLANNER accesses of
-    a batch, at most the cores this process may use."""
+    a batch, at most the cores its runtime's placement leaves to the planner (else the
+    cores this process may use)."""
     if s.cfg.planners is not None:
         return s.cfg.planners
-    return default_planners(s.cfg.batch_size * len(s.offsets), len(available_cores()))
+    return default_planners(s.cfg.batch_size * len(s.offsets), s.feed_cores or len(available_cores()))
 
 
 def policy_plan(s: RunSetup, start: int = 0) -> Planning:
