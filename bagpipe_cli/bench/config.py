@@ -110,10 +110,12 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
     cfg = BenchConfig(name=name, source=source, datasets=datasets, models=models, systems=systems,
                       repeat=repeat, base=base, matrix=matrix, profile=prof, system_axes=system_axes,
                       description=str(raw.get("description") or ""), trace=trace)
-    if (runs := count_runs(cfg)) <= PLAN_ON_LOAD:
-        plan_runs(cfg)  # every run's TrainConfig is validated now, before any work
+    # Checked at one repeat: --repeat may replace the file's (plan_runs counts that one).
+    once = cfg.with_repeat(1)
+    if (runs := count_runs(once)) <= PLAN_ON_LOAD:
+        plan_runs(once)  # every run's TrainConfig is validated now, before any work
     else:  # a bench too large is refused now; a large one is planned (validated) by its run
-        check_size(cfg, runs)
+        check_size(once, runs)
     return cfg
 
 

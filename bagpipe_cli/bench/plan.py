@@ -12,6 +12,7 @@ import functools
 import hashlib
 import itertools
 import json
+import math
 import re
 import typing
 from dataclasses import dataclass, fields, replace
@@ -193,12 +194,43 @@ def count_runs(cfg: BenchConfig) -> int:
     return per_system * len(cfg.datasets) * len(cfg.models)
 
 
+def count_combinations(cfg: BenchConfig) -> int:
+    """The choices `plan_runs` walks through before runs alike are merged: the product of
+    every axis's size (an axis of labels alone, which sets nothing, too) times the datasets
+    and models, summed over the systems' own axes. Counted, never enumerated."""
+    crossed = math.prod(len(a.choices) for a in cfg.matrix)
+    own = sum(math.prod(len(a.choices) for a in cfg.system_axes.get(s, ())) for s in cfg.systems)
+    return crossed * own * len(cfg.datasets) * len(cfg.models)
+
+
 def check_size(cfg: BenchConfig, runs: int) -> None:
-    """A bench that can finish: at most MAX_REPEAT repeats and MAX_RUNS runs in all."""
+    """A bench that can finish and be planned: at most MAX_REPEAT repeats (cfg.repeat: the
+    file's, or --repeat's), MAX_RUNS runs in all, and at most MAX_RUNS combinations of its
+    axes to plan (`count_combinations`)."""
     if cfg.repeat > MAX_REPEAT:
         raise ConfigError(f"{cfg.source}: repeat {cfg.repeat:,} (the file's, or --repeat): at "
                           f"most {MAX_REPEAT:,}; a median over more repeats says nothing new")
     if runs * cfg.repeat > MAX_RUNS:
         raise ConfigError(f"{cfg.source}: {runs:,} runs x {cfg.repeat:,} repeats = "
-                          f"{runs * cfg.repeat:,} runs, more than {MAX_RUNS:,} (28 hours at 1 s "
-                          "a run); cut the matrix or the repeats")
+                          f"{runs * cfg.repeat:,} runs, more than {MAX_RUNS:,} "
+                          f"({duration(runs * cfg.repeat)} at 1 s a run); cut the matrix or "
+                          "the repeats")
+    if (combos := count_combinations(cfg)) > MAX_RUNS:
+        sizes = [str(len(a.choices)) for a in cfg.matrix]
+        shown = " x ".join(sizes if len(sizes) <= 6 else [*sizes[:3], "...", *sizes[-2:]])
+        raise ConfigError(f"{cfg.source}: the matrix's {len(cfg.matrix)} axes ({shown}) cross "
+                          f"into {_count(combos)} combinations to plan, every axis counted (one "
+                          f"of labels alone too), more than {MAX_RUNS:,}; cut the matrix")
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**12 else f"{n:.1e}".replace("e+", "e")
+
+
+def duration(seconds: float) -> str:
+    """`40 minutes`, `56 hours`, `12 days`: a time in the unit that reads best."""
+    for unit, size, below in (("seconds", 1, 120), ("minutes", 60, 7200),
+                              ("hours", 3600, 172_800), ("days", 86_400, math.inf)):
+        if seconds < below:
+            return f"{seconds / size:,.0f} {unit}"
+    return ""  # (unreachable)

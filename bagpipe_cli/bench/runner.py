@@ -117,8 +117,11 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
             folder = out / "runs" / rid
             if is_run(folder):
                 done += 1
-                # Every file of a kept run is checked: a damaged one stops the bench here.
-                row = _index_row(p, r, folder, open_run(folder).summary, "kept")
+                # Every file of a kept run is checked: a damaged one stops the bench here,
+                # and so does one of another config than the plan's.
+                kept = open_run(_own_files(folder))
+                _check_kept(folder, kept.config, p, rid)
+                row = _index_row(p, r, folder, kept.summary, "kept")
                 rows.append(row)
                 result.skipped += 1
                 write_index(out, cfg.name, cfg.source, rows, total)
@@ -143,6 +146,31 @@ def run_bench(cfg: BenchConfig, out: Path, resume: bool = False,
             emit(BenchEvent("done", run=p, repeat=r, done=done, total=total, row=row))
     result.index = pd.DataFrame(rows, columns=INDEX_COLUMNS)
     return result
+
+
+def _own_files(folder: Path) -> Path:
+    """A kept run's folder, none of whose files is a link (to another run's, say)."""
+    links = [f for f in (folder, *sorted(folder.iterdir())) if f.is_symlink()]
+    if links:
+        raise ConfigError(f"--resume: {links[0]} is a symbolic link; a kept run's files are "
+                          f"its own: remove {folder} to run it again")
+    return folder
+
+
+def _check_kept(folder: Path, stored: dict[str, Any], p: PlannedRun, rid: str) -> None:
+    """A kept run is the planned one: its config.json's run id and every setting but its own
+    checkpoint folder are the plan's (else it is another run's, copied or edited in)."""
+    train, bench = stored.get("train"), stored.get("bench")
+    where = f"--resume: {folder / 'config.json'}"
+    if not isinstance(train, dict) or not isinstance(bench, dict) or bench.get("run_id") != rid:
+        got = bench.get("run_id") if isinstance(bench, dict) else None
+        raise ConfigError(f"{where} is the config of run {got}, not of {rid}; remove {folder} "
+                          "to run it again")
+    plan = json.loads(json.dumps(asdict(p.config), default=str))
+    for k, want in plan.items():
+        if k != "checkpoint_dir" and train.get(k, _UNSET) != want:
+            raise ConfigError(f"{where}: {k} is {_show(train.get(k, _UNSET))}, but the bench "
+                              f"plans {rid} with {_show(want)}; remove {folder} to run it again")
 
 
 def _own_checkpoints(c: Any, rid: str) -> Any:

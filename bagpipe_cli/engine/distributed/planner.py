@@ -37,13 +37,13 @@ from bagpipe_cli.engine.records.checkpoint import (
     full_tables,
 )
 from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.resume_checks import streams
 from bagpipe_cli.engine.records.run_record import RunLayout, RunRecord, ServerReport, TrainerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer, trace_document, trace_meta
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.trainer.evaluation import eval_point
 from bagpipe_cli.engine.trainer.loop import ProgressFn, eval_due
 from bagpipe_cli.environment import peak_rss_mb
-from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.contention import ContentionMeter
 from bagpipe_cli.launch.placement import available_cores
 from bagpipe_cli.models import build_model
@@ -82,11 +82,9 @@ class DistributedPlanner:
         t_start = time.perf_counter()
         s, lay = self.s, self.layout
         ck = open_resume(s)
-        if ck is not None and len(ck.metrics) != lay.trainers:
-            raise ConfigError(f"--resume {ck.path}: the checkpoint has metrics of {len(ck.metrics)} "
-                              f"trainer(s), this run has {lay.trainers}")
         self.start = start = ck.iteration if ck else 0
-        prior = [list(m) for m in ck.metrics] if ck else [[] for _ in range(lay.trainers)]
+        # (an in-process run's one stream: as trainer 0's)
+        prior = streams(ck.metrics, lay.trainers) if ck else [[] for _ in range(lay.trainers)]
         self.records = [list(p) for p in prior]
         with self.tracer.span("planning pass", "planning"):
             s.feed_cores = len(self.placements[0]["compute"])  # rank 0's

@@ -39,6 +39,7 @@ from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, batch_stream, planned_rounds
 from bagpipe_cli.engine.records.checkpoint import Checkpointer, dataset_identity, full_tables
 from bagpipe_cli.engine.records.result import TrainResult, finish_run
+from bagpipe_cli.engine.records.resume_checks import streams
 from bagpipe_cli.engine.records.run_record import RunLayout, RunRecord, TrainerReport
 from bagpipe_cli.engine.records.trace import (
     NO_TRACE,
@@ -143,7 +144,7 @@ def _train(s: RunSetup, pinned: Pinned, placement: Placement, device: torch.devi
     collective = LocalCollective(cfg.trainers, s.network, cfg.collective, on_start=pinned.helper,
                                  tracer=tracer, track=(role, "collectives"))
     ckpt = Checkpointer(cfg, dataset_identity(s.ds), start) if cfg.checkpoint_every else None
-    prior = list(ck.metrics[0]) if ck else []
+    prior = streams(ck.metrics, 1)[0] if ck else []  # (a --procs run's, merged)
     evals: list[dict[str, Any]] = []
     loop = TrainingLoop(cfg, model, dense_opt, system, s.rowopt, traced(collective, tracer),
                         trainers, start, device,

@@ -14,7 +14,7 @@ Layout (one directory per checkpoint, written with `io.atomic_dir`: temp + renam
 
     DIR/ckpt-00000040/
         tables.pt      {"weight": [rows, dim], "state": [rows, state_dim]} in global key order
-        dense.pt       {"model": state_dict, "optimizer": state_dict, "rng": torch RNG state}
+        dense.pt       {"model", "optimizer": state_dicts, "rng": torch RNG state, "iteration"}
         metrics.json   per-iteration records so far (a list per metrics stream)
         state.json     format, version, iteration, config, dataset, created, versions
         checksums.json sha256 of each file above
@@ -46,12 +46,15 @@ from bagpipe_cli.engine.comm.shards import gather_shards
 from bagpipe_cli.engine.config import TrainConfig, option_name
 from bagpipe_cli.engine.records.lineage import checkpoint_lineage
 from bagpipe_cli.engine.records.resume_checks import (
+    RUNTIME_SETTINGS,
+    consistency_problem,
     dense_problem,
     expected_shapes,
     metrics_problem,
     read_json,
     state_problem,
     tables_problem,
+    threads_problem,
 )
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.io import atomic_dir, json_default, stale_temporaries, torch_save
@@ -68,8 +71,9 @@ NAME = re.compile(r"^ckpt-(\d{8})$")
 # `backend` only moves exact copies (all-gathers; the sums are taken alike on every backend).
 FREE_FIELDS = {"data", "iterations", "timeout_s", "net_gbps", "net_latency_us", "warmup",
                "checkpoint_every", "checkpoint_dir", "checkpoint_keep", "resume", "backend",
-               "procs", "master", "node_rank", "trace", "eval_every", "target_auc",
-               "planners"}  # the same plan whatever the number of planning workers
+               "master", "node_rank", "trace", "eval_every", "target_auc",
+               "planners",  # the same plan whatever the number of planning workers
+               *RUNTIME_SETTINGS}  # checked by threads_problem
 
 
 class CheckpointError(ConfigError):
@@ -140,7 +144,8 @@ def save_checkpoint(root: Path, iteration: int, config: dict[str, Any], dataset:
     out = root / checkpoint_name(iteration)
     with atomic_dir(out, overwrite=True) as tmp:
         torch_save({"weight": weight, "state": state}, tmp / "tables.pt")
-        torch_save({"model": dense, "optimizer": dense_optimizer, "rng": rng}, tmp / "dense.pt")
+        torch_save({"model": dense, "optimizer": dense_optimizer, "rng": rng,
+                    "iteration": torch.tensor(int(iteration))}, tmp / "dense.pt")
         # JSON floats round-trip exactly, so the resumed run's metrics are the straight run's.
         (tmp / "metrics.json").write_text(json.dumps(metrics, default=json_default))
         (tmp / "state.json").write_text(json.dumps({
@@ -240,6 +245,8 @@ def load_checkpoint(path: Path) -> Checkpoint:
                           ("tables.pt", tables_problem(tables)), ("dense.pt", dense_problem(dense))):
         if problem:
             raise _damaged(path, name, problem)
+    if (mismatch := consistency_problem(int(state["iteration"]), metrics, dense)) is not None:
+        raise _damaged(path, *mismatch)  # its parts disagree on where it stands
     return Checkpoint(path, int(state["iteration"]), state["config"], state["dataset"],
                       tables["weight"], tables["state"], dense["model"], dense["optimizer"],
                       dense["rng"], metrics)
@@ -291,6 +298,9 @@ def check_compatible(cfg: TrainConfig, ck: Checkpoint, dataset: dict[str, Any], 
             opt = option_name(f.name)
             raise CheckpointError(f"{option} {ck.path}: the checkpoint was made with {opt} {theirs}, "
                                   f"this run has {opt} {mine}; resume with the same setting")
+    if (changed := threads_problem(asdict(cfg), ck.config)) is not None:
+        opt = option_name(changed[0])
+        raise CheckpointError(f"{option} {ck.path}: {changed[1].format(opt=opt)}")
     for key in ("rows", "cardinalities", "dense_features"):
         if dataset.get(key) != ck.dataset.get(key):
             raise CheckpointError(f"{option} {ck.path}: the checkpoint is of another dataset "

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 import torch
 
 from bagpipe_cli.engine.config import TrainConfig
@@ -111,3 +112,77 @@ def expected_shapes(cfg: TrainConfig, dataset: dict[str, Any]) -> dict[str, tupl
     rows = sum(cards)
     return {"weight": (rows, row_dim(mcfg)),
             "state": (rows, RowOptimizer(cfg.optimizer, cfg.lr).state_dim)}
+
+
+def consistency_problem(iteration: int, metrics: list[list[dict[str, Any]]], dense: dict[str, Any]
+                        ) -> tuple[str, str] | None:
+    """(the file, the problem) where the checkpoint's parts disagree on its iteration b, so
+    that an edited state.json (its checksum recomputed) is not resumed: every metrics stream
+    holds the records of iterations 0..b-1, the dense optimizer's step counts (Adam's) are b,
+    and dense.pt's own record of b (checkpoints made since it was written) is b."""
+    said = f"state.json says iteration {iteration}"
+    for s, stream in enumerate(metrics):
+        its = [rec.get("iteration") for rec in stream]
+        if its != list(range(len(its))) or len(its) != iteration:
+            held = f"iterations {its[0]} to {its[-1]}" if its else "none"
+            return "metrics.json", (f"{said}, but metrics stream {s} holds {len(its)} records "
+                                    f"({held}), not those of iterations 0 to {iteration - 1}")
+    steps = {int(st["step"]) for st in dense["optimizer"]["state"].values()
+             if isinstance(st, dict) and isinstance(st.get("step"), torch.Tensor | int | float)}
+    if steps and steps != {iteration}:
+        return "dense.pt", (f"{said}, but the dense optimizer's state has taken "
+                            f"{', '.join(map(str, sorted(steps)))} steps")
+    mark = dense.get("iteration")
+    if isinstance(mark, torch.Tensor) and mark.numel() == 1 and int(mark) != iteration:
+        return "dense.pt", f"{said}, but dense.pt was written at iteration {int(mark)}"
+    return None
+
+
+# Settings of where and how a run computes that a resume may change where a trainer's torch
+# threads stay the same (docs/architecture.md, "Which runs give the same bits"): the two
+# runtimes make the same sums in the same order, but a kernel's rounding depends on the
+# threads it computes with.
+RUNTIME_SETTINGS = ("threads", "placement", "transport", "procs")
+_DEFAULTS = {"placement": "auto", "transport": "inproc"}  # (a checkpoint older than a setting)
+
+
+def threads_problem(mine: dict[str, Any], theirs: dict[str, Any]) -> tuple[str, str] | None:
+    """(the setting, the problem) where this run's trainers may compute on other torch
+    threads than the checkpoint's, so other bits: with --threads given to both, another
+    value; with it unset (--placement and the runtime choose them), another of
+    RUNTIME_SETTINGS. None: the same threads, whatever runtime and placement."""
+    given = mine["threads"] is not None and theirs.get("threads") is not None
+    if given and mine["threads"] == theirs["threads"]:
+        return None
+    for key in ("threads",) if given else RUNTIME_SETTINGS:
+        was, now = theirs.get(key, _DEFAULTS.get(key)), mine[key]
+        if was != now:
+            how = ("resume with the same --threads (then --procs and --placement may change)"
+                   if given else "resume with the same settings, or give both runs the same "
+                   "--threads (then --procs and --placement may change)")
+            return key, (f"the checkpoint was made with {{opt}} {_word(was)}, this run has {{opt}} "
+                         f"{_word(now)}; {'' if given else 'with --threads unset '}its trainers "
+                         f"may compute on other torch threads, which change the bits of their "
+                         f"products: {how}")
+    return None
+
+
+def _word(v: Any) -> str:
+    return "unset" if v is None else str(v)
+
+
+def streams(metrics: list[list[dict[str, Any]]], trainers: int) -> list[list[dict[str, Any]]]:
+    """A checkpoint's metrics streams as a runtime of `trainers` streams continues them:
+    in-process one (a --procs run's merged, as its metrics.csv has them), over --procs one a
+    trainer (an in-process run's record as trainer 0's, its totals left to it alone)."""
+    if len(metrics) == trainers:
+        return [list(m) for m in metrics]
+    from bagpipe_cli.engine.records.metrics import COLUMNS, merge_records
+
+    if trainers == 1:
+        frames = [pd.DataFrame(m) for m in metrics]
+        return [[{k: getattr(v, "item", lambda v=v: v)() for k, v in rec.items()}
+                 for rec in merge_records(frames).to_dict("records")]]
+    sums = {c.name for c in COLUMNS if c.merge == "sum"}
+    rest = [{k: (0 if k in sums else v) for k, v in rec.items()} for rec in metrics[0]]
+    return [list(metrics[0]), *([list(rest) for _ in range(trainers - 1)])]
