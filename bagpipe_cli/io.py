@@ -1,13 +1,15 @@
 """Atomic outputs, and the checks that keep a user's inputs safe from them.
 
-Everything is written to a temporary sibling (`.NAME.tmp-*`) and renamed into place, so a
-crash, an error, Ctrl-C, SIGTERM or SIGHUP never leaves a half-written dataset, result or
-file. The output is claimed while it is written (`claims`: the command's own claim, held for
-its life, or one for the write): one process writes a path at a time, and the claim lists
-every temporary made beside it. While a process writes a temporary it also holds an flock on
-it. A temporary that a killed run's claim lists is that run's leftover, removed by the next
-claim (`stale_temporaries`); nothing is removed by its name alone. What may be written at all
-is one rule's (`outputs.check_output`), checked before any work.
+Everything is written inside a temporary sibling (`.NAME.tmp-*/x`) and renamed into place,
+so a crash, an error, Ctrl-C, SIGTERM or SIGHUP never leaves a half-written dataset, result
+or file. The output is claimed while it is written (`claims`: the command's own claim, held
+for its life, or one for the write): one process writes a path at a time, and the claim lists
+every temporary made beside it, each a folder holding bagpipe's mark (`temporaries`). While a
+process writes a temporary it also holds an flock on it. A temporary that a killed run's
+claim lists and that holds the mark the claim names is that run's leftover, removed by the
+next claim (`stale_temporaries`); nothing is removed by its name alone, nor because a claim
+lists it. What may be written at all is one rule's (`outputs.check_output`), checked before
+any work.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ import math
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from bagpipe_cli import claims
 from bagpipe_cli.claims import Claim
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.outputs import _real, check_output_dir, special
+from bagpipe_cli.outputs import _real, check_output_dir, make_folders, os_error_words, special
 from bagpipe_cli.temporaries import (  # (stale_temporaries: io's name for it, as before)
+    PAYLOAD,
     StaleTemporary,
+    discard,
     rename_noreplace,
     stale_temporaries,
     temporary,
@@ -51,7 +55,8 @@ def _renamed(e: OSError, tmp: Path, final: Path) -> OSError:
 
 @contextlib.contextmanager
 def atomic_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary directory next to `out`; on success it replaces `out` by rename.
+    """Yield a temporary directory next to `out` (a temporary's PAYLOAD: `temporaries`); on
+    success it replaces `out` by rename.
 
     An existing `out` is replaced only with `overwrite` and only if the claim on it allows
     it (the command's --overwrite); else the rename replaces nothing (an empty folder aside).
@@ -60,27 +65,40 @@ def atomic_dir(out: Path, overwrite: bool = False) -> Iterator[Path]:
     """
     out = Path(out)
     check_output_dir(out, overwrite)
-    parent = _real(out).parent
-    c = None
     try:
         c = claims.claim(out, "--out", overwrite)  # the command's, when it claimed `out`
-        tmp, lock = temporary(out, "tmp", c, directory=True)
-    except BaseException as e:
-        if c is not None:
-            c.release()
-        if isinstance(e, OSError):
-            raise ConfigError(f"--out {out}: cannot write in {parent}: {e.strerror or e}") from None
-        raise
+    except OSError as e:
+        raise ConfigError(f"--out {out}: cannot write in {_real(out).parent}: "
+                          f"{os_error_words(e)}") from None
+    tmp, lock = _temporary(out, c, lambda w: os.mkdir(w, 0o777))
+    work = tmp / PAYLOAD
     try:
         try:
-            yield tmp
+            yield work
         except OSError as e:
-            raise _renamed(e, tmp, out) from None
-        _replace(tmp, out, c, overwrite and c.overwrite)
+            raise _renamed(e, work, out) from None
+        _replace(work, out, c, overwrite and c.overwrite)
     finally:
-        os.close(lock)
-        shutil.rmtree(tmp, ignore_errors=True)  # gone already when the rename succeeded
+        discard(tmp, lock)  # (its payload is gone already when the rename succeeded)
         c.release()
+
+
+def _temporary(out: Path, c: Claim, make: Callable[[Path], Any]) -> tuple[Path, int]:
+    """A temporary beside `out`, claimed by `c`, with its payload made (`make(path)`). On a
+    failure nothing is left and `c` is released; an OSError names `out`, as a failed write
+    in it would."""
+    tmp = None
+    try:
+        tmp, lock = temporary(out, "tmp", c)
+        make(tmp / PAYLOAD)
+        return tmp, lock
+    except BaseException as e:
+        if tmp is not None:
+            discard(tmp, lock)
+        c.release()
+        if isinstance(e, OSError):
+            raise OSError(e.errno, e.strerror, str(out)) from None
+        raise
 
 
 def _replace(tmp: Path, out: Path, c: Claim, replace: bool) -> None:
@@ -96,21 +114,22 @@ def _replace(tmp: Path, out: Path, c: Claim, replace: bool) -> None:
             raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
                           str(out)) from None
         return
-    old, lock = temporary(out, "old", c, directory=True)
+    old, lock = temporary(out, "old", c)
+    aside = old / PAYLOAD
     try:
-        os.rename(out, old / "x")
+        os.rename(out, aside)
         try:
             os.rename(tmp, out)
         except OSError as e:
-            os.rename(old / "x", out)
+            os.rename(aside, out)
             raise OSError(e.errno, f"cannot move the output into place: {e.strerror}",
                           str(out)) from None
         except BaseException:
-            os.rename(old / "x", out)
+            os.rename(aside, out)
             raise
     finally:
         os.close(lock)
-        if os.path.lexists(out) or not os.path.lexists(old / "x"):  # never the only copy
+        if os.path.lexists(out) or not os.path.lexists(aside):  # never the only copy
             shutil.rmtree(old, ignore_errors=True)
 
 
@@ -122,42 +141,36 @@ def _appeared(out: Path, c: Claim) -> ConfigError:
 
 @contextlib.contextmanager
 def atomic_file(path: Path, mode: str = "w") -> Iterator[Any]:
-    """Open a temporary file next to `path` for writing; rename it to `path` on success: over
-    an existing file only if the claim on `path` allows it (the command's --overwrite; a
-    write of the library's own replaces), else with a rename that replaces nothing. An error
-    names `path`, never the temporary file."""
+    """Open a temporary file next to `path` (a temporary's PAYLOAD: `temporaries`) for
+    writing; rename it to `path` on success: over an existing file only if the claim on `path`
+    allows it (the command's --overwrite; a write of the library's own replaces), else with a
+    rename that replaces nothing. An error names `path`, never the temporary file."""
     path = Path(path)
     what = special(path)
     if what is not None:  # (the commands refuse it before any work: `check_output`)
         raise ConfigError(f"{path} is {what}, which bagpipe never replaces")
-    c = None
+    fds: list[int] = []
+
+    def make(p: Path) -> None:
+        fds.append(os.open(p, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666))
+
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_folders(path.parent)
         c = claims.claim(path)
-        tmp, fd = temporary(path, "tmp", c, directory=False)
+        tmp, lock = _temporary(path, c, make)
     except OSError as e:
-        if c is not None:
-            c.release()
         raise OSError(e.errno, f"cannot write: {e.strerror or e}", str(path)) from None
-    except BaseException:
-        if c is not None:
-            c.release()
-        raise
+    work = tmp / PAYLOAD
     try:
-        with os.fdopen(fd, mode) as f:
+        with os.fdopen(fds[0], mode) as f:
             yield f
             f.flush()
             os.fsync(f.fileno())
-        _publish_file(tmp, path, c)
+        _publish_file(work, path, c)
     except OSError as e:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise _renamed(e, Path(tmp), path) from None
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+        raise _renamed(e, work, path) from None
     finally:
+        discard(tmp, lock)
         c.release()
 
 

@@ -11,11 +11,12 @@ rule to every parameter a command declares an output (`OutputPath`).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -208,15 +209,17 @@ def claim_output(out: Output, overwrite: bool = False) -> Claim:
                           f"{os_error_words(e)}") from None
 
 
-def check_inputs_free(inputs: Iterable[Input]) -> None:
+def check_inputs_free(inputs: Iterable[Input], then: Callable[[Path], str] | None = None) -> None:
     """Refuse an input that another process is writing (a bench folder a bench still fills,
-    checkpoints a run still writes), or that lies inside one."""
+    checkpoints a run still writes), or that lies inside one. `then(path written)`: what
+    to do, in words (default: wait, or choose another path)."""
     for inp in inputs:
         for p in (_real(inp.path), *_real(inp.path).parents):
             text = claims.holder(p) if p != p.parent else None
             if text is not None:
                 where = "" if p == _real(inp.path) else f" lies inside {p}, which"
-                raise ConfigError(claims.busy_words(inp.option, inp.path, text, where))
+                words = {"then": then(p)} if then is not None else {}
+                raise ConfigError(claims.busy_words(inp.option, inp.path, text, where, **words))
 
 
 def _check_cwd(out: Path, option: str) -> None:
@@ -238,12 +241,34 @@ def check_output_dir(out: Path, overwrite: bool, option: str = "--out",
     check_output(Output(option, Path(out)), overwrite, inputs)
 
 
+MAX_NEW_FOLDERS = 64  # missing folders above an output that a command makes (`make_folders`)
+
+
+def make_folders(folder: Path, option: str = "", out: Path | None = None) -> None:
+    """Make `folder` and its missing parents (as `mkdir -p`, without recursion): at most
+    MAX_NEW_FOLDERS of them; deeper is refused in one line naming `option` and `out`."""
+    folder, missing = Path(folder), []
+    while not os.path.lexists(folder) and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    if len(missing) > MAX_NEW_FOLDERS:
+        shown = str(out if out is not None else missing[0])
+        shown = shown if len(shown) <= 120 else f"{shown[:50]}...{shown[-50:]}"
+        raise ConfigError(f"{option + ' ' if option else ''}{shown}: {len(missing):,} folders "
+                          f"would have to be made below {folder}, more than the "
+                          f"{MAX_NEW_FOLDERS} bagpipe makes: make them first (mkdir -p) or "
+                          "choose a shallower path")
+    for f in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(f)
+
+
 def _make_parent(out: Path, option: str) -> Path:
     parent = _real(out).parent
     if not parent.exists():
         # Creating missing parents is what a user expects of `--out a/b/c`.
         try:
-            parent.mkdir(parents=True, exist_ok=True)
+            make_folders(parent, option, out)
         except OSError as e:
             raise ConfigError(f"{option} {out}: cannot create its folder {parent}: "
                               f"{e.strerror or e}") from None

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bagpipe_cli.claims import HEADER, claim_file
+from bagpipe_cli.claims import HEADER, MARK, claim_file, mark_text
 from bagpipe_cli.cli import cli
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -292,11 +292,15 @@ def test_a_users_files_named_like_temporaries_survive_and_a_killed_runs_are_remo
     old = time.time() - 3600
     for p in mine:
         os.utime(p, (old, old))
-    # A run killed outright left its temporary, listed in its claim (no process holds it).
+    # A run killed outright left its temporary, listed in its claim with the token of the
+    # mark bagpipe wrote in it (no process holds it).
     left = tmp_path / ".run1.tmp-0123abcd"
-    left.mkdir()
-    (left / "metrics.csv").write_text("half")
-    claim_file(run).write_text(f"{HEADER}\npid 999999\ncommand bagpipe train\ntemporary {left.name}\n")
+    (left / "x").mkdir(parents=True)
+    (left / "x" / "metrics.csv").write_text("half")
+    token = "0123456789abcdef"
+    (left / MARK).write_text(mark_text(left.name, token))
+    claim_file(run).write_text(f"{HEADER}\npid 999999\ncommand bagpipe train\n"
+                               f"temporary {left.name} {token}\n")
     r = invoke(["train", tiny_dataset, *SMALL, "--out", run])
     assert r.exit_code == 0, r.output
     assert f"Warning: removed {left}" in r.stderr and not left.exists()

@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -26,7 +27,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from bagpipe_cli.claims import HEADER, claim_file
+from bagpipe_cli.claims import HEADER, MARK, TOKEN_LEN, claim_file, mark_text
 from bagpipe_cli.cli import cli
 from bagpipe_cli.io import stale_temporaries
 
@@ -80,11 +81,12 @@ def _wait_until(p: subprocess.Popen, what: str, ready: Callable[[], Any],
 
 
 def _wait_writing(p: subprocess.Popen, out: Path, timeout: float = HANG_S) -> Path:
-    """The temporary folder of `out` once a file is being written in it."""
+    """The temporary folder of `out` once a file is being written in it (in its payload, `x`:
+    bagpipe_cli/temporaries.py)."""
     def writing() -> Path | None:
         for tmp in out.parent.glob(f".{out.name}.tmp-*"):
-            with contextlib.suppress(FileNotFoundError):  # renamed into place meanwhile
-                if any(f.stat().st_size > 0 for f in tmp.iterdir() if f.is_file()):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # renamed meanwhile
+                if any(f.stat().st_size > 0 for f in (tmp / "x").iterdir() if f.is_file()):
                     return tmp
         return None
 
@@ -316,6 +318,13 @@ def test_a_killed_runs_temporary_is_named_and_removed_by_the_next_run(tmp_path):
     assert not left.exists() and _temporaries(out) == [] and (out / "meta.json").is_file()
 
 
+def _mark(d: Path) -> str:
+    """Put bagpipe's mark in `d`, as bagpipe does in a temporary it makes; its token."""
+    token = secrets.token_hex(TOKEN_LEN // 2)
+    (d / MARK).write_text(mark_text(d.name, token))
+    return token
+
+
 def test_stale_temporaries_are_removed_only_when_safe(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
@@ -329,10 +338,11 @@ def test_stale_temporaries_are_removed_only_when_safe(tmp_path):
         (d / "f").write_text("x")
         os.utime(d, (old, old))
     fresh.mkdir()
-    # a killed run's claim lists its temporaries: only those are ever removed (`fresh`, not
-    # listed, is another run's or the user's)
+    # a killed run's claim lists its temporaries, each with the token of the mark bagpipe
+    # wrote in it: only those are ever removed (`fresh`, not listed, is another run's or the
+    # user's)
     claim_file(out).write_text(f"{HEADER}\npid 999999\ncommand x\n" + "".join(
-        f"temporary {d.name}\n" for d in (dead, held, leftover_old)))
+        f"temporary {d.name} {_mark(d)}\n" for d in (dead, held, leftover_old)))
     fd = os.open(held, os.O_RDONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # as a running writer holds its temporary
     try:
@@ -366,9 +376,10 @@ def test_an_ignored_sighup_stays_ignored(tmp_path):
     """`nohup bagpipe ...`: the run outlives its terminal."""
     out = tmp_path / "d"
     p = subprocess.Popen([sys.executable, "-m", "bagpipe_cli", *BIG_SYNTH, "--out", str(out)],
-                         cwd=tmp_path, **CHILD,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+                         cwd=tmp_path, env=ENV, stdout=subprocess.DEVNULL,
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: (_default_signals(),
+                                             signal.signal(signal.SIGHUP, signal.SIG_IGN)))
     try:
         _wait_writing(p, out)
         p.send_signal(signal.SIGHUP)

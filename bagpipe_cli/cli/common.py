@@ -22,6 +22,7 @@ from rich.progress import (
 )
 
 from bagpipe_cli import signals
+from bagpipe_cli.claims import claim_file
 from bagpipe_cli.errors import BagpipeError, ConfigError
 from bagpipe_cli.io import stale_temporaries
 from bagpipe_cli.outputs import (
@@ -36,6 +37,7 @@ from bagpipe_cli.outputs import (
     claim_output,
     os_error_words,
 )
+from bagpipe_cli.temporaries import UNMARKED
 
 
 def _console(stderr: bool = False) -> Console:
@@ -159,10 +161,10 @@ def check_outputs(inputs: list[Input] | tuple[Input, ...] = (), grow: bool = Fal
     if claim:  # in one order (by path): of two commands on the same outputs, one wins
         for out in sorted(outs, key=lambda o: str(_real(o.path))):
             ctx.call_on_close(claim_output(out, overwrite).release)
+    check_inputs_free(inputs)  # (first: an output there from before is not the problem)
     for out in outs:
         check_what(out, overwrite, grow=grow, fix=fix, probe=not claim)
         warn_stale(out.path)
-    check_inputs_free(inputs)
 
 
 def check_found_output(out: Output, inputs: list[Input] | tuple[Input, ...] = (),
@@ -193,11 +195,17 @@ def _check_files_apart(outs: list[Output]) -> None:
 
 
 def warn_stale(out: Path) -> None:
-    """One warning line per temporary an earlier killed run left next to `out`."""
+    """One warning line per temporary an earlier killed run left next to `out`, and per path
+    a claim lists as one that lacks bagpipe's mark (left: it is not bagpipe's to remove)."""
     for t in stale_temporaries(out):
         if t.removed:
             click.echo(f"Warning: removed {t.path}, a temporary that an earlier run left when it "
                        "was killed", err=True)
+        elif t.why == UNMARKED:
+            click.echo(f"Warning: {t.path} was left alone: {claim_file(out)} lists it as a "
+                       "temporary of an earlier run, but it lacks the mark bagpipe puts in its "
+                       "own, so it is not bagpipe's to remove; if it is yours, keep it, else "
+                       "remove it yourself", err=True)
         else:
             click.echo(f"Warning: {t.path} is a temporary of another run; left alone ({t.why})",
                        err=True)

@@ -18,7 +18,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.outputs import Input
+from bagpipe_cli.outputs import Input, check_inputs_free
 
 if TYPE_CHECKING:
     from bagpipe_cli.report.verdict import Verdict
@@ -66,6 +66,8 @@ def report(results: tuple[Path, ...], out: Path | None, formats: str, overwrite:
     from bagpipe_cli.results.figures import RANK_CAPTION
 
     cfg = ReportConfig(results=results, out=out, formats=tuple(formats.split(",")), overwrite=overwrite)
+    # A bench still running (it may have no runs yet) is named before its runs are looked for.
+    check_inputs_free([Input("RESULTS", r) for r in cfg.results], then=_when_written)
     find_runs(*cfg.results)  # a RESULTS that is not there is named before --out is made
     check_outputs(_inputs(cfg.results, cfg.out_dir), out=cfg.out_dir)
     res = build_report(cfg)
@@ -100,6 +102,16 @@ def print_verdict(verdict: Verdict) -> None:
     for line in [s for v in verdict.settings for s in v.sentences] + (
             [verdict.bagpipe] if verdict.bagpipe else []) + verdict.guidance:
         console.print(line, soft_wrap=True, highlight=False, markup=False)
+
+
+def _when_written(folder: Path) -> str:
+    """What to do about a RESULTS folder another process is writing (a bench running)."""
+    runs = folder / "runs"
+    done = len(list(runs.glob("*/summary.json"))) if runs.is_dir() else 0
+    if not done:
+        return "wait for it to end, then report it (it has finished no run yet)"
+    return (f"wait for it to end, then report it; the {done} run{'s' if done != 1 else ''} it "
+            f"has finished are in {runs} (report a copy of them to see those now)")
 
 
 def _inputs(results: tuple[Path, ...], out: Path) -> list[Input]:

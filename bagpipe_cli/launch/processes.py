@@ -3,6 +3,12 @@
 Used by `--procs` (the engine's ranks) and by the TorchRec runner (its trainers): each rank
 is `command` with RANK / WORLD_SIZE / LOCAL_RANK / MASTER_ADDR / MASTER_PORT set, as
 torchrun would set them, on loopback.
+
+The launcher owns Ctrl-C: a terminal sends SIGINT to every process of its foreground group,
+the ranks too, and a rank still importing torch would print its traceback. A rank's `-c`
+program therefore starts by ignoring SIGINT (`IGNORE_SIGINT`); the launcher, interrupted,
+stops its ranks (SIGTERM, which they handle as Ctrl-C: `signals`) and passes on no more of
+their output, so the one line is the launcher's.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from bagpipe_cli.launch.netshape import ShapedNetwork
 STOP_GRACE_S = 3.0  # a rank asked to stop (SIGTERM) has this long before SIGKILL
 RANKS_PREFIX = "bagpipe-ranks-"  # a job's folder in the temporary directory (`rank_folder`)
 OWNER = "owner"  # in it: its launcher's pid, locked (flock) by the launcher while it lives
+IGNORE_SIGINT = "import signal; signal.signal(signal.SIGINT, signal.SIG_IGN)\n"  # a rank's first line
 
 
 class RankError(BagpipeError):
@@ -75,6 +82,18 @@ class _Job:
         self.stopped: set[int] = set()  # ranks this job ended (SIGTERM, then SIGKILL)
         self.procs: dict[int, subprocess.Popen | ForkedProcess] = {}  # by rank: this machine's
         self.readers: list[threading.Thread] = []
+        self.interrupted = False  # the launcher was: the ranks' output is no longer passed on
+        if command[1:2] == ["-c"]:
+            command = [command[0], "-c", IGNORE_SIGINT + command[2], *command[3:]]
+        try:
+            self._start(command, world, on_line, shaped, m)
+        except BaseException:  # (Ctrl-C as they start: those started are stopped)
+            self.interrupted = True
+            self._stop()
+            raise
+
+    def _start(self, command: list[str], world: int, on_line: Callable[[str], None] | None,
+               shaped: ShapedNetwork | None, m: Machine) -> None:
         for rank in range(m.first, m.first + m.procs):
             out = subprocess.DEVNULL if rank else subprocess.PIPE if on_line else None
             cmd, env = command, rank_env(rank, world, m)
@@ -97,7 +116,7 @@ class _Job:
         for line in stream:
             if line.startswith("Error: "):
                 self.errors.append((rank, line[len("Error: "):].rstrip("\n")))
-            else:
+            elif not self.interrupted:
                 sys.stderr.write(line)
 
     def wait(self, grace_s: float, run_timeout_s: float | None = None) -> tuple[int, int] | None:
@@ -118,6 +137,9 @@ class _Job:
                 if end is not None and time.monotonic() > end:
                     raise RankFailure(f"the job ran past {run_timeout_s:g} s; its processes were killed")
                 time.sleep(0.05)
+        except KeyboardInterrupt:
+            self.interrupted = True
+            raise
         finally:
             self._stop()
             for t in self.readers:
