@@ -39,6 +39,11 @@ from bagpipe_cli.engine.registry import SYSTEMS as SYSTEMS_BY_NAME
 SYSTEMS = ("sync", "bagpipe")
 
 
+def _planner(roles: dict) -> dict:
+    """Rank 0's role (named `oracle` by revisions before the rename)."""
+    return roles["planner"] if "planner" in roles else roles["oracle"]
+
+
 def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: list[str],
         kind: str, tree: Path | None = None) -> dict:
     """One job; `tree`: a checkout of another revision to run it with (None: this one)."""
@@ -56,7 +61,7 @@ def run(data: Path, out: Path, a: argparse.Namespace, system: str, n: int, net: 
     iters = len(pd.read_csv(out / "metrics.csv"))
     return {"sps": s["samples_per_s"], "sync_ms": 1e3 * float(m["sync"].median()),
             "coll_mb": statistics.mean(t["collective_bytes_sent"] for t in trainers) / iters / 1e6,
-            "planner_mb": s["roles"]["planner"]["bytes_per_iteration"] / 1e6}
+            "planner_mb": _planner(s["roles"])["bytes_per_iteration"] / 1e6}
 
 
 def main() -> None:
