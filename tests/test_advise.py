@@ -115,3 +115,11 @@ def test_a_lead_within_the_models_error_has_no_headline_multiplier():
 
 def test_one_trainer_is_singular():
     assert ranges([(1, "local"), (2, "bagpipe")], "trainers", "trainer count") == "local at 1 trainer, bagpipe from 2"
+
+
+def test_without_sync_the_verdict_names_no_speed_up_over_it():
+    sweep = pd.DataFrame([{"sweep": "trainers", "system": "bagpipe", "trainers": 2, "net_gbps": 1,
+                           "mean_ms": 9.0, "speedup": float("nan")}])
+    v = verdict([_pred("bagpipe", 9.0, float("nan")), _pred("local", 12.0, float("nan"))], sweep,
+                [0.01], 0.2, 2, 1)
+    assert v.lines[0] == "On 2 trainers at 1 Gbit/s: bagpipe is fastest, 1.33x the best other (local)."

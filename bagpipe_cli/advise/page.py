@@ -4,6 +4,7 @@ validation, and the load the advice was made under."""
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,11 @@ COLUMNS = (("system", "system", "{}"), ("mean_ms", "ms / iteration", "{:.2f}"),
            ("speedup", "x sync", "{:.2f}"), ("compute_ms", "compute", "{:.2f}"),
            ("exposed_fetch_ms", "rows wait", "{:.2f}"), ("exposed_sync_ms", "sums wait", "{:.2f}"),
            ("exposed_plan_ms", "plans wait", "{:.2f}"))
+
+
+def _cell(fmt: str, v: Any) -> str:
+    """A figure, or - where there is none (x sync without sync among the systems)."""
+    return "-" if isinstance(v, float) and math.isnan(v) else fmt.format(v)
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -31,14 +37,14 @@ def markdown(advice: Any) -> str:
              *(f"- {line}" for line in v.lines), "",
              "## Predicted at your cluster", "",
              *_table([c[1] for c in COLUMNS],
-                     [[fmt.format(getattr(p, k)) for k, _, fmt in COLUMNS] for p in preds]), "",
+                     [[_cell(fmt, getattr(p, k)) for k, _, fmt in COLUMNS] for p in preds]), "",
              "Means after the warm-up; the waits are what the iteration waits beyond its compute.",
              "", "## Where the answer changes", "",
              *_table(["trainers", "fastest", "x sync"],
-                     [[f"{d['trainers']:g}", d["fastest"], f"{d['speedup_over_sync']:.2f}"]
+                     [[f"{d['trainers']:g}", d["fastest"], _cell("{:.2f}", d["speedup_over_sync"])]
                       for d in v.by_trainers]), "",
              *_table(["Gbit/s", "fastest", "x sync"],
-                     [[f"{d['net_gbps']:g}", d["fastest"], f"{d['speedup_over_sync']:.2f}"]
+                     [[f"{d['net_gbps']:g}", d["fastest"], _cell("{:.2f}", d["speedup_over_sync"])]
                       for d in v.by_gbps]), "",
              "![speed-up over sync against trainers](simulation/speedup_vs_trainers.png)", "",
              "## How far to trust it", "",

@@ -129,8 +129,8 @@ def _lines(v: Verdict, trainers: int, net_gbps: float) -> list[str]:
                 f"other ({v.margin:.2f}x apart; the model's median error on your runs is "
                 f"{100 * v.validated['median_abs_error']:.0f}%): either is the answer.")
     else:
-        head = (f"On {where}: {v.fastest} is fastest, {v.margin:.2f}x the best other "
-                f"({v.runner_up}) and {v.speedup_over_sync:.2f}x sync.")
+        sync = "" if math.isnan(v.speedup_over_sync) else f" and {v.speedup_over_sync:.2f}x sync"
+        head = f"On {where}: {v.fastest} is fastest, {v.margin:.2f}x the best other ({v.runner_up}){sync}."
     lines = [head]
     if v.validated.get("runs"):
         what = f": {v.validated['measured']}" if v.validated.get("measured") else ""
