@@ -1,6 +1,6 @@
 """The plan in slices of the key space: K planning workers, each owning the rows of one slice.
 
-Every decision of the oracle is per row (docs/architecture.md, "Planning in slices"): a row's
+Every decision of the oracle is per row (docs/architecture.md, "The plan in slices"): a row's
 fetch, eviction, LRPP class and home depend only on its own accesses in the window and on
 which trainers read it at b and b+1. So the rows are cut into K slices by their key
 (`key mod K`: consecutive ids, and so each table's hot head, go round the slices), worker s
@@ -8,7 +8,7 @@ makes the window pass and the partition of slice s's rows, and the results are l
 the arrays of the whole batch by position in U_b: the same arrays, so the same plan and the
 same bits, whatever K is.
 
-    split:     U_b -> each slice's positions in U_b (and each row's place in its slice)
+    split:     each row of U_b -> its slice; worker s finds its rows' positions (`take`)
     marks:     worker w marks the (row, trainer) pairs of the w-th K-th of the batch's
                trainers in one table of the batch (over processes this is an all-to-all of
                each trainer's pairs to their slices' owners)
@@ -33,8 +33,8 @@ import numpy as np
 ALL = slice(None)  # the one slice of a planner of one worker: every row of U_b
 # The default number of planning workers: one per this many accesses of a batch (rows read
 # by samples, tables included), so that a worker's share stays about as large at any N: on
-# the 2-core machine of docs/benchmarks.md a worker plans about 30k accesses a millisecond,
-# so a share is 7-9 ms of a batch.
+# the 2-core machine of docs/benchmarks.md the busiest worker's share took 8-14 ms of CPU a
+# batch from 8 to 64 trainers ("The plan in slices").
 ACCESSES_PER_PLANNER = 1 << 18
 MAX_PLANNERS = 64
 
