@@ -123,3 +123,17 @@ def test_without_sync_the_verdict_names_no_speed_up_over_it():
     v = verdict([_pred("bagpipe", 9.0, float("nan")), _pred("local", 12.0, float("nan"))], sweep,
                 [0.01], 0.2, 2, 1)
     assert v.lines[0] == "On 2 trainers at 1 Gbit/s: bagpipe is fastest, 1.33x the best other (local)."
+
+
+def test_a_cluster_file_gives_only_its_cluster_and_network():
+    """The paper's scenario file: its servers, links, latency and collective are taken; its
+    dataset, batch, model, lookahead and fixed compute are not (the runs measure those)."""
+    from pathlib import Path
+
+    from bagpipe_cli.advise import cluster_part
+    from bagpipe_cli.simulate.cluster import load_cluster
+
+    cf = cluster_part(load_cluster(Path(__file__).resolve().parents[1] / "benchmarks" / "paper-scenario.yaml"))
+    assert {"servers", "trainer_gbps", "net_latency_us", "collective", "runtime"} <= set(cf.settings)
+    assert not {"data", "batch_size", "emb_dim", "lookahead", "compute_ms", "systems"} & set(cf.settings)
+    assert cf.synth is None

@@ -190,7 +190,7 @@ def model(cfg: AdviseConfig, data: str, bench: Path, progress: Progress):
     from bagpipe_cli.simulate import build_config, run_simulate
     from bagpipe_cli.simulate.cluster import load_cluster
 
-    cf = load_cluster(Path(cfg.cluster)) if cfg.cluster else None
+    cf = cluster_part(load_cluster(Path(cfg.cluster))) if cfg.cluster else None
     sim = build_config(data, cf, None, trainers=cfg.trainers, net_gbps=cfg.net_gbps,
                        batch_size=cfg.batch, calibrate=(str(bench),), systems=cfg.systems,
                        model=cfg.model, emb_dim=cfg.emb_dim, lookahead=cfg.lookahead,
@@ -199,6 +199,20 @@ def model(cfg: AdviseConfig, data: str, bench: Path, progress: Progress):
                        warmup=MODEL_WARMUP, iterations=MODEL_ITERATIONS, eval_rows=0)
     return run_simulate(sim, lambda p: progress(f"modelling: {p.stage}", p.traces_done,
                                                 p.traces_total or 1))
+
+
+def cluster_part(cf):
+    """A cluster file's settings of the cluster and its network (servers, latency, the
+    trainers' links, how they sum, the runtime): its data, model, batch and compute are the
+    measuring runs' and the options'."""
+    from dataclasses import fields
+
+    from bagpipe_cli.simulate.cluster import SimulateConfig
+
+    keep = {f.name for f in fields(SimulateConfig)
+            if f.metadata.get("section") == "cluster and network"} - {"compute_ms", "calibrate"}
+    return replace(cf, settings={k: v for k, v in cf.settings.items() if k in keep | {"runtime"}},
+                   synth=None)
 
 
 def run_advise(cfg: AdviseConfig, out: Path, progress: Progress | None = None,
