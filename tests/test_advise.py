@@ -51,6 +51,8 @@ def test_advise_names_the_fastest_of_the_model_and_writes_its_page(tiny_dataset,
     (["--trainers", "3", "--batch-size", "100"], "not divisible by --trainers 3"),
     (["--trainers", "2", "--net-gbps", "0"], "--net-gbps"),
     (["--trainers", "2", "--scale", "20000"], "--scale 20000"),
+    (["--trainers", "2", "--systems", "sync,slipstream"], "slipstream has no performance model"),
+    (["--trainers", "2", "--systems", "nosuch"], "unknown system 'nosuch'"),
 ])
 def test_bad_settings_are_one_line(tiny_dataset, tmp_path, args, says):
     args = args if "--net-gbps" in args else [*args, "--net-gbps", "1"]

@@ -63,8 +63,21 @@ class AdviseConfig:
             raise ConfigError(f"--net-gbps must be > 0 (got {self.net_gbps})")
         if not 0 <= self.warmup < self.iterations:
             raise ConfigError(f"--warmup {self.warmup}: must be below --iterations {self.iterations}")
+        self._check_systems()
         if self.batch is not None and self.batch % self.trainers:
             raise ConfigError(f"--batch-size {self.batch} is not divisible by --trainers {self.trainers}")
+
+    def _check_systems(self) -> None:
+        """Every system asked for is one the model predicts (before minutes of runs)."""
+        from bagpipe_cli.engine.registry import SIMULATED_SYSTEMS, SYSTEMS, group
+
+        for name in (m for s in self.systems for m in (group(s) or (s,))):
+            if name not in SYSTEMS:
+                raise ConfigError(f"--systems: unknown system {name!r}; choose from "
+                                  f"{', '.join(SIMULATED_SYSTEMS)} (or a group: `bagpipe systems`)")
+            if name not in SIMULATED_SYSTEMS:
+                raise ConfigError(f"--systems: {name} has no performance model yet; choose from "
+                                  f"{', '.join(SIMULATED_SYSTEMS)}")
 
     @property
     def batch(self) -> int:
