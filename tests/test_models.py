@@ -1,3 +1,11 @@
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -6,11 +14,14 @@ from torch import nn
 from bagpipe_cli import metrics
 from bagpipe_cli.data import open_dataset
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.launch import forkserver
+from bagpipe_cli.model_names import MODEL_MODULES, MODEL_NAMES
 from bagpipe_cli.models import MODELS, ModelConfig, build_model, row_dim
 from bagpipe_cli.models.deepfm import fm_second_order
 from bagpipe_cli.models.dlrm import pairwise_dots, tril_index
 
-NAMES = ["dlrm", "wdl", "deepfm", "dcn"]
+ROOT = Path(__file__).resolve().parents[1]
+NAMES = sorted(MODELS)  # every registered model: a new one is in every test below
 
 
 def _small(name, num_dense=3, num_tables=5, **kw):
@@ -40,7 +51,10 @@ def test_library_auc_matches_pairwise_definition():
 
 
 def test_registry_and_row_dim():
-    assert set(MODELS) == set(NAMES)
+    """The light scan of the modules (`--model`'s choices, no torch) finds every registered
+    model in the module that registers it."""
+    assert tuple(NAMES) == MODEL_NAMES
+    assert all(MODELS[n].__module__ == f"bagpipe_cli.models.{MODEL_MODULES[n]}" for n in NAMES)
     assert row_dim(_small("dlrm")) == 4
     assert row_dim(_small("dcn")) == 4
     assert row_dim(_small("wdl")) == 5
@@ -216,3 +230,32 @@ def test_learns_on_synthetic_data(name, tiny_dataset):
     # About 0.69-0.72 jointly trained; 0.58-0.66 with the table frozen, 0.45-0.52 untrained.
     # with frozen random embeddings the models reach 0.58-0.66, so this needs embedding learning
     assert score > 0.67, f"{name}: train AUC {score:.3f}"
+
+
+def test_the_docs_example_model_is_all_a_model_needs(tmp_path, tiny_dataset):
+    """docs/architecture.md's "Adding a model": its module, written into a copy of the
+    package, is in `train --help`'s `--model` choices and trains one iteration."""
+    section = (ROOT / "docs" / "architecture.md").read_text().split("\n## Adding a model\n")[1]
+    section = section.split("\n## ")[0]
+    path = re.search(r"`(bagpipe_cli/models/\w+\.py)`:", section).group(1)
+    code = re.search(r"```python\n(.*?)```", section, re.DOTALL).group(1)
+    name = re.search(r'^@register\("(\w+)"\)', code, re.MULTILINE).group(1)
+    assert name not in MODELS and not (ROOT / path).exists()
+    shutil.copytree(ROOT / "bagpipe_cli", tmp_path / "bagpipe_cli",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / path).write_text(code)
+    env = {k: v for k, v in os.environ.items() if k != forkserver.ENV}
+    env["PYTHONPATH"] = str(tmp_path)
+
+    def bagpipe(*args):
+        r = subprocess.run([sys.executable, "-m", "bagpipe_cli", *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        return r.stdout
+
+    choices = re.search(r"--model \[([^\]]*)\]", bagpipe("train", "--help")).group(1).split("|")
+    assert choices == sorted([*MODEL_NAMES, name])
+    bagpipe("train", str(tiny_dataset), "--model", name, "--batch-size", "256", "--iterations", "1",
+            "--eval-rows", "2000", "--out", str(tmp_path / "run"))
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["iterations"] == 1

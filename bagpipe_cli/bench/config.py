@@ -49,7 +49,7 @@ from bagpipe_cli.bench.plan import (
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, GROUPS, group
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.models import MODELS
+from bagpipe_cli.model_names import MODEL_NAMES
 from bagpipe_cli.profile import POLICIES
 from bagpipe_cli.records import read_record
 
@@ -89,9 +89,9 @@ def parse_bench_config(raw: Any, source: str = "<bench>") -> BenchConfig:
     datasets = _datasets(raw.get("datasets"), where)
     models = tuple(_str_list(raw.get("models", ["dlrm"]), where, "models"))
     for m in models:
-        if m not in MODELS:
+        if m not in MODEL_NAMES:
             raise ConfigError(f"{where}: models: unknown model {m!r}; choose from "
-                              f"{', '.join(sorted(MODELS))}")
+                              f"{', '.join(MODEL_NAMES)}")
     tf = train_fields()
     systems, system_axes = _systems(raw.get("systems"), tf, where, ALL_SYSTEMS)
     repeat = raw.get("repeat", 1)

@@ -19,6 +19,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
+from bagpipe_cli.model_names import MODEL_NAMES
 from bagpipe_cli.outputs import Input
 
 EPILOG = """\b
@@ -46,7 +47,8 @@ Examples:
               help="Systems to compare, comma-separated, or a group (`bagpipe systems`).")
 @click.option("--batch-size", type=click.IntRange(1), default=None,
               help="Global batch [default: 2,048 samples a trainer].")
-@click.option("--model", default="dlrm", show_default=True, help="Dense model.")
+@click.option("--model", type=click.Choice(MODEL_NAMES), default="dlrm", show_default=True,
+              help="Dense model.")
 @click.option("--emb-dim", type=click.IntRange(1), default=16, show_default=True,
               help="Embedding dimension E.")
 @click.option("--lookahead", type=click.IntRange(1), default=16, show_default=True,

@@ -24,13 +24,13 @@ from bagpipe_cli.engine.registry import ALL_SYSTEMS, OURS, SYSTEMS, listed, name
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch.placement import PLACEMENTS
 from bagpipe_cli.limits import INT32_MAX
+from bagpipe_cli.model_names import MODEL_NAMES
 
 # Why a distributed job needs the dataset on every machine (its errors say it).
 SHARED_DATA = ("every rank of a distributed job reads the dataset itself (the trainers their own samples), "
                "so it must be at the same path on every machine: a shared file system, or a copy of "
                "the dataset folder on each")
 
-MODEL_NAMES = ("dcn", "deepfm", "dlrm", "wdl")  # the models package's MODELS, sorted
 EMB_OPTIMIZERS = ("sgd", "adagrad")  # engine/trainer/optim.py's RowOptimizer
 DENSE_OPTIMIZERS = ("sgd", "adam")
 COLLECTIVE_KINDS = ("exact", "allgather", "allreduce")  # engine/comm/collective.py KINDS

@@ -4,8 +4,9 @@
     logits = model(dense, emb)  # dense [B, D], emb [B, T, row_dim(cfg)] -> [B]
 """
 
-# Importing the model modules fills the MODELS registry.
-from bagpipe_cli.models import dcn, deepfm, dlrm, wdl  # noqa: F401
+from importlib import import_module
+
+from bagpipe_cli.model_names import MODEL_MODULES
 from bagpipe_cli.models.common import (
     MODELS,
     ModelConfig,
@@ -14,5 +15,9 @@ from bagpipe_cli.models.common import (
     row_dim,
     row_width,
 )
+
+# Importing the model modules (every one that `@register`s a model) fills the MODELS registry.
+for _module in sorted(set(MODEL_MODULES.values())):
+    import_module(f"bagpipe_cli.models.{_module}")
 
 __all__ = ["MODELS", "ModelConfig", "build_model", "footprint", "row_dim", "row_width"]

@@ -27,15 +27,20 @@ import torch
 from torch import nn
 
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.model_names import MODEL_NAMES
 
 MODELS: dict[str, type[nn.Module]] = {}
 """Model name (as given to --model) -> class built as `cls(cfg)`; filled by `register`."""
 
 
 def register(name: str) -> Callable[[type[nn.Module]], type[nn.Module]]:
-    """Class decorator adding a model to MODELS under `name`."""
+    """Class decorator adding a model to MODELS under `name`: written `@register("name")`
+    in a module of this package, so `bagpipe_cli/model_names.py` finds it without torch."""
 
     def add(cls: type[nn.Module]) -> type[nn.Module]:
+        if name not in MODEL_NAMES:
+            raise ValueError(f"model {name!r}: write its decorator as @register({name!r}) at the "
+                             "start of a line, in a module of bagpipe_cli/models/")
         MODELS[name] = cls
         return cls
 
@@ -58,7 +63,7 @@ class ModelConfig:
     E = 16) with the MLPs shrunk so CPU runs stay quick; the layer structure is the same.
     """
 
-    name: str  # model: dlrm | wdl | deepfm | dcn
+    name: str  # model: a name in MODELS
     num_dense: int  # D: dense features per sample (from the dataset; may be 0)
     num_tables: int  # T: categorical features (embedding tables) per sample
     emb_dim: int = 16  # E: embedding (factor) dimension

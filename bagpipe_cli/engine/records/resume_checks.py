@@ -18,7 +18,7 @@ import torch
 
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
-from bagpipe_cli.models import ModelConfig, row_dim
+from bagpipe_cli.models import MODELS, ModelConfig, row_dim
 from bagpipe_cli.records import check_fields, load_record, read_record, shown
 
 _NUMBERS = (int, float, type(None))  # a record's values (NaN is a float; a bool is not one)
@@ -100,7 +100,8 @@ def tables_problem(tables: Any, shape: dict[str, tuple[int, int]] | None = None)
 
 
 def _floats(key: str) -> str:
-    return ("--emb-dim floats, one more for a first-order weight (wdl, deepfm)"
+    first_order = ", ".join(sorted(n for n, cls in MODELS.items() if getattr(cls, "first_order", False)))
+    return (f"--emb-dim floats, one more for a first-order weight ({first_order})"
             if key == "weight" else "the --optimizer's state floats (adagrad: 1, sgd: 0)")
 
 
