@@ -1,24 +1,38 @@
-"""The run counts the documentation states are the planner's: every bench file in
-benchmarks/ states in its header how many configurations it plans, how many repeats and
-how many runs that makes, and every README line that names a bench file with a count
-("N runs", "N configurations") gives that file's numbers (at the line's `--repeat R`, if it
-has one). The numbers come from the project's own planner (`load_bench_config`,
-`plan_runs`), as `bagpipe bench` counts its `[i/N]`. A YAML file that is not a bench file is
-a `bagpipe simulate --cluster` scenario, which plans no runs and states none.
+"""The run counts are the planner's, computed, never stated where they follow the registry.
+
+`bagpipe bench CONFIG --dry-run` prints the plan `plan_runs` makes: here its "N
+configurations x R repeats = M runs" is checked against the matrix's arithmetic (per
+system, the product of its distinct choices of every axis and of its own axes, summed over
+the systems, times the datasets and models; runs = configurations x repeats) for every bench
+file in benchmarks/, at its repeat and at another --repeat.
+
+A bench file whose systems come from a group (`all`, `simulated`, `each-model`) states no
+count in its header (adding a system to the registry changes it): it says how to get it,
+`bagpipe bench benchmarks/X.yaml --dry-run`. A file with a fixed system list may state its
+counts, and then they are the planner's. The same holds for README lines that name a bench
+file with a count ("N runs", "N configurations", at the line's `--repeat R`, if it has one).
+A YAML file that is not a bench file is a `bagpipe simulate --cluster` scenario, which plans
+no runs and states none.
 
 Time estimates are not checked here: they depend on the machine (docs/benchmarks.md holds
 measured ones, with the commit and machine state they were measured at)."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from bagpipe_cli.bench.config import find_bench_file, load_bench_config
-from bagpipe_cli.bench.plan import plan_runs
+from bagpipe_cli.bench.plan import ignored_settings, plan_runs
+from bagpipe_cli.cli import cli
+from bagpipe_cli.engine.registry import GROUPS
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.records import read_record
 from bagpipe_cli.simulate.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +43,8 @@ README = ROOT / "README.md"
 COUNT = re.compile(r"\b(\d{1,3}(?:,\d{3})+|\d+)\s+(runs?|configurations?|repeats?)\b")
 REPEAT_OPTION = re.compile(r"--repeat[ =](\d+)")
 NAMED = re.compile(r"\b([\w.-]+)\.(?:ya?ml|toml)\b")
+# --dry-run's total: "28 configurations x 3 repeats = 84 runs"
+TOTAL = re.compile(r"^([\d,]+) configurations? x ([\d,]+) repeats? = ([\d,]+) runs?$", re.M)
 
 
 def _plan(path: Path) -> tuple[int, int]:
@@ -47,6 +63,41 @@ def _is_bench(path: Path) -> bool:
 
 
 BENCH = {p.name: p for p in FILES if _is_bench(p)}
+
+
+def _groups(path: Path) -> list[str]:
+    """The groups (`all`, `simulated`, `each-model`) among the file's `systems`."""
+    systems = read_record(path, "bench file").get("systems")
+    systems = [systems] if isinstance(systems, str) else systems
+    return [s for s in systems if isinstance(s, str) and s in GROUPS]
+
+
+GROUPED = {name for name, p in BENCH.items() if _groups(p)}
+
+
+def _arithmetic(path: Path) -> int:
+    """The configurations of a bench file, from its matrix's sizes: per system, the product
+    of its distinct choices of every axis (choices alike but for settings it does not read
+    are one) and of its own axes' sizes; summed over the systems; times datasets and models."""
+    cfg = load_bench_config(path)
+    per_system = 0
+    for system in cfg.systems:
+        ignored = ignored_settings(system)
+        sizes = [len({json.dumps({k: v for k, v in s.items() if k not in ignored}, sort_keys=True,
+                                 default=str) for _, s in axis.choices}) for axis in cfg.matrix]
+        sizes += [len(axis.choices) for axis in cfg.system_axes.get(system, ())]
+        per_system += math.prod(sizes)
+    return per_system * len(cfg.datasets) * len(cfg.models)
+
+
+def _dry_run(path: Path, *args: str) -> tuple[int, int, int, list[str]]:
+    """(configurations, repeats, runs, configuration ids) as `bench --dry-run` prints them."""
+    r = CliRunner().invoke(cli, ["bench", str(path), "--dry-run", *args])
+    assert r.exit_code == 0, r.output
+    (m,) = TOTAL.findall(r.output)
+    ids = [ln.split("\t")[0] for ln in r.output.splitlines()
+           if "\t" in ln and not ln.startswith("configuration\t")]
+    return *(int(x.replace(",", "")) for x in m), ids
 
 
 def _header(path: Path) -> list[str]:
@@ -98,16 +149,21 @@ def _named_benches(line: str) -> set[str]:
 
 def _readme_problems(text: str) -> tuple[list[str], list[str]]:
     """(wrong counts, bench files checked) of the README lines that state a count and name
-    one bench file; a line naming several with a count is ambiguous, and wrong too."""
+    one bench file; a line naming several with a count is ambiguous, and wrong too, and so is
+    a count of a file whose systems are a group (it follows the registry: --dry-run gives it)."""
     wrong, checked = [], []
     for i, line in enumerate(text.splitlines(), 1):
         names = _named_benches(line)
-        if not names or not COUNT.search(line):
+        if not names or not COUNT.search(line) or not _counts(line) & {"run", "configuration"}:
             continue
         if len(names) > 1:
             wrong.append(f"README.md:{i}: a count with several bench files ({', '.join(sorted(names))})")
             continue
         (name,) = names
+        if name in GROUPED:
+            wrong.append(f"README.md:{i}: a count of {name}, whose systems are a group: say "
+                         f"how to get it (bagpipe bench benchmarks/{name} --dry-run)")
+            continue
         configurations, repeat = _plan(BENCH[name])
         if m := REPEAT_OPTION.search(line):
             repeat = int(m[1])
@@ -119,6 +175,7 @@ def _readme_problems(text: str) -> tuple[list[str], list[str]]:
 
 def test_every_yaml_in_benchmarks_is_a_bench_file_or_a_simulate_scenario():
     assert "quick.yaml" in BENCH and "paper.yaml" in BENCH
+    assert {"quick.yaml", "paper.yaml"} <= GROUPED
     for path in FILES:
         if path.name not in BENCH:
             load_cluster(path)  # a scenario: plans no runs, so states none
@@ -126,37 +183,76 @@ def test_every_yaml_in_benchmarks_is_a_bench_file_or_a_simulate_scenario():
 
 
 @pytest.mark.parametrize("name", sorted(BENCH))
-def test_a_bench_files_header_states_the_planners_counts(name):
+def test_dry_run_prints_the_planners_arithmetic(name):
+    path = BENCH[name]
+    cfg = load_bench_config(path)
+    plan = plan_runs(cfg)
+    configurations, repeat, runs, ids = _dry_run(path)
+    assert configurations == _arithmetic(path) == len(plan), name
+    assert repeat == cfg.repeat and runs == configurations * repeat, name
+    assert ids == [f"{p.slug}-{p.key}" for p in plan] and len(set(ids)) == len(ids), name
+    other = cfg.repeat + 1  # --repeat applies as for a real bench
+    assert _dry_run(path, "--repeat", str(other))[:3] == (configurations, other,
+                                                          configurations * other), name
+
+
+def test_dry_run_writes_nothing_and_applies_quick(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = CliRunner().invoke(cli, ["bench", "--quick", "--dry-run", "--repeat", "2"])
+    assert r.exit_code == 0, r.output
+    configurations = _arithmetic(find_bench_file("quick"))
+    assert TOTAL.findall(r.output) == [(f"{configurations:,}", "2", f"{configurations * 2:,}")]
+    assert list(tmp_path.iterdir()) == []  # no bench folder, no dataset generated
+
+
+def test_dry_run_checks_the_size_limits(tmp_path):
+    f = tmp_path / "big.yaml"
+    f.write_text("name: big\ndatasets:\n  - {name: d, path: d, synth: {preset: tiny, rows: 100}}\n"
+                 "systems: [sync]\nrepeat: 1\nbase: {iterations: 4, warmup: 1}\n")
+    r = CliRunner().invoke(cli, ["bench", str(f), "--dry-run", "--repeat", "1001"])
+    assert r.exit_code != 0 and "at most 1,000" in r.output, r.output
+
+
+@pytest.mark.parametrize("name", sorted(BENCH))
+def test_a_header_states_a_count_only_for_a_fixed_system_list(name):
     path = BENCH[name]
     header = " ".join(_header(path))
-    configurations, repeat = _plan(path)
-    assert {"configuration", "repeat", "run"} <= _counts(header), (
-        f"{name}: the header should say '{configurations:,} configurations x {repeat} repeats "
-        f"= {configurations * repeat:,} runs'")
-    assert _header_problems(path) == [], name
+    if name in GROUPED:
+        assert not _counts(header) & {"run", "configuration"}, (
+            f"{name}: its systems are a group ({', '.join(_groups(path))}): its count follows "
+            "the registry; say how to get it instead")
+        assert f"bagpipe bench benchmarks/{name} --dry-run" in header, name
+    else:
+        assert _header_problems(path) == [], name
 
 
 def test_the_readmes_run_counts_are_the_planners():
     wrong, checked = _readme_problems(README.read_text())
     assert wrong == []
     assert checked  # the README names bench files with their counts: some line was read
+    assert "bagpipe bench --quick --dry-run" in README.read_text()
 
 
 def test_the_check_finds_the_counts_that_were_wrong():
-    """The statements that once disagreed with `bench`'s own `[1/528]` are caught."""
-    configurations, repeat = _plan(BENCH["paper.yaml"])
-    line = ("bagpipe bench benchmarks/paper.yaml --repeat 3 --out results/paper  # 384 runs: "
-            "hours on 2 cores")
+    """A count that disagrees with the planner's is caught, and so is any count of a file
+    whose systems are a group (the README once said 384 runs where bench printed [1/528])."""
+    fixed = sorted(set(BENCH) - GROUPED)[0]
+    configurations, repeat = _plan(BENCH[fixed])
+    wrong_runs = configurations * 3 + 1
+    line = f"bagpipe bench benchmarks/{fixed} --repeat 3 --out results/x  # {wrong_runs} runs"
     wrong, checked = _readme_problems(line)
-    assert checked == ["paper.yaml"]
-    assert wrong == [f"README.md:1 (paper.yaml at repeat 3): '384 runs' should be "
+    assert checked == [fixed]
+    assert wrong == [f"README.md:1 ({fixed} at repeat 3): '{wrong_runs} runs' should be "
                      f"{configurations * 3:,} runs"]
-    assert configurations * 3 == 624  # what `bench ... --repeat 3` prints: [1/624] (12 systems)
-    header = "criteo-kaggle.yaml. 128 configurations x 3 repeats = 256 runs; hours on 2 CPU cores."
+    line = "bagpipe bench benchmarks/paper.yaml --repeat 3 --out results/paper  # 384 runs"
+    assert _readme_problems(line) == ([
+        "README.md:1: a count of paper.yaml, whose systems are a group: say how to get it "
+        "(bagpipe bench benchmarks/paper.yaml --dry-run)"], [])
+    header = "x.yaml. 128 configurations x 3 repeats = 256 runs; hours on 2 CPU cores."
     assert _wrong(header, configurations, repeat) == [
         f"'128 configurations' should be {configurations} configurations",
         f"'3 repeats' should be {repeat} repeats",
         f"'256 runs' should be {configurations * repeat} runs"]
     assert _wrong("1,000 runs", 500, 2) == [] and _wrong("1 run", 1, 1) == []
-    assert _readme_problems("`paper.yaml` and `quick.yaml`: 12 runs")[0] == [
-        "README.md:1: a count with several bench files (paper.yaml, quick.yaml)"]
+    assert _readme_problems("`successors.yaml` and `torchrec.yaml`: 12 runs")[0] == [
+        "README.md:1: a count with several bench files (successors.yaml, torchrec.yaml)"]

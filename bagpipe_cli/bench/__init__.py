@@ -9,7 +9,13 @@ Results are read back with `bagpipe_cli.results.load_results`.
 
 from bagpipe_cli.bench.config import find_bench_file, load_bench_config, parse_bench_config
 from bagpipe_cli.bench.matrix import BenchConfig, DatasetSpec, MatrixAxis, ProfileSpec
-from bagpipe_cli.bench.plan import SYSTEM_OWN_SETTINGS, PlannedRun, ignored_settings, plan_runs
+from bagpipe_cli.bench.plan import (
+    SYSTEM_OWN_SETTINGS,
+    PlannedRun,
+    ignored_settings,
+    plan_lines,
+    plan_runs,
+)
 from bagpipe_cli.bench.runner import (
     BenchEvent,
     BenchResult,
@@ -21,6 +27,6 @@ from bagpipe_cli.bench.runner import (
 __all__ = [
     "SYSTEM_OWN_SETTINGS", "BenchConfig", "BenchEvent", "BenchResult", "DatasetSpec",
     "MatrixAxis", "PlannedRun", "ProfileSpec", "default_out", "find_bench_file",
-    "ignored_settings", "load_bench_config", "parse_bench_config", "plan_runs",
+    "ignored_settings", "load_bench_config", "parse_bench_config", "plan_lines", "plan_runs",
     "read_bench_config", "run_bench",
 ]  # fmt: skip

@@ -234,3 +234,25 @@ def duration(seconds: float) -> str:
         if seconds < below:
             return f"{seconds / size:,.0f} {unit}"
     return ""  # (unreachable)
+
+
+def plan_lines(cfg: BenchConfig) -> list[str]:
+    """`bagpipe bench --dry-run`'s output: the plan `plan_runs` makes (its size checks
+    included), one line per configuration (its run id without `-r<N>`, system, model, dataset,
+    variant and setting), then `N configurations x R repeats = M runs` and the run ids of the
+    first repeat and the last (repeats are interleaved: the plan's order, repeat by repeat)."""
+    plan = plan_runs(cfg)
+    lines = [f"bench {cfg.name} ({cfg.source}): datasets {len(cfg.datasets)}, models "
+             f"{len(cfg.models)}, systems {len(cfg.systems)}, matrix axes "
+             f"{' x '.join(str(len(a.choices)) for a in cfg.matrix) or 'none'}"]
+    lines.append("configuration\tsystem\tmodel\tdataset\tvariant\tsetting")
+    for p in plan:
+        lines.append("\t".join([f"{p.slug}-{p.key}", p.config.system, p.config.model, p.dataset,
+                                p.variant_label or "-", p.setting_label]))
+    n = len(plan)
+    lines.append(f"{n:,} configuration{'s' if n != 1 else ''} x {cfg.repeat:,} "
+                 f"repeat{'s' if cfg.repeat != 1 else ''} = {n * cfg.repeat:,} "
+                 f"run{'s' if n * cfg.repeat != 1 else ''}")
+    lines.append(f"run ids: <configuration>-r<repeat>, repeat 1 to {cfg.repeat:,} (e.g. "
+                 f"{plan[0].run_id(1) if plan else '-'})")
+    return lines

@@ -30,6 +30,7 @@ LIVE_ROWS = 12  # finished runs shown in the live table (all are in index.csv)
 @click.command(epilog="""\b
 Examples:
   bagpipe bench --quick                      # benchmarks/quick.yaml, minutes on 2 cores
+  bagpipe bench benchmarks/paper.yaml --dry-run  # its configurations and runs, nothing run
   bagpipe bench benchmarks/paper.yaml --repeat 5 --out results/paper
   bagpipe bench --resume --out results/paper  # continue an interrupted bench
   bagpipe report results/paper""")
@@ -42,13 +43,19 @@ Examples:
 @click.option("--resume", is_flag=True,
               help="Continue the bench in --out: skip runs already complete there (CONFIG "
                    "defaults to the one stored in that folder).")
+@click.option("--dry-run", is_flag=True,
+              help="Plan the matrix (its size limits checked) and print its configurations, "
+                   "repeats and runs (N configurations x R repeats = M runs); run and write "
+                   "nothing.")
 @translate_errors
-def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None, resume: bool) -> None:
+def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None, resume: bool,
+          dry_run: bool) -> None:
     """Run a benchmark matrix (systems x models x datasets x settings) from a YAML/TOML CONFIG.
 
     Every run is stored in <out>/runs/<run-id>/ (config.json, metrics.csv, summary.json) and
     listed in <out>/index.json and index.csv as soon as it finishes, so an interrupted bench
-    keeps its finished runs; --resume skips them. Repeats are interleaved. Missing synthetic
+    keeps its finished runs; --resume skips them. --dry-run prints the plan (how many runs a
+    bench file makes: its header does not state it when its systems are a group). Repeats are interleaved. Missing synthetic
     datasets are generated first, and each dataset is profiled into <out>/profiles/.
 
     At the end: a table of every configuration (median over repeats of samples/s and of each
@@ -61,23 +68,13 @@ def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None
         raise click.UsageError("give a CONFIG file or --quick, not both")
     if resume and out is None:
         raise click.UsageError("--resume needs --out: the bench folder to continue")
-    from bagpipe_cli.bench import (
-        default_out,
-        find_bench_file,
-        load_bench_config,
-        parse_bench_config,
-        plan_runs,
-        read_bench_config,
-        run_bench,
-    )
+    from bagpipe_cli.bench import default_out, plan_lines, plan_runs, run_bench
 
-    if config is not None:
-        cfg = load_bench_config(config)
-    elif resume and not quick:
-        cfg = parse_bench_config(read_bench_config(out), str(out / "bench.json"))
-    else:
-        cfg = load_bench_config(find_bench_file("quick"))
-    cfg = cfg.with_repeat(repeat)
+    cfg = _load(config, quick, resume, out).with_repeat(repeat)
+    if dry_run:
+        for line in plan_lines(cfg):
+            click.echo(line)  # tab-separated columns, as written (rich would expand the tabs)
+        return
     out = out or default_out(cfg)
     # The bench folder only gains runs (--resume's folder is --out itself); it must not be,
     # hold or lie inside the bench file or a dataset.
@@ -103,6 +100,22 @@ def bench(config: Path | None, quick: bool, out: Path | None, repeat: int | None
     console.print(f"{result.ran} runs done, {result.skipped} kept from before; bench folder: {out}",
                   soft_wrap=True)
     console.print(f"next: bagpipe report {out}", soft_wrap=True)
+
+
+def _load(config: Path | None, quick: bool, resume: bool, out: Path | None):
+    """The bench's config: CONFIG's, else --resume's folder's (without --quick), else quick's."""
+    from bagpipe_cli.bench import (
+        find_bench_file,
+        load_bench_config,
+        parse_bench_config,
+        read_bench_config,
+    )
+
+    if config is not None:
+        return load_bench_config(config)
+    if resume and not quick:
+        return parse_bench_config(read_bench_config(out), str(out / "bench.json"))
+    return load_bench_config(find_bench_file("quick"))
 
 
 def _check_checkpoint_dirs(plan: list, inputs: list[Input], resume: bool) -> None:
