@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bagpipe_cli.engine.planning.partition import NO_SYNC, SYNC_LATER, SYNC_NOW, Partition
+from bagpipe_cli.engine.planning.slices import ALL
 
 
 @dataclass
@@ -79,7 +80,10 @@ class BatchClasses:
         row_class = np.full(len(evicted), SYNC_LATER, dtype=np.int8)
         row_class[in_next] = SYNC_NOW
         row_class[no_sync] = NO_SYNC
-        self.row_class[at], self.owner[at] = row_class, owner
+        if at is ALL:  # one slice: the batch's own arrays
+            self.row_class, self.owner = row_class, owner
+        else:
+            self.row_class[at], self.owner[at] = row_class, owner
         mine = np.bincount(owner[no_sync], minlength=len(self.owner_rows))
         with self._lock:
             self.owner_rows += mine

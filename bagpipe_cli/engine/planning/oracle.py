@@ -87,11 +87,11 @@ class _Read:
 class Oracle:
     """Consumes global batches' keys and yields RoundPlans (see the module docstring).
 
-    Stages: read batch b+L (update `latest`), finish the per-iteration view of b (fetched /
-    evicted / sync lists, the partition), each by the `planners` workers on their slices of
-    the rows (on a thread pool, or one after the other on the oracle's thread without
-    `threads`); then, on the oracle's thread, the batch's classes and at each round boundary
-    the previous round's slots freed and the new round's allocated. `workers.cpu` is each
+    Stages: read batch b+L (update `latest`), make b's pairs, fetched and evicted rows,
+    partition and LRPP classes, each by the `planners` workers on their slices of the rows
+    (on a thread pool, or one after the other on the oracle's thread without `threads`);
+    then, on the oracle's thread, the slices gathered and laid together, and at each round
+    boundary the previous round's slots freed and the new round's allocated. `workers.cpu` is each
     worker's thread CPU time, `serial_cpu` the oracle thread's own (batches' reading left out).
     """
 
@@ -281,14 +281,14 @@ class Oracle:
         the trainers' accesses, then reads its slice's (`slices.py`)."""
         if r.codes is None:
             trainers = self._trainer_of(len(r.inverse))
-            if r.split.local is None:
-                r.codes = [pairs_of(r.inverse, len(r.uniq), trainers, self.N)]
+            if r.split.local is None:  # one worker: the whole batch's
+                r.codes = self.workers.run(lambda s: pairs_of(r.inverse, len(r.uniq), trainers, self.N))
             else:  # trainer-aligned shares of the accesses, then each slice's pairs
-                k, a, n, size = self.workers.k, len(r.inverse), self.N, len(r.uniq) * self.N
+                k, a, n, cells = self.workers.k, len(r.inverse), self.N, len(r.uniq) * self.N
                 cuts = [a // n * (n * w // k) for w in range(k + 1)]
-                if len(self._mark) < size:  # kept from batch to batch: its pages touched once
-                    self._mark = np.zeros(size + size // 4, dtype=bool)
-                mark = self._mark[:size]
+                if len(self._mark) < cells:  # kept from batch to batch: its pages touched once
+                    self._mark = np.zeros(cells + cells // 4, dtype=bool)
+                mark = self._mark[:cells]
                 self.workers.run(lambda w: mark_accesses(mark, r.inverse, trainers, n, cuts[w], cuts[w + 1]))
                 r.codes = self.workers.run(lambda s: slice_pairs(mark, r.split.parts[s], n))
         return r.codes
