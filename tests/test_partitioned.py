@@ -263,7 +263,7 @@ def criteo_log(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("n,k,procs", [(3, 4, False), (2, 2, False),
+@pytest.mark.parametrize("n,k,procs", [(3, 4, False), pytest.param(2, 2, False, marks=pytest.mark.extended),
                                        pytest.param(3, 2, True, marks=[pytest.mark.slow, pytest.mark.extended]),
                                        pytest.param(4, 4, True, marks=[pytest.mark.slow, pytest.mark.extended])])
 def test_sliced_planning_on_a_real_log_equals_sync(criteo_log, tmp_path, n, k, procs):

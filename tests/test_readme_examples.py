@@ -38,6 +38,8 @@ SKIPPED = {
     "bagpipe bench --resume --out results/paper": "continues results/paper, of the line above",
     "bagpipe bench benchmarks/successors.yaml --out results/successors":
         "42 runs, minutes (a small bench of the same systems stands in for its folder)",
+    "bagpipe profile data/mine --batch-size 1024 --out results/mine-profile":
+        "the Criteo sample profiled again (tests/test_profile.py profiles it against its definitions)",
     "bagpipe advise data/mine --trainers 16 --net-gbps 25 --out results/mine-advice":
         "a minute of runs and modelling (tests/test_advise.py runs advise, smaller)",
     "bagpipe advise data/mine --trainers 16 --net-gbps 25 --scale 100 --out results/mine-advice-x100":

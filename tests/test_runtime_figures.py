@@ -83,7 +83,7 @@ def _summed(summary: dict, way: str) -> dict[str, int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("which", ["tiny", pytest.param("criteo", marks=pytest.mark.extended)])
-@pytest.mark.parametrize("system", ["bagpipe", "sync"])
+@pytest.mark.parametrize("system", ["bagpipe", pytest.param("sync", marks=pytest.mark.extended)])
 @pytest.mark.parametrize("trainers", [2, pytest.param(4, marks=pytest.mark.extended)])
 def test_the_same_figures_in_process_and_over_procs(request, tmp_path, which, system, trainers):
     """The same settings in-process and over --procs: the same rows fetched (per iteration),
