@@ -21,7 +21,7 @@ def test_advise_names_the_fastest_of_the_model_and_writes_its_page(tiny_dataset,
     """On the log twice as large (--scale 2)."""
     out, scaled = tmp_path / "advice", tmp_path / "x2"
     r = run_cli("advise", str(tiny_dataset), "--trainers", "2", "--net-gbps", "1",
-                "--systems", "sync,bagpipe,local", "--iterations", "10", "--warmup", "2",
+                "--systems", "sync,bagpipe,local", "--iterations", "6", "--warmup", "1",
                 "--scale", "2", "--scaled-data", str(scaled), "--out", str(out))
     assert r.returncode == 0, r.stderr[-2000:]
     assert open_dataset(scaled).rows == 2 * open_dataset(tiny_dataset).rows

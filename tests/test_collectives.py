@@ -71,6 +71,8 @@ def test_every_collective_sums_like_the_in_process_engine(n):
         assert p.returncode == 0 and out.strip() == "ok", err[-2000:]
 
 
+# 5 s: in make test-all; the two-trainer sums of every collective stay in make test.
+@pytest.mark.extended
 def test_three_trainers_train_alike_with_every_collective(tiny_dataset, tmp_path):
     """3 trainer processes: the exact sum gives bitwise the in-process engine's parameters
     (the all-gather's bitwise sums are checked above); the all-reduce gives them within float

@@ -12,6 +12,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
@@ -125,6 +126,9 @@ def test_the_lists_name_readme_lines():
         assert all(old in line for old, _ in subs), line
 
 
+# 21 s: in make test-all (and benchmarks/readme_examples.py runs every line at full size);
+# make test, install included, is at its 6-minute budget.
+@pytest.mark.extended
 def test_every_readme_example_runs(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     _stand_ins(tmp_path)
