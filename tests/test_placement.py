@@ -10,7 +10,13 @@ from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig, train
-from bagpipe_cli.launch.placement import available_cores, plan_in_process, plan_rank, reserved_cores
+from bagpipe_cli.launch.placement import (
+    available_cores,
+    default_threads,
+    plan_in_process,
+    plan_rank,
+    reserved_cores,
+)
 
 LINUX = hasattr(os, "sched_setaffinity")
 
@@ -32,9 +38,12 @@ def test_in_process_keeps_cores_for_the_oracle_and_servers():
 def test_in_process_gives_the_feed_the_cores_it_was_measured_to_need():
     cores = tuple(range(8))
     shared = plan_in_process("auto", None, cores, feed_need=0.3)  # under half a core: share
-    assert shared.compute == shared.helpers == cores and shared.torch_threads == 8
+    assert shared.compute == shared.helpers == cores and shared.torch_threads == 7
+    # more than the reserved core: the helpers get it, torch's threads keep the rest
     two = plan_in_process("auto", None, cores, feed_need=2.4)
-    assert (two.compute, two.helpers, two.torch_threads) == (tuple(range(6)), (6, 7), 6)
+    assert (two.compute, two.helpers, two.torch_threads) == (tuple(range(7)), (7,), 7)
+    given = plan_in_process("auto", 4, cores, feed_need=2.4)  # --threads 4 leaves the feed 2
+    assert (given.compute, given.helpers, given.torch_threads) == (tuple(range(6)), (6, 7), 4)
     most = plan_in_process("auto", None, (0, 1), feed_need=5.0)  # the trainers keep one core
     assert (most.compute, most.helpers) == ((0,), (1,))
     gpu = plan_in_process("auto", None, cores, gpu=True, feed_need=0.1)  # a GPU: all but 2
@@ -43,12 +52,24 @@ def test_in_process_gives_the_feed_the_cores_it_was_measured_to_need():
 
 def test_on_a_busy_machine_no_core_is_kept_apart():
     cores = tuple(range(8))
-    busy = plan_in_process("auto", None, cores, feed_need=2.4, load=0.5)  # 4 others: 4 left
-    assert busy.compute == busy.helpers == cores and busy.torch_threads == 4 and busy.load == 0.5
-    assert plan_in_process("auto", None, (0, 1), load=2.0).torch_threads == 1  # at least one
+    busy = plan_in_process("auto", None, cores, feed_need=2.4, load=0.5)
+    assert busy.compute == busy.helpers == cores and busy.torch_threads == 7 and busy.load == 0.5
     calm = plan_in_process("auto", None, cores, feed_need=2.4, load=0.4)
-    assert calm.helpers == (6, 7) and calm.load == 0.4
+    assert calm.helpers == (7,) and calm.load == 0.4
     assert plan_in_process("auto", 3, cores, load=2.0).torch_threads == 3  # --threads still rules
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_torchs_threads_depend_on_the_cores_alone(gpu):
+    """The parameters' bits depend on torch's thread count: neither the feed's measured need
+    nor the machine's load may change it (two runs of one command, or bagpipe's and sync's,
+    got 2 threads and 1 under load, and differed)."""
+    for n in (1, 2, 3, 8, 16, 64):
+        cores = tuple(range(n))
+        got = {plan_in_process("auto", None, cores, gpu, need, load).torch_threads
+               for need in (None, 0.0, 0.3, 0.7, 2.4, 100.0) for load in (None, 0.0, 0.4, 0.5, 3.0)}
+        assert got == {default_threads(n, gpu)}, n
+        assert default_threads(n, gpu) == (2 if gpu and n > 2 else max(1, n - reserved_cores(n)))
 
 
 def test_ranks_share_a_machine():
@@ -81,12 +102,14 @@ def test_an_in_process_run_pins_and_then_unpins_the_caller(tiny_dataset, monkeyp
     assert 0 < p["feed_need"] < 0.5
     assert tuple(p["compute"]) == plan_in_process("auto", None, before, feed_need=p["feed_need"]).compute
     assert tuple(p["compute"]) == before == tuple(p["helpers"])
-    # on a busy machine the feed is not measured: every thread shares every core, torch gets
-    # the cores the others leave (at least one)
+    threads = p["torch_threads"]
+    assert threads == default_threads(len(before))
+    # on a busy machine the feed is not measured: every thread shares every core, and torch
+    # keeps its thread count (the bits depend on it)
     monkeypatch.setattr(runtime, "machine_load", lambda cores: 2.0)
     r = train(TrainConfig(data=str(tiny_dataset), batch_size=256, iterations=5, eval_rows=1000))
     (p,) = r.config["layout"]["placement"]
-    assert p["feed_need"] is None and p["load"] == 2.0 and p["torch_threads"] == 1
+    assert p["feed_need"] is None and p["load"] == 2.0 and p["torch_threads"] == threads
     assert tuple(p["compute"]) == before == tuple(p["helpers"]) and available_cores() == before
 
 
@@ -102,3 +125,20 @@ def test_ranks_record_their_placement(tiny_dataset, tmp_path):
     assert [p["rank"] for p in layout["placement"]] == [0, 1, 2, 3]
     expect = [plan_rank("auto", None, roles, k, available_cores()).compute for k in range(4)]
     assert [tuple(p["compute"]) for p in layout["placement"]] == expect
+
+
+def test_runs_compute_alike_whatever_the_load_they_met(tiny_dataset, monkeypatch):
+    """sync on an idle machine and fae (exact) on a busy one: bitwise the same parameters.
+    (The load once set torch's thread count, and the bits depend on it.)"""
+    from helpers import assert_same_parameters
+
+    from bagpipe_cli.engine.local import runtime
+
+    kw = dict(data=str(tiny_dataset), batch_size=256, iterations=12, eval_rows=1000)
+    monkeypatch.setattr(runtime, "machine_load", lambda cores: 0.0)
+    monkeypatch.setattr(runtime, "feed_need", lambda s, cores: 0.1)
+    idle = train(TrainConfig(system="sync", **kw))
+    monkeypatch.setattr(runtime, "machine_load", lambda cores: 3.0)
+    busy = train(TrainConfig(system="fae", cache_rows=2500, **kw))
+    assert busy.config["layout"]["placement"][0]["load"] == 3.0
+    assert_same_parameters(idle, busy)

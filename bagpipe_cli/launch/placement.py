@@ -4,14 +4,12 @@ planner and the servers get, so that on one machine the trainer's compute stays 
 On a cluster the oracle and the servers run on machines of their own; on one machine they
 share the cores with the trainers. With `--placement auto` (the default):
 
-- in-process: the planner, server and collective threads get the cores the feed
-  needs, measured before training (`feed_need`: its seconds to read and index a batch over
-  the trainers' seconds to compute one, rounded; engine/local/runtime.py), and the main
-  thread and torch's intra-op threads the rest; torch gets as many threads as it has cores.
-  A feed that needs less than half a core shares every core with the trainers (on 2 cores a
-  reserved core would halve them). Without a measurement (a GPU, or none asked for) the
-  helpers get `reserved_cores(n)` of the n cores (1 of 2..9, 2 of 10..17, ...); on a GPU
-  all but GPU_TRAINER_CORES;
+- in-process: torch gets `default_threads(n)` threads on n cores (all but
+  `reserved_cores(n)`: 1 of 2..9, 2 of 10..17, ...; GPU_TRAINER_CORES on a GPU), a count
+  fixed by the cores alone. The planner, server and collective threads get the
+  reserved cores, or share every core when the feed was measured to need less than half a
+  core (`feed_need`: its seconds to read and index a batch over the trainers' seconds to
+  compute one; engine/local/runtime.py); on a GPU they get all but GPU_TRAINER_CORES;
 - over torch.distributed: the ranks on one machine split its cores: the trainer ranks get
   an equal share each (as many torch threads as cores; at most GPU_TRAINER_CORES for a
   trainer on a GPU, whose CPU only launches kernels), the oracle and server ranks what is
@@ -22,10 +20,12 @@ share the cores with the trainers. With `--placement auto` (the default):
 On a busy machine (other processes' runnable tasks at BUSY_LOAD per core or more when an
 in-process run starts) no core is kept apart: every thread may run on every core, so the
 scheduler can move a thread away from the other work (a core reserved for the helpers, or a
-trainer pinned to one core, only queues behind it), and torch gets a thread for each core the
-others leave, at least one: each parallel region waits for its slowest thread, and on a core
-shared with other work a thread waits its turn (benchmarks/bench_threads.py: 2 threads ran
-sync 0.65x and bagpipe 0.83x their 1-thread speed under 2 busy processes per core).
+trainer pinned to one core, only queues behind it).
+
+Neither the measurement nor the load changes torch's thread count: the parameters' bits
+depend on it (a sum over a batch is split among the threads), so two runs of one command,
+or bagpipe's and sync's, must get the same count whatever the machine was doing (a run
+that took 2 threads beside one that took 1 under load made bagpipe differ from sync).
 torch's threads never spin while they wait (OMP_WAIT_POLICY=PASSIVE, bagpipe_cli/__init__.py).
 
 `--placement off` leaves threads to the OS and torch's default (the engine before this).
@@ -66,6 +66,15 @@ def reserved_cores(n: int) -> int:
     return 0 if n < 2 else 1 + (n - 2) // 8
 
 
+def default_threads(n: int, gpu: bool = False) -> int:
+    """torch's threads in an in-process run on n cores without --threads: the cores not
+    reserved for the helpers (GPU_TRAINER_CORES on a GPU). A function of the cores alone, so
+    that the bits of a run do not depend on a measurement or on the load (module docstring)."""
+    if gpu and n > GPU_TRAINER_CORES:
+        return GPU_TRAINER_CORES
+    return max(1, n - reserved_cores(n))
+
+
 @dataclass(frozen=True)
 class Placement:
     """One process's cores: `compute` for the trainer's torch threads (its main thread),
@@ -92,21 +101,25 @@ def plan_in_process(policy: str, threads: int | None, cores: tuple[int, ...],
     """The placement of an in-process run on `cores` (`gpu`: the trainers compute on a GPU,
     so the helpers get all but GPU_TRAINER_CORES of them; `feed_need`: the cores the feed
     was measured to need, which the helpers get, rounded, at most all but one; `load`: other
-    processes' runnable tasks per core: on a busy machine every thread shares every core)."""
+    processes' runnable tasks per core: on a busy machine every thread shares every core).
+    torch's thread count is --threads or `default_threads`: neither `feed_need` nor `load`
+    changes it."""
     if policy == "off":
         import torch
 
         return Placement(policy, "in-process", cores, cores, threads or torch.get_num_threads())
+    torch_threads = threads or default_threads(len(cores), gpu)
     if load is not None and load >= BUSY_LOAD:  # a core kept apart is not ours to keep
-        free = max(1, len(cores) - round(load * len(cores)))  # the cores the others leave
-        return Placement(policy, "in-process", cores, cores, threads or free, load=load)
+        return Placement(policy, "in-process", cores, cores, torch_threads, load=load)
     r = reserved_cores(len(cores))
     if gpu and len(cores) > GPU_TRAINER_CORES:
         r = len(cores) - GPU_TRAINER_CORES
     elif not gpu and feed_need is not None:
-        r = min(len(cores) - 1, int(feed_need + 0.5))
+        # The measured need, rounded, but never so many cores that torch's threads would
+        # share them (without --threads: at most the reserved ones; 0 shares every core).
+        r = max(0, min(len(cores) - 1, int(feed_need + 0.5), len(cores) - torch_threads))
     compute, helpers = (cores[:-r], cores[-r:]) if r else (cores, cores)
-    return Placement(policy, "in-process", compute, helpers, threads or len(compute),
+    return Placement(policy, "in-process", compute, helpers, torch_threads,
                      feed_need=feed_need, load=load)
 
 
