@@ -8,7 +8,7 @@ import numpy as np
 
 from bagpipe_cli.policies import simulators
 from bagpipe_cli.policies.simulators import hot_rows, simulate_belady, simulate_lfu, simulate_lru
-from bagpipe_cli.policies.table import POLICIES
+from bagpipe_cli.policies.table import policy_names
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -19,7 +19,7 @@ def _bullets(text: str) -> dict[str, str]:
     name = None
     for line in text.splitlines():
         m = re.match(r"- (\w+)(\(\w\))?: ", line)
-        if m and m.group(1) in POLICIES:
+        if m and m.group(1) in policy_names():
             name = m.group(1)
             out[name] = line
         elif name is not None and line.startswith("  ") and line.strip():
@@ -32,7 +32,7 @@ def _bullets(text: str) -> dict[str, str]:
 def test_the_readme_defines_every_policy_as_the_docstring_does():
     doc = _bullets(simulators.__doc__)
     readme = _bullets(README.read_text())
-    assert sorted(doc) == sorted(POLICIES)
+    assert sorted(doc) == sorted(policy_names())
     assert readme == doc
 
 
@@ -50,3 +50,26 @@ def test_fae_ties_go_to_the_smaller_key():
     counts = np.array([0, 0, 0, 4, 0, 4, 1])  # rows 3 and 5 tie for the one hot slot
     assert np.flatnonzero(hot_rows(counts, 1)).tolist() == [3]
     assert np.flatnonzero(hot_rows(counts, 2)).tolist() == [3, 5]
+
+
+def test_a_policys_decisions_replayed_are_its_simulator():
+    """profile simulates a system's own policy by replaying its planner's decisions
+    (`simulate_decisions`): for the table's policies that have both, the replay and the
+    simulator agree batch by batch (and on the peak of resident rows)."""
+    from bagpipe_cli.policies.simulators import simulate_decisions
+    from bagpipe_cli.policies.table import capacity_policy_names, policy
+
+    rng = np.random.default_rng(3)
+    trace = [np.unique(rng.zipf(1.3, 40) % 300) for _ in range(60)]
+    checked = 0
+    for name in capacity_policy_names():
+        p = policy(name)
+        if p.decisions is None or p.simulate is None:
+            continue
+        for r in (max(len(b) for b in trace), 150, 400):
+            got = simulate_decisions(name, trace, r, p.decisions)
+            want = p.simulate(trace, r, None, None)
+            assert got.fetched_per_batch.tolist() == want.fetched_per_batch.tolist(), (name, r)
+            assert got.peak_resident_rows == want.peak_resident_rows, (name, r)
+        checked += 1
+    assert checked >= 3

@@ -96,6 +96,19 @@ sim = CliRunner().invoke(cli, ["simulate", data, "--systems", %(name)r + ",sync"
                                "1", "--batch-size", "256", "--iterations", "20",
                                "--eval-rows", "2000", "--trainers", "2"], terminal_width=400)
 out["simulate"] = sim.output
+# profile simulates its policy (its decisions replayed): the rows the engine fetches
+import csv, tempfile
+prof = tempfile.mkdtemp() + "/p"
+p = CliRunner().invoke(cli, ["profile", data, "--batch-size", "256", "--lookahead", "4",
+                             "--cache-rows", "3000", "--policies", %(name)r + ",none",
+                             "--out", prof], terminal_width=400)
+out["profile_exit"], out["profile_output"] = p.exit_code, p.output
+if p.exit_code == 0:
+    with open(prof + "/per_batch.csv") as f:
+        out["profiled"] = [int(r[%(name)r + "_R3000"]) for r in csv.DictReader(f)]
+    one = train(TrainConfig(system=%(name)r, cache_rows=3000, **{**kw, "trainers": 1}))
+    out["engine_per_iteration"] = [int(x) for x in one.metrics["rows_fetched"]]
+out["profile_default"] = CliRunner().invoke(cli, ["profile", "--help"], terminal_width=400).output
 print(json.dumps(out))
 """
 
@@ -113,6 +126,11 @@ def test_a_system_registered_in_a_test_is_in_every_list_and_trains_exactly(tiny_
     assert "Cache rows of" in help_text and f"{NAME}" in help_text.split("Cache rows of", 1)[1][:200]
     facts = {f["name"]: f for f in out["systems"]}
     assert facts[NAME]["simulated"] == "policy" and facts[NAME]["fidelity"] == "yes"
+    assert facts[NAME]["profiled"] == NAME  # profile simulates its own policy
+    assert out["profile_exit"] == 0, out["profile_output"]
+    assert NAME in out["profile_default"].split("--policies", 1)[1].split("--dim", 1)[0]
+    engine = out["engine_per_iteration"]  # the first batches: the policy looks at no later one
+    assert engine == out["profiled"][:len(engine)] and sum(engine) > 0
     assert NAME in out["bench_all"] and NAME in out["simulate_default"]
     assert NAME in out["planner_fix"]  # the memory refusal's advice
     assert out["planner_bytes"] == PER_ROW * out["total_rows"]  # its declared per-row state

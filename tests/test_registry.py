@@ -24,7 +24,7 @@ import yaml
 
 from bagpipe_cli.engine import registry
 from bagpipe_cli.engine.registry import SystemSpec
-from bagpipe_cli.policies.table import POLICIES
+from bagpipe_cli.policies.table import policy_names
 
 ROOT = Path(__file__).resolve().parents[1]
 Systems = dict[str, SystemSpec]
@@ -263,7 +263,7 @@ def _code_lists() -> list[tuple[str, frozenset[str], int]]:
                 firsts = [e.elts[0] if isinstance(e, ast.Tuple) and e.elts else e for e in node.elts]
                 found = frozenset(e.value for e in firsts  # names, or (name, ...) pairs
                                   if isinstance(e, ast.Constant) and e.value in names)
-                policies = {e.value for e in firsts if isinstance(e, ast.Constant)} & set(POLICIES)
+                policies = {e.value for e in firsts if isinstance(e, ast.Constant)} & set(policy_names())
                 if len(found) >= 3 and not policies - names:  # else: a list of policies
                     out.append((rel, found, node.lineno))
     return out

@@ -50,7 +50,7 @@ from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, GROUPS, group
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.model_names import MODEL_NAMES
-from bagpipe_cli.profile import POLICIES
+from bagpipe_cli.policies.table import policy_names
 from bagpipe_cli.records import read_record
 
 BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", "base", "matrix",
@@ -302,9 +302,9 @@ def _profile(v: Any, where: str) -> ProfileSpec | None:
         return None
     pol = tuple(_str_list(v.get("policies", ["none", "bagpipe"]), where, "profile.policies"))
     for p in pol:
-        if p not in POLICIES:
+        if p not in policy_names():
             raise ConfigError(f"{where}: profile.policies: unknown policy {p!r}; choose from "
-                              f"{', '.join(POLICIES)}")
+                              f"{', '.join(policy_names())}")
     la = v.get("lookaheads")
     if la is not None:
         la = tuple(la) if isinstance(la, list) else (la,)

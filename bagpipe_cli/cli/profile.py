@@ -28,7 +28,7 @@ from bagpipe_cli.cli.common import (
 )
 from bagpipe_cli.engine.config import EMB_OPTIMIZERS, TrainConfig
 from bagpipe_cli.outputs import Input
-from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES
+from bagpipe_cli.policies.table import capacity_policy_names, policy_names
 
 if TYPE_CHECKING:
     from bagpipe_cli.profile import ProfileResult
@@ -49,9 +49,9 @@ def _int(v: str) -> int:
               help="Bagpipe lookahead(s) L in batches, comma-separated; the largest is also K, "
                    "the distances k = 1..K of what lookahead buys (at most 64 and the batches - 1).")
 @click.option("--cache-rows", "cache_rows", default=None,
-              help=f"Cache capacities R (rows) for {', '.join(CAPACITY_POLICIES)}, comma-separated "
+              help=f"Cache capacities R (rows) for {', '.join(capacity_policy_names())}, comma-separated "
                    "[default: Bagpipe's peak at every L and 2 x the largest batch's unique rows].")
-@click.option("--policies", default=",".join(POLICIES), show_default=True,
+@click.option("--policies", default=",".join(policy_names()), show_default=True,
               help="Policies to simulate, comma-separated.")
 @click.option("--dim", type=int, default=TrainConfig.emb_dim, show_default=True,
               help="Embedding dimension, for the fp32 bytes fetched and the tables' size "

@@ -11,7 +11,7 @@ from bagpipe_cli.cli.common import console, translate_errors
 
 FORMATS = ("table", "markdown", "json")
 COLUMNS = ("system", "role", "what it models", "same parameters as sync", "settings it reads",
-           "cache on the trainers", "simulate models it")
+           "cache on the trainers", "simulate models it", "profile simulates")
 
 
 @click.command(epilog="\b\nExamples:\n  bagpipe systems\n  bagpipe systems --format json")
@@ -27,7 +27,7 @@ def systems(fmt: str) -> None:
         click.echo(json.dumps(facts, indent=2))
         return
     rows = [[f["name"], f["role"], f["summary"], f["fidelity"], ", ".join(f["reads"]) or "-",
-             f["cache"], f["simulated"] or "no"] for f in facts]
+             f["cache"], f["simulated"] or "no", f["profiled"] or "no"] for f in facts]
     if fmt == "markdown":
         click.echo("| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS))
         for r in rows:

@@ -24,7 +24,7 @@ from functools import partial
 from typing import Any
 
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.policies.table import policy
+from bagpipe_cli.policies.table import TABLE, policy, with_role
 
 # Settings that belong to one system rather than to the setting it runs in.
 SYSTEM_SETTINGS = ("lookahead", "round", "cache_rows", "staleness", "hot_sample",
@@ -158,6 +158,18 @@ class SystemSpec:
             raise ValueError(f"system {self.name!r} has no planner policy a trainer can follow")
         return decide
 
+    def profiled(self) -> str | None:
+        """The policy `bagpipe profile` simulates for its cache (policies/table.py): its own
+        (its `decisions`), the one it follows, the table's of its name (bagpipe, prefetch) or
+        no cache for the reference; None where profile has none (a cache that is not a policy's)."""
+        if self.decisions is not None:
+            return self.name
+        if self.policy:
+            return self.policy
+        if any(p.name == self.name for p in TABLE):
+            return self.name
+        return with_role("reference").name if self.role == "reference" else None
+
     def facts(self) -> dict[str, Any]:
         """What `bagpipe systems` shows of it."""
         if self.role == "reference":
@@ -182,6 +194,7 @@ class SystemSpec:
                 "fidelity": fidelity, "reads": sorted(f"--{s.replace('_', '-')}" for s in self.reads),
                 "cache": cache,
                 "simulated": (self.volumes or "").partition(":")[2].removesuffix("_volumes"),
+                "profiled": self.profiled(),
                 "color": self.color,
                 "runner": self.runner}
 
@@ -202,7 +215,7 @@ _CACHE_SETTINGS = frozenset({"lookahead", "round", "cache_rows"})
 
 def _baseline(name: str, summary: str, reads: frozenset[str] = _CACHE_SETTINGS,
               **kw: Any) -> SystemSpec:
-    """A fixed-capacity cache that follows cache policy `name` (lru, lfu, fae)."""
+    """A fixed-capacity cache that follows the policy table's policy `name`."""
     return SystemSpec(name, summary, plan=Lazy(f"{PLANNER}:policy_plan"),
                       build_system=Lazy(f"{SYSTEMS_PACKAGE}:CacheSystem.build",
                                         prefetch_ahead=False, lrpp=False),

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -267,6 +268,30 @@ def simulate_fae(trace: TraceLike, capacity: int, row_counts: np.ndarray | None 
         fetched[0] += loaded  # the hot rows are loaded before the first batch
     peak = loaded + (int(per_batch.max()) if len(per_batch) else 0)
     return _result("fae", tr, fetched, peak, cache_rows=int(capacity))
+
+
+def simulate_decisions(name: str, trace: TraceLike, capacity: int, decide: Callable[..., Any],
+                       progress: BatchProgress | None = None) -> PolicyResult:
+    """A fixed-capacity policy given only as a planner's decisions (`decide(trace, capacity,
+    hot_sample)`, as a system's registry entry names them): replayed batch by batch as the
+    engine's planner follows them, counting what each batch fetches and the rows resident
+    once its fetch is in (the hot set, if any, from every batch: hot_sample 1)."""
+    tr = as_trace(trace)
+    d = decide(tr, int(capacity), 1.0)
+    nb = len(tr)
+    fetched = np.zeros(nb, dtype=np.int64)
+    resident = peak = 0
+    for b in range(nb):
+        x = d.step(b, np.sort(tr.batch(b)))
+        resident += len(x.fetch) - len(x.before)
+        peak = max(peak, resident)
+        resident -= len(x.after)
+        fetched[b] = len(x.fetch)
+        if progress and (b + 1) % 64 == 0:
+            progress(64)
+    if progress and nb % 64:
+        progress(nb % 64)
+    return _result(name, tr, fetched, peak, cache_rows=int(capacity))
 
 
 # --------------------------------------------------------------------------- lru, lfu, belady

@@ -1,8 +1,20 @@
-"""Every cache policy `bagpipe profile` simulates and the engine's planners follow: one table.
+"""Every cache policy `bagpipe profile` simulates and the engine's planners follow.
 
-Code outside this table asks a policy what it is (what it is set by, its role, how to
-simulate it, how a trainer's planner follows it, its colour) instead of testing its name,
-so a new policy is one entry here plus its simulator or decisions.
+Two sources, one list (`policies()`):
+
+- `TABLE` below: the policies several systems or commands share: no cache (the reference),
+  the lookahead rule (bagpipe's; prefetch's at lookahead 1), the fixed-capacity policies
+  whose planners the baselines follow, and Belady (the optimum), each with an exact
+  simulator of its own;
+- a system's own policy: a fixed-capacity system whose registry entry names its planner's
+  `decisions` (engine/registry.py; the decisions in its module under `engine/systems/`) is a
+  policy of the same name, simulated by replaying those decisions (`simulate_decisions`).
+
+Where a new policy goes: a policy one system follows is that system's (its decisions and
+its registry entry: profile, bench and simulate then show it); one shared by several
+systems, or needing a faster simulator than the replay, is an entry here. Code outside asks
+a policy what it is (what it is set by, its role, how to simulate it, how a trainer's
+planner follows it, its colour) instead of testing its name.
 """
 
 from __future__ import annotations
@@ -18,6 +30,7 @@ from bagpipe_cli.policies.simulators import (
     lfu_count_bound,
     lfu_priority,
     simulate_belady,
+    simulate_decisions,
     simulate_fae,
     simulate_lfu,
     simulate_lru,
@@ -69,17 +82,48 @@ TABLE = (
     Policy("belady", "belady", "#000000", "cache_rows", role="optimum", line="--",
            simulate=lambda tr, r, progress, counts: simulate_belady(tr, r, progress)),
 )
-POLICIES = tuple(p.name for p in TABLE)
+
+
+def _own(spec: Any) -> Policy:
+    """System `spec`'s own policy (its registry entry's `decisions`), simulated by replay."""
+    decide = spec.decisions
+    return Policy(spec.name, spec.name, spec.color, "cache_rows", decisions=decide,
+                  simulate=lambda tr, r, progress, counts: simulate_decisions(spec.name, tr, r, decide,
+                                                                             progress))
+
+
+def policies() -> tuple[Policy, ...]:
+    """Every policy, in the order profile shows them: the table's, with every registered
+    system's own policy before the optimum (see the module docstring)."""
+    from bagpipe_cli.engine.registry import SYSTEMS  # the registry reads this table
+
+    own = tuple(_own(s) for s in SYSTEMS.values() if s.decisions is not None and s.name not in _BY_NAME)
+    cut = next(i for i, p in enumerate(TABLE) if p.role == "optimum")
+    return TABLE[:cut] + own + TABLE[cut:]
+
+
+def policy_names() -> tuple[str, ...]:
+    """Every policy's name (`policies()`' order): profile's --policies."""
+    return tuple(p.name for p in policies())
+
+
+def capacity_policy_names() -> tuple[str, ...]:
+    """The policies set by a capacity R (--cache-rows)."""
+    return tuple(p.name for p in policies() if p.setting == "cache_rows")
+
+
 _BY_NAME = {p.name: p for p in TABLE}
-CAPACITY_POLICIES = tuple(p.name for p in TABLE if p.setting == "cache_rows")
 
 
 def policy(name: str, option: str = "--policies") -> Policy:
-    """The table's entry of `name`; a ConfigError naming `option` if there is none."""
-    try:
+    """The policy `name` (the table's, or a system's own); a ConfigError naming `option` if
+    there is none."""
+    if name in _BY_NAME:
         return _BY_NAME[name]
-    except KeyError:
-        raise ConfigError(f"{option}: unknown policy {name!r}; choose from {', '.join(POLICIES)}") from None
+    found = next((p for p in policies() if p.name == name), None)
+    if found is None:
+        raise ConfigError(f"{option}: unknown policy {name!r}; choose from {', '.join(policy_names())}")
+    return found
 
 
 def with_role(role: str) -> Policy:

@@ -9,7 +9,7 @@ Passes over the data: (1) skew: one `bincount` per table column; (2) trace: the 
 unique rows, streamed through the no-cache and Bagpipe simulators (state: one int per
 row) and the counts of what lookahead buys (`profile/reuse.py`: one more int per row and
 the last K <= 64 batches' rows). The trace is kept in memory (about 8 bytes per unique access) only when a
-fixed-capacity policy (`CAPACITY_POLICIES`) is requested, since Belady needs the future
+fixed-capacity policy (`capacity_policy_names()`) is requested, since Belady needs the future
 and the default capacities need Bagpipe's peak; past `SPILL_ENTRIES` unique accesses it is
 spilled to `$TMPDIR` and streamed back batch by batch (memory then stays bounded by the
 rows and the caches: see `bagpipe_cli.policies.trace`).
@@ -43,7 +43,7 @@ from bagpipe_cli.policies.simulators import (
     simulate_lru,
     simulate_none,
 )
-from bagpipe_cli.policies.table import CAPACITY_POLICIES, POLICIES, policy
+from bagpipe_cli.policies.table import capacity_policy_names, policy, policy_names
 from bagpipe_cli.policies.trace import (
     SPILL_ENTRIES,
     DiskArray,
@@ -72,10 +72,10 @@ SCHEMA_VERSION = 1
 BYTES_PER_VALUE = 4  # fp32 embeddings
 
 __all__ = [
-    "POLICIES", "SCHEMA_VERSION", "BagpipeComparison", "PolicyResult", "ProfileConfig",
+    "SCHEMA_VERSION", "BagpipeComparison", "PolicyResult", "ProfileConfig",
     "ProfileResult", "Trace", "TraceInfo", "batch_trace", "run_profile", "simulate_bagpipe",
     "simulate_belady", "simulate_fae", "simulate_lfu", "simulate_lru", "simulate_none",
-    "table_offsets",
+    "table_offsets", "policy_names",
 ]  # fmt: skip
 
 
@@ -87,7 +87,7 @@ class ProfileConfig:
     batch_size: int = 4096  # global batch size B (samples per batch)
     lookaheads: tuple[int, ...] = (200,)  # Bagpipe lookaheads L to simulate
     cache_rows: tuple[int, ...] | None = None  # capacities R; None: Bagpipe's peaks, 2 max|U_b|
-    policies: tuple[str, ...] = POLICIES  # policies to simulate
+    policies: tuple[str, ...] = field(default_factory=policy_names)  # policies to simulate
     # embedding dimension, for bytes (fp32): train's --emb-dim, its default declared once
     dim: int = shared("emb_dim")
 
@@ -234,7 +234,7 @@ def admit_profile(config: ProfileConfig, meta: Any, keeps_trace: bool) -> None:
              "trace": f"--batch-size {b}: the trace of {num_batches(meta.rows, b):,} batches",
              "inputs": f"--batch-size {b}: a batch of {b:,} samples of {meta.num_tables} rows",
              "processes": "profile"}
-    fixes = {"rows": DATASET_FIX, "trace": f"leave {', '.join(CAPACITY_POLICIES)} out of --policies",
+    fixes = {"rows": DATASET_FIX, "trace": f"leave {', '.join(capacity_policy_names())} out of --policies",
              "inputs": "lower --batch-size", "processes": "use a machine with more memory"}
     refuse_over([estimate_profile(meta.cardinalities, meta.rows, b, keeps_trace, SPILL_ENTRIES)],
                 leads.__getitem__, fixes)

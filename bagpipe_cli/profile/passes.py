@@ -14,7 +14,7 @@ import numpy as np
 from bagpipe_cli.data.format import Dataset
 from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.policies.simulators import BagpipeSimulator, PolicyResult
-from bagpipe_cli.policies.table import TABLE, Policy, with_role
+from bagpipe_cli.policies.table import TABLE, Policy, policies, with_role
 from bagpipe_cli.policies.trace import (
     DiskArray,
     Trace,
@@ -151,7 +151,8 @@ def streamed_results(pols: list[Policy], tp: TracePass) -> list[PolicyResult]:
     """The results of the policies simulated while streaming: no cache and the lookahead's."""
     info = tp.info
     results: list[PolicyResult] = []
-    for p in (p for p in TABLE if p in pols):  # in the table's order
+    names = {p.name for p in pols}
+    for p in (p for p in TABLE if p.name in names):  # in the table's order
         if p.role == "reference":  # no cache: every batch fetches its unique rows
             results.append(PolicyResult(
                 policy=p.name, lookahead=None, cache_rows=None, batches=info.batches,
@@ -173,8 +174,9 @@ def capacity_results(pols: list[Policy], tp: TracePass, cache_rows: list[int],
     are also kept in `optimum_at` (capacity -> result) for the comparison with Bagpipe."""
     nb = tp.info.batches
     results: list[PolicyResult] = []
-    for p in TABLE:  # in the table's order
-        if p.setting != "cache_rows" or p not in pols:
+    names = {p.name for p in pols}
+    for p in policies():  # in their order
+        if p.setting != "cache_rows" or p.name not in names:
             continue
         t0 = time.perf_counter()
         for r in cache_rows:

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, PercentFormatter
 
-from bagpipe_cli.policies.table import TABLE, policy, with_role
+from bagpipe_cli.policies.table import policies, policy, with_role
 
 if TYPE_CHECKING:
     from bagpipe_cli.profile import ProfileResult
@@ -164,7 +164,7 @@ def plot_fetched_vs_cache(result: ProfileResult, path: Path) -> None:
     fig = Figure(figsize=(8, 5.5), dpi=DPI)
     ax = fig.add_subplot()
     xs: list[float] = []
-    for pol in (p for p in TABLE if p.setting == "cache_rows"):
+    for pol in (p for p in policies() if p.setting == "cache_rows"):
         pts = sorted((p.cache_rows, p.fetched_rows) for p in result.policies
                      if p.policy == pol.name and p.cache_rows is not None)
         if pts:

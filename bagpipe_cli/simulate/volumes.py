@@ -50,10 +50,10 @@ class TraceConfig:
     data: str  # dataset directory
     batch_size: int = 1024  # global batch size
     iterations: int | None = None  # None: every full batch of the training rows once
-    lookahead: int = 16  # bagpipe's L (and lru/lfu/fae's default capacity: bagpipe's peak)
+    lookahead: int = 16  # bagpipe's L (and the fixed-capacity caches' default capacity: bagpipe's peak)
     round: int | None = None  # bagpipe's C (default L/4)
     planners: int | None = None  # bagpipe's planning workers (default: slices.default_planners)
-    cache_rows: int | None = None  # lru/lfu/fae capacity (default: bagpipe's peak)
+    cache_rows: int | None = None  # a fixed-capacity cache's capacity (default: bagpipe's peak)
     staleness: int = 0  # het
     trainers: int = 1  # N
     servers: int = 1  # K

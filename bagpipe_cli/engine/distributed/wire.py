@@ -32,7 +32,7 @@ OP_NAMES = {OP_FETCH: "FETCH", OP_WRITEBACK: "WRITEBACK", OP_GRAD: "GRAD", OP_DO
 # the others are "control".
 OP_KINDS = {OP_FETCH: "rows", OP_WRITEBACK: "rows", OP_GRAD: "gradients"}
 
-# Before its first message rank 0 may pass over the whole run (the lru/lfu/fae baselines'
+# Before its first message rank 0 may pass over the whole run (the fixed-capacity baselines'
 # trace and capacity; bagpipe plans as it goes), which on a large dataset takes longer than
 # --timeout: that one wait is this long. A rank 0 that dies meanwhile is noticed at once (its
 # connections close).
