@@ -5,14 +5,14 @@ the command line has loaded) one line too.
 The signal handlers are the first thing `main` sets up, inside the `try` (a signal during
 `install` itself is one line too): this module imports only `sys`, and `signals` only light
 standard modules, so the handlers are in place before click, the command modules or torch
-load. What a signal before that does is in `bagpipe_cli/signals.py`'s docstring."""
+load. What a signal before that does is in `bagpipe_cli/launch/signals.py`'s docstring."""
 
 import sys
 
 
 def main() -> None:
     try:
-        from bagpipe_cli import signals  # the standard library's light modules only
+        from bagpipe_cli.launch import signals  # the standard library's light modules only
 
         signals.install()
         signals.defer_heavy_imports()
@@ -20,7 +20,7 @@ def main() -> None:
 
         cli_main()
     except KeyboardInterrupt as e:  # while the command line loads (install's own lines too)
-        from bagpipe_cli import signals
+        from bagpipe_cli.launch import signals
 
         sys.stderr.write(f"Error: {signals.describe(e)}\n")
         _exit(signals.exit_code(e))

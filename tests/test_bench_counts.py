@@ -32,7 +32,7 @@ from bagpipe_cli.bench.plan import ignored_settings, plan_runs
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine.registry import GROUPS
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.records import read_record
+from bagpipe_cli.files.records import read_record
 from bagpipe_cli.simulate.cluster import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]

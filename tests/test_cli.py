@@ -70,7 +70,7 @@ def _one_line(r, code: int, text: str) -> None:
 def test_an_interrupt_in_a_command_is_one_line_with_the_signals_code(tmp_path, monkeypatch,
                                                                      signum, code, text):
     import bagpipe_cli.data.synth as synth
-    from bagpipe_cli.signals import Terminated
+    from bagpipe_cli.launch.signals import Terminated
 
     def stop(*a, **k):
         raise KeyboardInterrupt() if signum is None else Terminated(signum)

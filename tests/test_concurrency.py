@@ -1,6 +1,6 @@
 """One writer per output path, across processes: two commands started together on one path
 (at random offsets) leave exactly one winner; the other exits 2 with one line naming the path
-and, while the winner runs, the process that holds it (its claim: bagpipe_cli/claims.py). A
+and, while the winner runs, the process that holds it (its claim: bagpipe_cli/files/claims.py). A
 checkpoint folder belongs to one run lineage; nothing bagpipe did not make is ever removed;
 outputs follow the umask; the outputs of one command never collide."""
 
@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bagpipe_cli.claims import HEADER, MARK, claim_file, mark_text
 from bagpipe_cli.cli import cli
+from bagpipe_cli.files.claims import HEADER, MARK, claim_file, mark_text
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 HANG_S = 240  # a hang guard, not a speed limit (the machine's 2 cores are shared)
@@ -353,9 +353,9 @@ def test_an_overwritten_model_is_kept_until_the_run_folder_is_written(tiny_datas
 
 
 def test_an_output_that_appears_meanwhile_is_not_replaced(tmp_path):
-    from bagpipe_cli.claims import claim
-    from bagpipe_cli.io import atomic_file
-    from bagpipe_cli.temporaries import rename_noreplace
+    from bagpipe_cli.files.atomic import atomic_file
+    from bagpipe_cli.files.claims import claim
+    from bagpipe_cli.files.temporaries import rename_noreplace
 
     a, b = tmp_path / "a", tmp_path / "b"
     a.write_text("new")
@@ -387,8 +387,8 @@ def test_outputs_follow_the_umask(tmp_path, mask):
         f = tmp_path / "f.json"
         f.write_text("{}")
         f.chmod(0o644)
-        from bagpipe_cli.claims import claim
-        from bagpipe_cli.io import write_json
+        from bagpipe_cli.files.atomic import write_json
+        from bagpipe_cli.files.claims import claim
 
         c = claim(f, "--out", overwrite=True)  # (what --overwrite allows)
         try:

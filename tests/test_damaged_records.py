@@ -1,5 +1,5 @@
 """Damaged records: every JSON, YAML and TOML file bagpipe reads back is read with limits
-(`bagpipe_cli/records.py`), so a file nested thousands of levels deep, one of the wrong
+(`bagpipe_cli/files/records.py`), so a file nested thousands of levels deep, one of the wrong
 shape, a damaged checkpoint, a bench too large to plan or a bench whose dataset changed is
 one `Error:` line and exit 2, never a traceback."""
 
@@ -23,7 +23,7 @@ from bagpipe_cli.data.format import open_dataset, read_meta
 from bagpipe_cli.engine import TrainConfig
 from bagpipe_cli.engine.records import checkpoint
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.records import KINDS, MAX_DEPTH, json_depth, nesting_exceeds, read_record
+from bagpipe_cli.files.records import KINDS, MAX_DEPTH, json_depth, nesting_exceeds, read_record
 from bagpipe_cli.results import load_results
 
 EXAMPLE = Path(__file__).resolve().parent / "data" / "bench-example"

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from bagpipe_cli.data import DatasetWriter, TableSpec, iter_batches, open_dataset
 from bagpipe_cli.data.format import META_FILE, sparse_file
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 
 
 def _write(path, n=10, chunks=3, label="label"):
@@ -120,7 +120,7 @@ def _edit_meta(d, **fields):
 
 
 def test_write_json_is_strict(tmp_path):
-    from bagpipe_cli.io import write_json
+    from bagpipe_cli.files.atomic import write_json
 
     write_json(tmp_path / "x.json", {"a": float("nan"), "b": [1.5, float("inf")], "c": np.float32(2)})
     assert json.loads((tmp_path / "x.json").read_text()) == {"a": None, "b": [1.5, None], "c": 2.0}

@@ -35,7 +35,7 @@ from bagpipe_cli.engine.planning.partition import flows
 from bagpipe_cli.engine.registry import ENGINE_SYSTEMS, spec
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 from bagpipe_cli.launch.processes import free_port
 from bagpipe_cli.models import build_model
 from bagpipe_cli.report.analysis import annotate, traffic_table

@@ -16,7 +16,7 @@ from bagpipe_cli.engine import TrainConfig, train
 from bagpipe_cli.engine.setup import prepare
 from bagpipe_cli.engine.trainer.passes import sample_partial
 from bagpipe_cli.engine.trainer.staging import IterInputs, PhaseClock
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 from bagpipe_cli.models import build_model
 
 B, ITERS = 80, 8

@@ -1,4 +1,4 @@
-"""Small-data guidance (bagpipe_cli/guidance.py): when every table fits a trainer many times
+"""Small-data guidance (bagpipe_cli/report/guidance.py): when every table fits a trainer many times
 over, `profile`, `bench` and `report` say that `local` can run (a size names no winner);
 nothing for big tables. Beside measurements that disagree (`report.fit`), both are said."""
 
@@ -9,13 +9,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from bagpipe_cli import guidance
 from bagpipe_cli.cli import cli
 from bagpipe_cli.engine import TrainConfig
 from bagpipe_cli.engine import memory as mem
 from bagpipe_cli.engine.config import EMB_OPTIMIZERS
 from bagpipe_cli.engine.registry import spec
-from bagpipe_cli.report import ReportConfig, build_report
+from bagpipe_cli.report import ReportConfig, build_report, guidance
 
 EXAMPLE = Path(__file__).resolve().parent / "data" / "bench-example"
 GIB = 2**30

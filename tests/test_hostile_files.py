@@ -4,7 +4,7 @@ writing, a Ctrl-C while a job's ranks import torch. Nothing of the user's is eve
 and each ends in one line that says what is in the way and what to do.
 
 A temporary is removed only when a killed run's claim lists it AND it holds the mark bagpipe
-wrote in it with the token the claim lists (bagpipe_cli/temporaries.py, bagpipe_cli/claims.py)."""
+wrote in it with the token the claim lists (bagpipe_cli/files/temporaries.py, bagpipe_cli/files/claims.py)."""
 
 from __future__ import annotations
 
@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 from test_concurrency import WRITERS  # (tests/ is on the path, as pytest imports tests)
 
-from bagpipe_cli.claims import HEADER, MARK, claim_file, mark_text
 from bagpipe_cli.cli import cli
-from bagpipe_cli.io import atomic_file, stale_temporaries
-from bagpipe_cli.temporaries import UNMARKED
+from bagpipe_cli.files.atomic import atomic_file, stale_temporaries
+from bagpipe_cli.files.claims import HEADER, MARK, claim_file, mark_text
+from bagpipe_cli.files.temporaries import UNMARKED
 
 HERE = Path(__file__).parent
 EXAMPLE_BENCH = HERE / "data" / "bench-example"
@@ -116,7 +116,7 @@ def test_only_a_listed_temporary_holding_bagpipes_mark_with_the_listed_token_is_
 KILLED_WRITE = """
 import os, sys
 from pathlib import Path
-from bagpipe_cli.io import atomic_file
+from bagpipe_cli.files.atomic import atomic_file
 with atomic_file(Path(sys.argv[1])) as f:
     f.write("half")
     f.flush()

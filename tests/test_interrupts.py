@@ -1,7 +1,7 @@
 """Every way a run ends leaves no temporary behind: SIGTERM and SIGHUP clean up as Ctrl-C does
 (exit 143 and 129, Ctrl-C 130, one `Error:` line, no traceback), at start-up too, from the
 moment the entry point has installed its handlers (its first act; a SIGTERM before that
-kills the process before it has written anything: bagpipe_cli/signals.py); a run killed
+kills the process before it has written anything: bagpipe_cli/launch/signals.py); a run killed
 outright (SIGKILL) leaves its temporary, which the next run names and removes, while a
 temporary that a running process holds is named and left alone.
 
@@ -27,9 +27,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from bagpipe_cli.claims import HEADER, MARK, TOKEN_LEN, claim_file, mark_text
 from bagpipe_cli.cli import cli
-from bagpipe_cli.io import stale_temporaries
+from bagpipe_cli.files.atomic import stale_temporaries
+from bagpipe_cli.files.claims import HEADER, MARK, TOKEN_LEN, claim_file, mark_text
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -82,7 +82,7 @@ def _wait_until(p: subprocess.Popen, what: str, ready: Callable[[], Any],
 
 def _wait_writing(p: subprocess.Popen, out: Path, timeout: float = HANG_S) -> Path:
     """The temporary folder of `out` once a file is being written in it (in its payload, `x`:
-    bagpipe_cli/temporaries.py)."""
+    bagpipe_cli/files/temporaries.py)."""
     def writing() -> Path | None:
         for tmp in out.parent.glob(f".{out.name}.tmp-*"):
             with contextlib.suppress(FileNotFoundError, NotADirectoryError):  # renamed meanwhile
@@ -227,7 +227,7 @@ def test_a_signal_at_start_up_is_one_line(tiny_dataset, tmp_path, sig, stage):
 FIRST = """
 import json, signal, sys
 at_start = set(sys.modules)
-from bagpipe_cli import signals
+from bagpipe_cli.launch import signals
 real = signals.install
 def spy():
     real()
@@ -255,7 +255,7 @@ def test_the_entry_point_installs_the_handlers_before_it_imports_anything_else()
                        timeout=HANG_S)
     assert r.returncode == 0, r.stderr[-2000:]
     loaded, handled = json.loads(r.stdout)
-    assert loaded == ["bagpipe_cli", "bagpipe_cli.__main__", "bagpipe_cli.signals"]
+    assert loaded == ["bagpipe_cli", "bagpipe_cli.__main__", "bagpipe_cli.launch", "bagpipe_cli.launch.signals"]
     assert handled == [True, True]
 
 
@@ -284,7 +284,7 @@ def test_a_sigterm_before_the_handlers_kills_the_process_before_it_writes(tmp_pa
     """SIGTERM sent at once, typically while the interpreter starts, before any handler of
     bagpipe's can be in place: the process dies by the signal (returncode -15; a shell's
     $? is 143, as for the handled case) with nothing said and nothing written. Sent a little
-    later, it meets the handler: 143 and one line (bagpipe_cli/signals.py says which holds
+    later, it meets the handler: 143 and one line (bagpipe_cli/launch/signals.py says which holds
     when). Either way no output and no temporary."""
     out = tmp_path / "d"
     argv = [sys.executable, "-m", "bagpipe_cli"] if entry == "module" else [_script()]
@@ -440,7 +440,7 @@ def test_sigterm_to_a_launcher_stops_its_ranks_and_they_remove_their_temporaries
 
 DROPPED = """
 import signal, sys, time, weakref
-from bagpipe_cli import signals
+from bagpipe_cli.launch import signals
 signals.install()
 class Held: pass
 def raise_in_callback(signum):

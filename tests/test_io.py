@@ -1,4 +1,4 @@
-"""bagpipe_cli.io and what rests on it: errors about a write name the user's path, never a
+"""bagpipe_cli.files.atomic and what rests on it: errors about a write name the user's path, never a
 temporary one; text inputs that are not UTF-8 are one line naming the file, byte and line;
 results store input paths absolute next to the user's form, so they are found from any
 directory (and older results, which stored the user's form only, are still read)."""
@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir, atomic_file, path_record, read_text, recorded_path
+from bagpipe_cli.files.atomic import atomic_dir, atomic_file, path_record, read_text, recorded_path
 
 SMALL = ["--batch-size", "256", "--iterations", "6", "--warmup", "1", "--eval-rows", "1000",
          "--lookahead", "2"]

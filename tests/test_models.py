@@ -11,8 +11,8 @@ import pytest
 import torch
 from torch import nn
 
-from bagpipe_cli import metrics
 from bagpipe_cli.data import open_dataset
+from bagpipe_cli.engine.trainer import evaluation
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.launch import forkserver
 from bagpipe_cli.model_names import MODEL_MODULES, MODEL_NAMES
@@ -37,7 +37,7 @@ def _inputs(cfg, batch=16, seed=0):
 
 
 def auc(scores: np.ndarray, labels: np.ndarray) -> float:
-    return metrics.auc(labels, scores)
+    return evaluation.auc(labels, scores)
 
 
 def test_library_auc_matches_pairwise_definition():

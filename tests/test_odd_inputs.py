@@ -36,7 +36,7 @@ from bagpipe_cli.cli import cli
 from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.data.preprocess import PreprocessConfig, preprocess
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import read_yaml
+from bagpipe_cli.files.atomic import read_yaml
 
 REPO = Path(__file__).resolve().parent.parent
 

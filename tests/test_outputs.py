@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from bagpipe_cli.cli import cli
 from bagpipe_cli.cli.common import InputPath, OutputPath
-from bagpipe_cli.outputs import FILE
+from bagpipe_cli.files.outputs import FILE
 
 HERE = Path(__file__).parent
 REAL = HERE / "data" / "real"

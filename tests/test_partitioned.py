@@ -19,7 +19,7 @@ from bagpipe_cli.engine.planning.partition import flows
 from bagpipe_cli.engine.planning.plans import NO_SYNC, SYNC_LATER, SYNC_NOW
 from bagpipe_cli.engine.planning.slices import ACCESSES_PER_PLANNER, default_planners
 from bagpipe_cli.engine.setup import prepare
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 
 
 def _plans(batches, rows, n, lookahead=8, round_len=2):

@@ -518,7 +518,7 @@ def test_an_interrupted_simulate_names_no_checkpoints(tiny_dataset, tmp_path, mo
     """Ctrl-C or SIGTERM during simulate: one line, the signal's exit code, nothing written,
     and no word of checkpoints (it has none; train, which has, names them)."""
     import bagpipe_cli.simulate as sim
-    from bagpipe_cli.signals import Terminated
+    from bagpipe_cli.launch.signals import Terminated
 
     def stop(*a, **k):
         raise Terminated(15)
@@ -631,7 +631,7 @@ def procs_runs(tmp_path_factory, tiny_dataset):
 def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
     """Over torch.distributed each trainer fetches and pushes what it needs: the model's
     volumes of the distributed runtime are the rows the run's trainers moved."""
-    from bagpipe_cli.results.run import read_summary, read_trainer_metrics
+    from bagpipe_cli.results.run_folder import read_summary, read_trainer_metrics
     from bagpipe_cli.simulate.volumes import trace_volumes
 
     for system in PROCS_SYSTEMS:

@@ -117,5 +117,5 @@ def test_the_engine_package_exports_its_functions():
     from bagpipe_cli.engine import TrainConfig, run, save_model, train
 
     assert callable(run) and run is train and engine.run is run
-    assert save_model.__module__ == "bagpipe_cli.engine.records.save"
+    assert save_model.__module__ == "bagpipe_cli.engine.records.model_file"
     assert TrainConfig.__module__ == "bagpipe_cli.engine.config"

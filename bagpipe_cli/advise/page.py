@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from bagpipe_cli.io import write_json
+from bagpipe_cli.files.atomic import write_json
 
 COLUMNS = (("system", "system", "{}"), ("mean_ms", "ms / iteration", "{:.2f}"),
            ("speedup", "x sync", "{:.2f}"), ("compute_ms", "compute", "{:.2f}"),

@@ -24,7 +24,7 @@ import numpy as np
 from bagpipe_cli.data.format import TableSpec, open_dataset, read_rows
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 from bagpipe_cli.limits import check_disk, check_table_rows
 
 CHUNK = 1 << 16

@@ -49,9 +49,9 @@ from bagpipe_cli.bench.plan import (
 from bagpipe_cli.data.synth import SynthConfig
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, GROUPS, group
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.files.records import read_record
 from bagpipe_cli.model_names import MODEL_NAMES
 from bagpipe_cli.policies.table import policy_names
-from bagpipe_cli.records import read_record
 
 BENCH_KEYS = ("name", "description", "datasets", "models", "systems", "repeat", "base", "matrix",
               "profile", "trace")

@@ -2,7 +2,7 @@
 
 The bench folder (bench.json, environment.json, index.json and index.csv, rewritten after
 each run, runs/<run-id>/ and profiles/<dataset>/) is written and read by
-`bagpipe_cli.results` (its layout: `bagpipe_cli.results.bench`).
+`bagpipe_cli.results` (its layout: `bagpipe_cli.results.bench_folder`).
 
 Repeats are interleaved (every configuration once, then every configuration again, ...)
 so that slow drifts of the machine spread over all systems alike. A run folder appears only
@@ -31,8 +31,8 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine import run
 from bagpipe_cli.engine.records.checkpoint import dataset_identity
 from bagpipe_cli.engine.registry import spec
-from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.launch.environment import environment
 from bagpipe_cli.profile import ProfileConfig, run_profile
 from bagpipe_cli.profile.report import write_profile
 from bagpipe_cli.results import (
@@ -46,7 +46,7 @@ from bagpipe_cli.results import (
     write_index,
     write_run,
 )
-from bagpipe_cli.results.bench import now
+from bagpipe_cli.results.bench_folder import now
 from bagpipe_cli.results.schema import read_json
 
 

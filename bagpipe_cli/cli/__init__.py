@@ -14,7 +14,8 @@ from typing import Any
 
 import click
 
-from bagpipe_cli import __version__, signals
+from bagpipe_cli import __version__
+from bagpipe_cli.launch import signals
 
 # name -> (module:command, the command's one-line summary for `bagpipe --help`; a test holds
 # each equal to the command's own first sentence). Listed in this order.

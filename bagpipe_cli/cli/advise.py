@@ -19,8 +19,8 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
+from bagpipe_cli.files.outputs import Input
 from bagpipe_cli.model_names import MODEL_NAMES
-from bagpipe_cli.outputs import Input
 
 EPILOG = """\b
 Examples:
@@ -77,7 +77,7 @@ def advise(data: Path, trainers: int, net_gbps: float, cluster: Path | None, sca
     """
     from bagpipe_cli.advise import AdviseConfig, reusable, run_advise, scaled_path
     from bagpipe_cli.advise.page import write_advice
-    from bagpipe_cli.io import atomic_dir
+    from bagpipe_cli.files.atomic import atomic_dir
 
     cfg = AdviseConfig(data=str(data), trainers=trainers, net_gbps=net_gbps,
                        cluster=str(cluster) if cluster else None, scale=scale,

@@ -10,7 +10,6 @@ from rich.live import Live
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from bagpipe_cli import signals
 from bagpipe_cli.cli.common import (
     InputPath,
     OneLineError,
@@ -22,7 +21,8 @@ from bagpipe_cli.cli.common import (
     translate_errors,
     warn_stale,
 )
-from bagpipe_cli.outputs import Input, Output
+from bagpipe_cli.files.outputs import Input, Output
+from bagpipe_cli.launch import signals
 
 LIVE_ROWS = 12  # finished runs shown in the live table (all are in index.csv)
 

@@ -21,11 +21,10 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from bagpipe_cli import signals
-from bagpipe_cli.claims import claim_file
 from bagpipe_cli.errors import BagpipeError, ConfigError
-from bagpipe_cli.io import stale_temporaries
-from bagpipe_cli.outputs import (
+from bagpipe_cli.files.atomic import stale_temporaries
+from bagpipe_cli.files.claims import claim_file
+from bagpipe_cli.files.outputs import (
     CAUSES,
     FILE,
     Input,
@@ -37,7 +36,8 @@ from bagpipe_cli.outputs import (
     claim_output,
     os_error_words,
 )
-from bagpipe_cli.temporaries import UNMARKED
+from bagpipe_cli.files.temporaries import UNMARKED
+from bagpipe_cli.launch import signals
 
 
 def _console(stderr: bool = False) -> Console:

@@ -22,7 +22,7 @@ from bagpipe_cli.cli.common import (
     progress_bar,
     translate_errors,
 )
-from bagpipe_cli.outputs import Input
+from bagpipe_cli.files.outputs import Input
 
 if TYPE_CHECKING:
     from bagpipe_cli.data.preprocess import PreprocessResult

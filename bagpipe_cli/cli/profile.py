@@ -27,7 +27,7 @@ from bagpipe_cli.cli.common import (
     translate_errors,
 )
 from bagpipe_cli.engine.config import EMB_OPTIMIZERS, TrainConfig
-from bagpipe_cli.outputs import Input
+from bagpipe_cli.files.outputs import Input
 from bagpipe_cli.policies.table import capacity_policy_names, policy_names
 
 if TYPE_CHECKING:
@@ -129,8 +129,8 @@ class _Stages:
 
 
 def _summary(result: ProfileResult, out: Path, optimizer: str) -> None:
-    from bagpipe_cli.guidance import table_fit
     from bagpipe_cli.profile.skew import share_label
+    from bagpipe_cli.report.guidance import table_fit
 
     t, s = result.trace, result.skew
     head = Table(title=f"profile of {result.dataset.get('given', result.dataset['path'])} -> {out}",

@@ -18,7 +18,7 @@ from bagpipe_cli.cli.common import (
     overwrite_option,
     translate_errors,
 )
-from bagpipe_cli.outputs import Input, check_inputs_free
+from bagpipe_cli.files.outputs import Input, check_inputs_free
 
 if TYPE_CHECKING:
     from bagpipe_cli.report.verdict import Verdict

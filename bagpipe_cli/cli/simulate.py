@@ -31,8 +31,8 @@ from bagpipe_cli.cli.common import (
 )
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.cli.report import warn_skipped
-from bagpipe_cli.io import atomic_dir
-from bagpipe_cli.outputs import Input
+from bagpipe_cli.files.atomic import atomic_dir
+from bagpipe_cli.files.outputs import Input
 from bagpipe_cli.simulate.cluster import SimulateConfig, load_cluster
 
 EPILOG = """\b

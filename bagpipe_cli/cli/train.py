@@ -24,7 +24,7 @@ from bagpipe_cli.cli.common import (
 from bagpipe_cli.cli.options import SectionedCommand, config_options, given
 from bagpipe_cli.engine.config import SHARED_DATA, TrainConfig
 from bagpipe_cli.errors import BagpipeError
-from bagpipe_cli.outputs import FILE, Input
+from bagpipe_cli.files.outputs import FILE, Input
 
 
 @click.command(cls=SectionedCommand, epilog="Example: bagpipe train data/demo --system bagpipe --model dlrm "
@@ -98,8 +98,8 @@ def _write_outputs(result, cfg: TrainConfig, out: Path, overwrite: bool,
     output is written."""
     from bagpipe_cli.data import open_dataset
     from bagpipe_cli.engine import save_model as write_model
+    from bagpipe_cli.files.temporaries import kept_aside
     from bagpipe_cli.results import write_run, write_trace
-    from bagpipe_cli.temporaries import kept_aside
 
     files = [p for p in (save_model, Path(cfg.trace) if result.trace is not None else None) if p]
     made = [p for p in files if not os.path.lexists(p)]

@@ -36,7 +36,7 @@ import numpy as np
 from bagpipe_cli import __version__
 from bagpipe_cli.data.checks import check_arrays
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.records import KINDS, load_record, shown
+from bagpipe_cli.files.records import KINDS, load_record, shown
 
 SCHEMA_VERSION = 1
 META_FILE = "meta.json"

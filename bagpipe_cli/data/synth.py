@@ -26,7 +26,7 @@ import numpy as np
 from bagpipe_cli.data.format import DatasetMeta, TableSpec
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir
+from bagpipe_cli.files.atomic import atomic_dir
 from bagpipe_cli.limits import check_disk, check_int, check_table_rows
 
 CHUNK_ROWS = 1 << 18  # part of the output's definition: changing it changes the bytes

@@ -80,7 +80,7 @@ class DatasetWriter:
 
     Usage: `w = DatasetWriter(dir, tables, dense_features, label)`, then
     `w.write(dense, sparse, labels)` per chunk, then `w.finish(name=..., source=...)`.
-    Use it inside `bagpipe_cli.io.atomic_dir` so a failure leaves nothing behind.
+    Use it inside `bagpipe_cli.files.atomic.atomic_dir` so a failure leaves nothing behind.
     """
 
     def __init__(

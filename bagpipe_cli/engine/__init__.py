@@ -28,7 +28,7 @@ from typing import Any
 _EXPORTS = {"TrainConfig": "bagpipe_cli.engine.config:TrainConfig",
             "TrainResult": "bagpipe_cli.engine.records.result:TrainResult",
             "run": "bagpipe_cli.engine.run:run", "train": "bagpipe_cli.engine.run:run",
-            "save_model": "bagpipe_cli.engine.records.save:save_model"}
+            "save_model": "bagpipe_cli.engine.records.model_file:save_model"}
 
 __all__ = ["TrainConfig", "TrainResult", "run", "save_model", "train"]
 

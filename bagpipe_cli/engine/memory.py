@@ -154,7 +154,7 @@ class RunMemory:
 
 def table_bytes(rows: int, row_dim: int, state_dim: int) -> int:
     """Bytes of `rows` embedding rows of `row_dim` floats and `state_dim` floats of optimizer
-    state each (float32): the tables part of every estimate (and guidance.py's fit)."""
+    state each (float32): the tables part of every estimate (and report/guidance.py's fit)."""
     return FLOAT * int(rows) * (int(row_dim) + int(state_dim))
 
 

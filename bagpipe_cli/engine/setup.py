@@ -30,7 +30,7 @@ from bagpipe_cli.engine.registry import SystemSpec, spec
 from bagpipe_cli.engine.trainer.device import cuda_count
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import path_record
+from bagpipe_cli.files.atomic import path_record
 from bagpipe_cli.models import ModelConfig, build_model, footprint, row_dim
 
 

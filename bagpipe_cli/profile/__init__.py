@@ -30,7 +30,7 @@ from bagpipe_cli.data.format import open_dataset
 from bagpipe_cli.engine.config import shared
 from bagpipe_cli.engine.memory import DATASET_FIX, estimate_profile, refuse_over
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import path_record
+from bagpipe_cli.files.atomic import path_record
 from bagpipe_cli.limits import INT32_MAX, check_int
 from bagpipe_cli.policies.simulators import (
     PolicyResult,

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from bagpipe_cli.data.format import Dataset
-from bagpipe_cli.environment import peak_rss_mb
+from bagpipe_cli.launch.environment import peak_rss_mb
 from bagpipe_cli.policies.simulators import BagpipeSimulator, PolicyResult
 from bagpipe_cli.policies.table import TABLE, Policy, policies, with_role
 from bagpipe_cli.policies.trace import (

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bagpipe_cli.io import atomic_dir, write_json
+from bagpipe_cli.files.atomic import atomic_dir, write_json
 from bagpipe_cli.profile import ProfileResult
 from bagpipe_cli.profile.plots import (
     plot_access_cdf,

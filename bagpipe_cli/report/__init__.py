@@ -28,9 +28,9 @@ import pandas as pd
 
 from bagpipe_cli.engine.records.metrics import MIN_AUC_CLASS, auc_warning
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.io import atomic_dir, write_json
-from bagpipe_cli.outputs import Output, check_output
-from bagpipe_cli.records import read_record
+from bagpipe_cli.files.atomic import atomic_dir, write_json
+from bagpipe_cli.files.outputs import Output, check_output
+from bagpipe_cli.files.records import read_record
 from bagpipe_cli.report import plots
 from bagpipe_cli.report.analysis import (
     BASELINE,

@@ -1,4 +1,4 @@
-"""The small-data fact (`bagpipe_cli/guidance.py`) beside the measurements of the same runs.
+"""The small-data fact (`bagpipe_cli/report/guidance.py`) beside the measurements of the same runs.
 
 The fact that every table fits a trainer many times over says that `local` can run, never
 that it wins: `local` sums every row gradient among the trainers, which can cost more than
@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from bagpipe_cli.engine.registry import role
-from bagpipe_cli.guidance import small_data_sentences
+from bagpipe_cli.report.guidance import small_data_sentences
 from bagpipe_cli.report.noise import NOISE_MARK, UNKNOWN_MARK, noise_mark, ratio_range
 from bagpipe_cli.results.figures import percentile
 

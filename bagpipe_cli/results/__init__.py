@@ -3,11 +3,11 @@
 Every file is written atomically and read back checked: JSON files carry a schema_version
 (1) that readers check, and a file that cannot be read raises one DataError line naming it.
 
-- `run`: one run folder (config.json, metrics.csv, metrics_trainers.csv, metrics_eval.csv,
+- `run_folder`: one run folder (config.json, metrics.csv, metrics_trainers.csv, metrics_eval.csv,
   summary.json, trace.json): `write_run`, `open_run` -> `StoredRun`, `read_config`,
   `read_summary`, `read_metrics`, `read_trainer_metrics`, `read_eval_metrics`, `is_run`;
   `write_trace`, `read_trace`, `trace_of` (a trace anywhere: `train --trace PATH`).
-- `bench`: a bench folder's bench.json, environment.json, index.json and index.csv:
+- `bench_folder`: a bench folder's bench.json, environment.json, index.json and index.csv:
   `write_bench`, `write_environment`, `write_index`, `read_bench_file`, `read_index`,
   `open_bench` -> `StoredBench`, `is_bench`.
 - `loader`: many runs at once from run folders, bench folders or parents: `find_runs`,
@@ -19,7 +19,7 @@ Every file is written atomically and read back checked: JSON files carry a schem
   definition of its median samples/s and median iteration, which bench and report share.
 """
 
-from bagpipe_cli.results.bench import (
+from bagpipe_cli.results.bench_folder import (
     BENCH_KIND,
     INDEX_COLUMNS,
     StoredBench,
@@ -42,7 +42,7 @@ from bagpipe_cli.results.loader import (
     read_runs,
     run_row,
 )
-from bagpipe_cli.results.run import (
+from bagpipe_cli.results.run_folder import (
     StoredRun,
     is_run,
     open_run,

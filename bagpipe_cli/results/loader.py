@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 import pandas as pd
 
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.results.bench import read_index
-from bagpipe_cli.results.run import SUMMARY, StoredRun, is_run, open_run, trace_of
+from bagpipe_cli.results.bench_folder import read_index
+from bagpipe_cli.results.run_folder import SUMMARY, StoredRun, is_run, open_run, trace_of
 
 SKIP_DIRS = {"report", "profiles"}  # folders inside a bench that hold no runs
 T = TypeVar("T")

@@ -1,6 +1,6 @@
 """Checked reading of the stored files: every JSON file carries a schema_version, and a
 file that cannot be read raises one DataError line that names it and says what to do.
-JSON files are read by `bagpipe_cli.records.read_record`, with their kind's limits: size,
+JSON files are read by `bagpipe_cli.files.records.read_record`, with their kind's limits: size,
 nesting depth, and the types of the keys the tool uses (a summary.json without `system`, or
 whose samples_per_s is null, is damaged: `report` skips its run with a warning naming the
 file and the key)."""
@@ -15,13 +15,13 @@ from typing import Any
 import pandas as pd
 
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.records import KINDS, read_record
+from bagpipe_cli.files.records import KINDS, read_record
 
 RUN_SCHEMA_VERSION = 1  # config.json, summary.json (and the columns of metrics.csv)
 BENCH_SCHEMA_VERSION = 1  # bench.json, index.json
 
 
-# The kind of record (`bagpipe_cli.records.KINDS`: its limits and keys) a file's name makes
+# The kind of record (`bagpipe_cli.files.records.KINDS`: its limits and keys) a file's name makes
 # it; any other name (a trace written by `train --trace PATH`) is read as a trace.
 KIND_OF_NAME = {"config.json": "run config", "summary.json": "run summary", "bench.json": "bench",
                 "index.json": "bench index", "environment.json": "environment",

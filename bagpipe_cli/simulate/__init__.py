@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from bagpipe_cli.engine.registry import spec
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import atomic_dir, recorded_path, write_json
-from bagpipe_cli.records import read_record
+from bagpipe_cli.files.atomic import atomic_dir, recorded_path, write_json
+from bagpipe_cli.files.records import read_record
 from bagpipe_cli.simulate.cluster import ClusterFile, SimulateConfig, ensure_dataset
 from bagpipe_cli.simulate.inputs import ComputeTimes, Volumes, Workload
 from bagpipe_cli.simulate.model import Prediction, add_speedups, predict

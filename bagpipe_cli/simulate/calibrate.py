@@ -33,7 +33,7 @@ from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.records.metrics import TIME_KEYS
 from bagpipe_cli.engine.registry import SYSTEMS
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.io import recorded_path
+from bagpipe_cli.files.atomic import recorded_path
 from bagpipe_cli.models import ModelConfig, footprint
 from bagpipe_cli.results import (
     SkippedRun,

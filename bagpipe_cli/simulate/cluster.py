@@ -47,7 +47,7 @@ from bagpipe_cli.data.synth import SynthConfig, generate
 from bagpipe_cli.engine.config import check_settings, setting, settings_from, shared
 from bagpipe_cli.engine.registry import ALL_SYSTEMS, group
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.records import read_record
+from bagpipe_cli.files.records import read_record
 from bagpipe_cli.simulate.inputs import Cluster, ComputeTimes
 from bagpipe_cli.simulate.model import SYSTEMS
 

@@ -51,8 +51,8 @@ from bagpipe_cli.data.preprocess.sniff import check_text, is_parquet
 from bagpipe_cli.data.preprocess.vocab import Vocab, VocabCounter, hash_bucket
 from bagpipe_cli.data.writer import DatasetWriter
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.io import atomic_dir
-from bagpipe_cli.outputs import check_output_dir
+from bagpipe_cli.files.atomic import atomic_dir
+from bagpipe_cli.files.outputs import check_output_dir
 
 Progress = Callable[[str, "int | None"], AbstractContextManager[Callable[[int], None]]]
 

@@ -11,6 +11,7 @@ the same training loop as in-process (`engine/trainer/loop.py`).
     transport   a trainer's requests to the servers (lockstep: the same sequence on every trainer)
     collective  sums among the trainer ranks, in trainer order
     faults      fault injection for the failure tests
+    time_sync   --trace: every rank's clock offset to rank 0's, measured at start-up
 
 Local processes (`--procs`) are started by `bagpipe_cli/launch/`. The schedule (who sends
 what to whom, and why it is exact) is in docs/architecture.md.

@@ -43,8 +43,8 @@ from bagpipe_cli.engine.records.trace import NO_TRACE, PLANNER, NoTracer, trace_
 from bagpipe_cli.engine.setup import RunSetup, open_resume
 from bagpipe_cli.engine.trainer.evaluation import eval_point
 from bagpipe_cli.engine.trainer.loop import ProgressFn, eval_due
-from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.launch.contention import ContentionMeter
+from bagpipe_cli.launch.environment import peak_rss_mb
 from bagpipe_cli.launch.placement import available_cores
 from bagpipe_cli.models import build_model
 

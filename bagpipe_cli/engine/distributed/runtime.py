@@ -22,9 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from bagpipe_cli import signals
 from bagpipe_cli.engine.config import TrainConfig
-from bagpipe_cli.engine.distributed.clock import clock_offset
 from bagpipe_cli.engine.distributed.collective import DistributedCollective
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import (
@@ -37,6 +35,7 @@ from bagpipe_cli.engine.distributed.layout import (
 )
 from bagpipe_cli.engine.distributed.planner import DistributedPlanner
 from bagpipe_cli.engine.distributed.server import server_main
+from bagpipe_cli.engine.distributed.time_sync import clock_offset
 from bagpipe_cli.engine.distributed.trainer import trainer_main
 from bagpipe_cli.engine.distributed.wire import comm
 from bagpipe_cli.engine.memory import check_hosts
@@ -46,7 +45,8 @@ from bagpipe_cli.engine.setup import admit, estimate, prepare
 from bagpipe_cli.engine.trainer.device import computing_on, cuda_count
 from bagpipe_cli.engine.trainer.loop import ProgressFn
 from bagpipe_cli.errors import BagpipeError, ConfigError, RankFailure
-from bagpipe_cli.io import atomic_file, json_default, torch_save
+from bagpipe_cli.files.atomic import atomic_file, json_default, torch_save
+from bagpipe_cli.launch import signals
 from bagpipe_cli.launch.netshape import ShapedNetwork
 from bagpipe_cli.launch.placement import (
     GPU_TRAINER_CORES,

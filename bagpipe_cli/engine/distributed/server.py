@@ -41,7 +41,7 @@ from bagpipe_cli.engine.records.run_record import ServerReport
 from bagpipe_cli.engine.records.trace import NO_TRACE, REQUEST_FLOW, NoTracer, server_role
 from bagpipe_cli.engine.setup import RunSetup
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
-from bagpipe_cli.environment import peak_rss_mb
+from bagpipe_cli.launch.environment import peak_rss_mb
 
 _TRACED = {OP_FETCH: "fetch", OP_WRITEBACK: "write-back", OP_GRAD: "push"}  # names on the trace
 

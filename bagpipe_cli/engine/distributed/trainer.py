@@ -38,9 +38,9 @@ from bagpipe_cli.engine.systems import SystemParts
 from bagpipe_cli.engine.trainer.device import describe, to_cpu
 from bagpipe_cli.engine.trainer.loop import Hook, TrainingLoop
 from bagpipe_cli.engine.trainer.trainer_set import TrainerSet
-from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.errors import RankFailure
 from bagpipe_cli.launch.contention import sched_times, wait_delta
+from bagpipe_cli.launch.environment import peak_rss_mb
 
 
 def trainer_main(s: RunSetup, layout: Layout, i: int, collective: DistributedCollective, plans: Any,

@@ -7,5 +7,5 @@
     lineage        whose checkpoints a --checkpoint-dir holds
     resume_checks  what --resume checks in a checkpoint
     trace          --trace's Chrome trace-event document (`Tracer`)
-    save           --save-model
+    model_file     --save-model: the trained model's file
 """

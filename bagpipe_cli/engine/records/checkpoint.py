@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bagpipe_cli import __version__, claims
+from bagpipe_cli import __version__
 from bagpipe_cli.engine.comm.shards import gather_shards
 from bagpipe_cli.engine.config import TrainConfig, option_name
 from bagpipe_cli.engine.records.lineage import checkpoint_lineage
@@ -57,8 +57,9 @@ from bagpipe_cli.engine.records.resume_checks import (
     threads_problem,
 )
 from bagpipe_cli.errors import BagpipeError, ConfigError
-from bagpipe_cli.io import atomic_dir, json_default, stale_temporaries, torch_save
-from bagpipe_cli.outputs import os_error_words
+from bagpipe_cli.files import claims
+from bagpipe_cli.files.atomic import atomic_dir, json_default, stale_temporaries, torch_save
+from bagpipe_cli.files.outputs import os_error_words
 
 FORMAT = "bagpipe-checkpoint"
 VERSION = 1

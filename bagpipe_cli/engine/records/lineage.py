@@ -19,7 +19,7 @@ import uuid
 from pathlib import Path
 
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.records import load_record
+from bagpipe_cli.files.records import load_record
 
 NAME = re.compile(r"^ckpt-(\d{8})$")  # a checkpoint folder's name (engine/records/checkpoint.py)
 

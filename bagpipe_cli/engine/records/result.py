@@ -30,8 +30,8 @@ from bagpipe_cli.engine.records.metrics import (
 from bagpipe_cli.engine.records.run_record import RunRecord
 from bagpipe_cli.engine.setup import RunSetup, run_config
 from bagpipe_cli.engine.trainer.evaluation import accuracy_summary, eval_frame, evaluate
-from bagpipe_cli.environment import peak_rss_mb
 from bagpipe_cli.launch.contention import describe
+from bagpipe_cli.launch.environment import peak_rss_mb
 from bagpipe_cli.limits import machine_memory
 
 

@@ -18,8 +18,8 @@ import torch
 
 from bagpipe_cli.engine.config import TrainConfig
 from bagpipe_cli.engine.trainer.optim import RowOptimizer
+from bagpipe_cli.files.records import check_fields, load_record, read_record, shown
 from bagpipe_cli.models import MODELS, ModelConfig, row_dim
-from bagpipe_cli.records import check_fields, load_record, read_record, shown
 
 _NUMBERS = (int, float, type(None))  # a record's values (NaN is a float; a bool is not one)
 

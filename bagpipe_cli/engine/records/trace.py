@@ -19,7 +19,7 @@ to the server slice that serves it, and a prefetch to each iteration that reads 
 
 Times are `time.perf_counter()` seconds: in-process every role shares that clock; over
 torch.distributed each rank's is shifted onto rank 0's by the offset measured at start-up
-(`engine/distributed/clock.py`). `NO_TRACE` allocates nothing per event: its `span` returns
+(`engine/distributed/time_sync.py`). `NO_TRACE` allocates nothing per event: its `span` returns
 one shared object, and callers pass numbers, never dictionaries.
 """
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from bagpipe_cli.engine.records.result import TrainResult
-from bagpipe_cli.io import atomic_file, torch_save
+from bagpipe_cli.files.atomic import atomic_file, torch_save
 
 
 def save_model(result: TrainResult, path: Path, table_names: list[str]) -> None:

@@ -25,11 +25,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from bagpipe_cli import claims
-from bagpipe_cli.claims import Claim
 from bagpipe_cli.errors import ConfigError
-from bagpipe_cli.outputs import _real, check_output_dir, make_folders, os_error_words, special
-from bagpipe_cli.temporaries import (  # (stale_temporaries: io's name for it, as before)
+from bagpipe_cli.files import claims
+from bagpipe_cli.files.claims import Claim
+from bagpipe_cli.files.outputs import _real, check_output_dir, make_folders, os_error_words, special
+from bagpipe_cli.files.temporaries import (  # (stale_temporaries: io's name for it, as before)
     PAYLOAD,
     StaleTemporary,
     discard,

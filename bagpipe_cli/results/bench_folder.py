@@ -6,7 +6,7 @@
     index.json         kind, schema_version, run_schema_version, name, source, updated,
                        planned, completed and the runs finished so far (one row each)
     index.csv          the same rows as a table (INDEX_COLUMNS)
-    runs/<run-id>/     one run folder each (`bagpipe_cli.results.run`)
+    runs/<run-id>/     one run folder each (`bagpipe_cli.results.run_folder`)
     profiles/<dataset>/  `bagpipe profile` of each dataset
 """
 
@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from bagpipe_cli.environment import environment
-from bagpipe_cli.io import atomic_file, write_json
+from bagpipe_cli.files.atomic import atomic_file, write_json
+from bagpipe_cli.launch.environment import environment
 from bagpipe_cli.results.schema import (
     BENCH_SCHEMA_VERSION,
     RUN_SCHEMA_VERSION,

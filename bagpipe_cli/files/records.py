@@ -28,7 +28,7 @@ from typing import Any
 
 from bagpipe_cli import __version__
 from bagpipe_cli.errors import ConfigError, DataError
-from bagpipe_cli.io import read_text, read_yaml
+from bagpipe_cli.files.atomic import read_text, read_yaml
 
 MAX_DEPTH = 64  # levels of nesting (objects and lists) any record may have
 MiB = 1 << 20

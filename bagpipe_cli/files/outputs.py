@@ -20,9 +20,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe_cli import claims
-from bagpipe_cli.claims import Claim
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.files import claims
+from bagpipe_cli.files.claims import Claim
 
 
 @dataclass(frozen=True)

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from bagpipe_cli import claims
-from bagpipe_cli.claims import Claim, real
 from bagpipe_cli.errors import ConfigError
+from bagpipe_cli.files import claims
+from bagpipe_cli.files.claims import Claim, real
 
 PAYLOAD = "x"  # in a temporary folder: what is being written, or an output set aside
 

@@ -29,9 +29,9 @@ import pandas as pd
 from bagpipe_cli.engine.records.metrics import COLUMN_NAMES, CPU_KEYS
 from bagpipe_cli.engine.records.trace import TRACE_VERSION
 from bagpipe_cli.engine.trainer.evaluation import EVAL_COLUMNS
-from bagpipe_cli.environment import environment
 from bagpipe_cli.errors import DataError
-from bagpipe_cli.io import atomic_dir, atomic_file, json_default, write_json
+from bagpipe_cli.files.atomic import atomic_dir, atomic_file, json_default, write_json
+from bagpipe_cli.launch.environment import environment
 from bagpipe_cli.results.schema import RUN_SCHEMA_VERSION, read_csv, read_json
 
 CONFIG, METRICS, TRAINER_METRICS, SUMMARY = (
