@@ -196,40 +196,49 @@ def test_config_accepts_lists_and_stays_hashable():
     hash(cfg)
 
 
-@pytest.mark.parametrize("name", NAMES)
-def test_learns_on_synthetic_data(name, tiny_dataset):
-    """Trained jointly with a sparse embedding table, each model beats chance clearly."""
-    ds = open_dataset(tiny_dataset)
-    ids = torch.from_numpy(ds.sparse_block(0, ds.rows))
-    offsets = torch.tensor(np.cumsum([0, *ds.meta.cardinalities[:-1]]))
-    rows = ids + offsets  # one table holding every feature's rows, as the engine's servers do
-    dense = torch.from_numpy(np.array(ds.dense))
-    labels = torch.from_numpy(np.array(ds.labels))
-
+def _train_auc(name: str, ds, rows, dense, labels, learn_table: bool) -> float:
+    """Train AUC of model `name` after 200 steps with a sparse embedding table, learnt or frozen."""
     torch.manual_seed(0)
     cfg = ModelConfig(name, ds.meta.num_dense, ds.meta.num_tables, emb_dim=8,
                       bottom_mlp=(16,), top_mlp=(32, 16), cross_layers=2)
     model = build_model(cfg)
     table = nn.Embedding(sum(ds.meta.cardinalities), row_dim(cfg), sparse=True)
     nn.init.normal_(table.weight, 0.0, 0.1)
-    opt_emb = torch.optim.SGD(table.parameters(), lr=0.5)
+    table.weight.requires_grad_(learn_table)
     opt_dense = torch.optim.Adam(model.parameters(), lr=3e-3)
+    opt_emb = torch.optim.SGD(table.parameters(), lr=0.5) if learn_table else None
     loss_fn = nn.BCEWithLogitsLoss()
     g = torch.Generator().manual_seed(0)
     for _ in range(200):
         idx = torch.randint(0, ds.rows, (256,), generator=g)
         loss = loss_fn(model(dense[idx], table(rows[idx])), labels[idx])
-        opt_emb.zero_grad()
-        opt_dense.zero_grad()
+        for opt in (opt_emb, opt_dense):
+            if opt is not None:
+                opt.zero_grad()
         loss.backward()
-        opt_emb.step()
-        opt_dense.step()
+        for opt in (opt_emb, opt_dense):
+            if opt is not None:
+                opt.step()
     with torch.no_grad():
         scores = model(dense, table(rows)).numpy()
-    score = auc(scores, labels.numpy())
-    # About 0.69-0.72 jointly trained; 0.58-0.66 with the table frozen, 0.45-0.52 untrained.
-    # with frozen random embeddings the models reach 0.58-0.66, so this needs embedding learning
-    assert score > 0.67, f"{name}: train AUC {score:.3f}"
+    return auc(scores, labels.numpy())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_learns_on_synthetic_data(name, tiny_dataset):
+    """Trained jointly with a sparse embedding table, each model beats chance clearly, and the
+    table's learning adds to what its dense part learns over a frozen table (a bound for any
+    model: at 200 steps the models here gain 0.07-0.11 AUC from it, and reach 0.67-0.72; a
+    logistic regression, the docs' example, 0.087 and 0.665; untrained, 0.45-0.52)."""
+    ds = open_dataset(tiny_dataset)
+    ids = torch.from_numpy(ds.sparse_block(0, ds.rows))
+    offsets = torch.tensor(np.cumsum([0, *ds.meta.cardinalities[:-1]]))
+    rows = ids + offsets  # one table holding every feature's rows, as the engine's servers do
+    dense = torch.from_numpy(np.array(ds.dense))
+    labels = torch.from_numpy(np.array(ds.labels))
+    joint, frozen = (_train_auc(name, ds, rows, dense, labels, learn) for learn in (True, False))
+    assert joint > 0.6, f"{name}: train AUC {joint:.3f}"
+    assert joint > frozen + 0.04, f"{name}: train AUC {joint:.3f}, with the table frozen {frozen:.3f}"
 
 
 def test_the_docs_example_model_is_all_a_model_needs(tmp_path, tiny_dataset):
