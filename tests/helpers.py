@@ -141,22 +141,14 @@ def user_warnings(output: str) -> list[str]:
 def policy_replay(system: str, trace: Any, capacity: int) -> tuple[list[int], int]:
     """(rows fetched per batch, peak of resident rows) of a fixed-capacity system's policy on
     `trace`: the profile's simulator of its policy where the policy table has one (an
-    independent count), else its own planner policy's decisions replayed."""
-    import numpy as np
-
+    independent count), else its own planner policy's decisions replayed (as profile does)."""
     from bagpipe_cli.engine.registry import spec
+    from bagpipe_cli.policies.simulators import simulate_decisions
     from bagpipe_cli.policies.table import policy
 
     s = spec(system)
     if s.decisions is None and s.policy is not None and policy(s.policy).simulate:
         r = policy(s.policy).simulate(trace, capacity, None, None)
-        return r.fetched_per_batch.tolist(), int(r.peak_resident_rows)
-    d = s.planner_decisions()(trace, capacity, 1.0)
-    fetched, resident, peak = [], 0, 0
-    for b in range(len(trace)):
-        x = d.step(b, np.sort(trace.batch(b)))
-        resident += len(x.fetch) - len(x.before)
-        peak = max(peak, resident)
-        resident -= len(x.after)
-        fetched.append(len(x.fetch))
-    return fetched, peak
+    else:
+        r = simulate_decisions(system, trace, capacity, s.planner_decisions())
+    return r.fetched_per_batch.tolist(), int(r.peak_resident_rows)
