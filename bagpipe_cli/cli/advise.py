@@ -5,15 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from bagpipe_cli.cli.common import (
     InputPath,
     OutputPath,
+    StageBars,
     check_outputs,
     console,
     data_argument,
-    err_console,
     list_option,
     out_option,
     overwrite_option,
@@ -91,29 +90,9 @@ def advise(data: Path, trainers: int, net_gbps: float, cluster: Path | None, sca
         check_outputs([*inputs, Input("--scaled-data", reuse)], skip=("scaled_data",))
     else:
         check_outputs(inputs, scaled_data=scaled_path(cfg) if scale > 1 else scaled_data)
-    with atomic_dir(out, overwrite) as tmp, _Steps() as steps:
+    with atomic_dir(out, overwrite) as tmp, StageBars(absolute=True, width=40) as steps:
         advice = run_advise(cfg, tmp, steps, overwrite)
         write_advice(advice, tmp)
     for line in advice.verdict.lines:
         console.print(line, highlight=False, soft_wrap=True)
     console.print(f"wrote {out}/advice.json, advice.md, simulation/ and bench/", highlight=False)
-
-
-class _Steps:
-    """One rich bar per step (measuring, modelling, validating); silent off a terminal."""
-
-    def __enter__(self):
-        self.progress = Progress(TextColumn("[bold]{task.description:<40}"), BarColumn(),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-                                 disable=not err_console.is_terminal)
-        self.progress.__enter__()
-        self.tasks: dict[str, int] = {}
-        return self
-
-    def __call__(self, step: str, done: int, total: int) -> None:
-        if step not in self.tasks:
-            self.tasks[step] = self.progress.add_task(step, total=total)
-        self.progress.update(self.tasks[step], completed=done, total=total)
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)

@@ -265,6 +265,36 @@ def progress_bar(description: str, total: int | None, unit: str = "rows") -> Ite
         yield advance
 
 
+class StageBars:
+    """One rich bar per stage, made on its first report, silent when stderr is not a TTY; a
+    context manager whose call is a report (stage, n, total): `n` done so far (`absolute`,
+    as advise's steps report) or done since the stage's last report (profile's passes)."""
+
+    def __init__(self, absolute: bool = False, width: int = 22):
+        self.absolute = absolute
+        self.progress = Progress(
+            TextColumn(f"[bold]{{task.description:<{width}}}"), BarColumn(), TaskProgressColumn(),
+            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+            disable=not err_console.is_terminal,
+        )
+        self.tasks: dict[str, Any] = {}
+
+    def __enter__(self) -> StageBars:
+        self.progress.__enter__()
+        return self
+
+    def __call__(self, stage: str, n: int, total: int) -> None:
+        if stage not in self.tasks:
+            self.tasks[stage] = self.progress.add_task(stage, total=total)
+        if self.absolute:
+            self.progress.update(self.tasks[stage], completed=n, total=total)
+        else:
+            self.progress.advance(self.tasks[stage], n)
+
+    def __exit__(self, *exc: object) -> None:
+        self.progress.__exit__(*exc)
+
+
 def format_si(x: float) -> str:
     """12345678 -> '12.3M'."""
     for div, suffix in [(1e9, "G"), (1e6, "M"), (1e3, "k")]:

@@ -6,17 +6,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TaskProgressColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 from rich.table import Table
 
 from bagpipe_cli.cli.common import (
+    StageBars,
     check_outputs,
     console,
     data_argument,
@@ -98,34 +91,12 @@ def profile(data: Path, batch_size: int, lookahead: str, cache_rows: str | None,
     out = out or Path("results") / f"profile-{Path(data).resolve().name}"
     open_dataset(data)  # a DATA that is no dataset is named first
     check_outputs([Input("DATA", data)], out=out)  # fail before minutes of work, not after
-    with _Stages() as progress:
+    with StageBars() as progress:
         result = run_profile(cfg, progress)
     write_profile(result, out, overwrite)
     _summary(result, out, optimizer)
     for w in result.warnings:
         err_console.print(f"[yellow]Warning:[/] {w}", highlight=False, soft_wrap=True)
-
-
-class _Stages:
-    """A rich progress display with one bar per stage, created on first report."""
-
-    def __enter__(self):
-        self.progress = Progress(
-            TextColumn("[bold]{task.description:<22}"), BarColumn(), TaskProgressColumn(),
-            MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
-            disable=not err_console.is_terminal,
-        )
-        self.progress.__enter__()
-        self.tasks: dict[str, int] = {}
-        return self
-
-    def __call__(self, stage: str, advance: int, total: int) -> None:
-        if stage not in self.tasks:
-            self.tasks[stage] = self.progress.add_task(stage, total=total)
-        self.progress.advance(self.tasks[stage], advance)
-
-    def __exit__(self, *exc) -> None:
-        self.progress.__exit__(*exc)
 
 
 def _summary(result: ProfileResult, out: Path, optimizer: str) -> None:
