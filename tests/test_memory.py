@@ -209,3 +209,23 @@ def test_profile_and_simulate_refuse_what_does_not_fit_in_one_line(tiny_dataset,
     assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
     assert f"{mem.human_bytes(need // 2)}; " in r.output
     assert not (tmp_path / "p").exists()
+
+
+@pytest.mark.parametrize("trainers,hot_sample", [(1, 1.0), (2, 1.0), (4, 0.5), (8, 0.1)])
+def test_a_replicated_hot_set_is_counted_at_no_less_than_it_holds(tiny_dataset, trainers, hot_sample):
+    """sharded-hot's trainers hold its hot rows (and their state) beside their shard: the
+    estimate's caches are at least the hot set the run chooses (none at one trainer)."""
+    from bagpipe_cli.engine.planning.feed import key_batches
+    from bagpipe_cli.engine.setup import estimate, prepare
+    from bagpipe_cli.engine.systems.sharded_hot import rows_that_pay
+
+    cfg = TrainConfig(data=str(tiny_dataset), system="sharded-hot", trainers=trainers, batch_size=256,
+                      iterations=20, eval_rows=2000, hot_sample=hot_sample, optimizer="adagrad")
+    s = prepare(cfg)
+    hot = int(rows_that_pay(lambda: key_batches(s.ds, cfg, s.train_rows, s.offsets), cfg.iterations,
+                            hot_sample, trainers, s.row_dim, s.total_rows).sum())
+    shape, m = estimate(cfg)
+    held = m.here[0].held["caches"]
+    assert held >= mem.FLOAT * hot * (shape.row_dim + shape.state_dim)
+    assert (held == 0) == (trainers == 1) and (hot == 0 or trainers > 1)
+    assert trainers == 1 or hot > 0  # the bound is tested against a real set

@@ -9,7 +9,8 @@
   keeps per row (its registry entry's `planner_bytes_per_row`) and, for a fixed-capacity
   cache (`capacity_from_peak`), the run's trace it plans from;
 - caches: the trainer's cache, --cache-rows rows, or by default a bound on bagpipe's peak
-  (the accesses of L + C batches, at most every row);
+  (the accesses of L + C batches, at most every row); a hot set replicated on sharded tables,
+  at most the rows of its profiled batches;
 - dense model: weights, gradients and (adam) its two moments and its step's temporaries;
 - inputs: the batches in flight (keys, dense features, labels);
 - activations: a training step: the rows its accesses read and their gradients (B x T x R
@@ -30,6 +31,7 @@ ranks machine by machine. Standard library only.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -214,13 +216,27 @@ def _evaluation(shape: RunShape) -> int:
 
 
 def _cache(cfg: Any, spec: SystemSpec, shape: RunShape) -> tuple[int, int]:
-    """(the trainer cache's bytes, the old copy a growing one holds while it grows)."""
+    """(the trainer cache's bytes, the old copy a growing one holds while it grows; for a
+    hot set replicated on sharded tables, the profile's per-row counts while it is chosen)."""
+    if spec.holds_tables == "shard" and "hot_sample" in spec.reads:
+        return _hot_replica(cfg, shape)
     if "cache_rows" not in spec.reads:
         return 0, 0
     window = (cfg.lookahead + spec.round_length(cfg.lookahead, cfg.round)) * cfg.batch_size
     rows = cfg.cache_rows or shape.unique_rows(window)
     size = FLOAT * rows * (shape.row_dim + shape.state_dim)
     return size, size if cfg.cache_rows is None and spec.rounds else 0
+
+
+def _hot_replica(cfg: Any, shape: RunShape) -> tuple[int, int]:
+    """A hot set on every trainer of sharded tables (sharded-hot's): at most the rows the
+    profiled first --hot-sample share of the batches read (none at one trainer), with their
+    optimizer state; while it is chosen, three int32 counts per row of the tables."""
+    if cfg.trainers < 2:
+        return 0, 0
+    profiled = min(cfg.iterations, max(1, math.ceil(cfg.hot_sample * cfg.iterations)))
+    rows = shape.unique_rows(profiled * cfg.batch_size)
+    return FLOAT * rows * (shape.row_dim + shape.state_dim), 12 * shape.total_rows
 
 
 def _planner(cfg: Any, spec: SystemSpec, shape: RunShape) -> int:
