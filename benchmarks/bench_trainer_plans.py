@@ -11,7 +11,8 @@ row), a home among its writers, a source that is the servers (-1) for 30% of the
 home for half, else any trainer; 10% of the rows evicted. Also `trainer_sizes` (what
 `bagpipe simulate` counts per iteration), its old per-trainer way kept here as it was. Both
 ways are first checked equal (the plans byte for byte as encoded), then called in turn
-`--repeat` times (interleaved: a shared machine's load falls on both alike): medians.
+`--repeat` times (interleaved: a shared machine's load falls on both alike): medians. Each N
+runs in a fresh process.
 
     python benchmarks/bench_trainer_plans.py [--trainers 8,32,64] [--rows 600000] [--repeat 5]
 """
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -85,37 +88,50 @@ def timed(fns: list, repeat: int) -> list[float]:
     return [statistics.median(ms) for ms in out]
 
 
+def row(n: int, rows: int, pairs: float, repeat: int) -> str:
+    """One line of the table: N trainers' plans of a synthetic iteration, both ways."""
+    p = iteration(n, rows, pairs)
+    _ = p.part.pair_row  # derived once per Partition, by either way
+    rp = RoundPlan(r=0, fetch_keys=p.uniq[p.part.src < 0], fetch_slots=np.empty(0, np.int32), iters=[p])
+    keys, ids = np.int32, id_dtype(n)
+
+    def old() -> list[RoundPlan]:
+        return [trainer_round(rp, i, keys, ids) for i in range(n)]
+
+    def new() -> list[RoundPlan]:
+        return trainer_rounds(rp, n, keys, ids)
+
+    for a, b in zip(old(), new(), strict=True):  # the same bytes on the wire
+        x, y = encode(a), encode(b)
+        assert x.body.numpy().tobytes() == y.body.numpy().tobytes()
+        assert all(u.equal(v) for u, v in zip(x.raw, y.raw, strict=True))
+    assert all(np.array_equal(u, v) for u, v in zip(old_sizes(p, n), trainer_sizes(p, n), strict=True))
+    t_old, t_new, s_old, s_new = timed([old, new, lambda: old_sizes(p, n), lambda: trainer_sizes(p, n)],
+                                       repeat)
+    return (f"| {n} | {len(p.uniq):,} | {len(p.part.writers):,} | {t_old:.1f} | {t_new:.1f} | "
+            f"{t_old / t_new:.1f}x | {s_old:.1f} | {s_new:.1f} | {s_old / s_new:.1f}x |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--trainers", default="8,32,64")
     ap.add_argument("--rows", type=int, default=600_000, help="|U_b|")
     ap.add_argument("--pairs", type=float, default=2.0, help="about this many pairs a row")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a line, in this process
     args = ap.parse_args()
+    if args.one:
+        print(row(args.one, args.rows, args.pairs, args.repeat))
+        return
     print("| N | |U_b| | pairs | plans, old ms/iter | plans, new ms/iter | old / new "
           "| sizes, old ms/iter | sizes, new ms/iter | old / new |")
     print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for n in [int(x) for x in args.trainers.split(",")]:
-        p = iteration(n, args.rows, args.pairs)
-        _ = p.part.pair_row  # derived once per Partition, by either way
-        rp = RoundPlan(r=0, fetch_keys=p.uniq[p.part.src < 0], fetch_slots=np.empty(0, np.int32), iters=[p])
-        keys, ids = np.int32, id_dtype(n)
-
-        def old(rp=rp, n=n, keys=keys, ids=ids) -> list[RoundPlan]:
-            return [trainer_round(rp, i, keys, ids) for i in range(n)]
-
-        def new(rp=rp, n=n, keys=keys, ids=ids) -> list[RoundPlan]:
-            return trainer_rounds(rp, n, keys, ids)
-
-        for a, b in zip(old(), new(), strict=True):  # the same bytes on the wire
-            x, y = encode(a), encode(b)
-            assert x.body.numpy().tobytes() == y.body.numpy().tobytes()
-            assert all(u.equal(v) for u, v in zip(x.raw, y.raw, strict=True))
-        assert all(np.array_equal(u, v) for u, v in zip(old_sizes(p, n), trainer_sizes(p, n), strict=True))
-        t_old, t_new, s_old, s_new = timed([old, new, lambda p=p, n=n: old_sizes(p, n),
-                                            lambda p=p, n=n: trainer_sizes(p, n)], args.repeat)
-        print(f"| {n} | {len(p.uniq):,} | {len(p.part.writers):,} | {t_old:.1f} | {t_new:.1f} | "
-              f"{t_old / t_new:.1f}x | {s_old:.1f} | {s_new:.1f} | {s_old / s_new:.1f}x |", flush=True)
+    for n in args.trainers.split(","):  # each N in a process of its own: one N's heap (the
+        #                                 allocator's state) does not weigh on the next one's
+        out = subprocess.run([sys.executable, __file__, "--one", n, "--rows", str(args.rows),
+                              "--pairs", str(args.pairs), "--repeat", str(args.repeat)],
+                             check=True, capture_output=True, text=True)
+        print(out.stdout, end="", flush=True)
 
 
 if __name__ == "__main__":
