@@ -22,7 +22,12 @@ kinds of plan cross:
   rows themselves it finds in its iterations' sources). The round's counts (fetched,
   sync_now, sync_later, no_sync, |U_b|) stay the global ones, so every trainer takes part in
   every exchange alike. At 8 trainers a trainer's plan was about a tenth of the whole
-  (docs/architecture.md, "The distributed schedule").
+  (docs/architecture.md, "The distributed schedule"). Rank 0 makes the N plans of a round
+  together (`trainer_rounds`): per iteration it groups every trainer's share in one pass
+  (`trainer_shares`: one sort of all the shares' (trainer, row) entries, about |U_b| + pairs
+  of them whatever N), where one trainer's by its definition (`trainer_rows`,
+  `trainer_round`) is a pass over the whole Partition; both give the same plans, element for
+  element.
 
 Keys travel as int32 where the key space fits, a row's user as int16, a partitioned
 cache's trainer indices and counts of writers as int8 where N <= 127; the trainer widens
@@ -33,7 +38,7 @@ in-process run counts as its planner's (`engine/comm/traffic.py`).
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -81,7 +86,8 @@ def trainer_rows(part: Partition, i: int) -> tuple[np.ndarray, np.ndarray]:
     """Trainer i's share of an iteration's Partition: (positions in U_b of the rows it needs,
     sorted: those it reads at b, and those it is home of before b (it delivers them) or after
     it (it sums their partials); a mask of the (row, writer) pairs it needs: every pair of a
-    row it is home of, its own of the others)."""
+    row it is home of, its own of the others). The definition, one trainer at a time, each a
+    pass over the whole Partition; `trainer_shares` gives every trainer's in one pass."""
     homed = (part.src == i) | (part.home == i)
     pairs = homed[part.pair_row] | (part.writers == i)
     need = homed.copy()
@@ -89,14 +95,97 @@ def trainer_rows(part: Partition, i: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(need), pairs
 
 
+@dataclass
+class Shares:
+    """Every trainer's share of one iteration's Partition (`trainer_shares`), trainer after
+    trainer: trainer i's rows are entries at[i]:at[i + 1] of `rows`, `count` and `reads`, its
+    pairs pair_at[i]:pair_at[i + 1] of `pairs`."""
+
+    rows: np.ndarray  # positions in U_b: `trainer_rows`'s rows, trainer after trainer
+    count: np.ndarray  # of each row's pairs, those the trainer gets (all, where it homes the row)
+    reads: np.ndarray  # whether the trainer reads the row at b (is one of its writers)
+    pairs: np.ndarray  # pair indices, ascending per trainer: where `trainer_rows`'s mask is True
+    at: np.ndarray  # [N + 1]
+    pair_at: np.ndarray  # [N + 1]
+
+
+def _entries(part: Partition) -> tuple[np.ndarray, ...]:
+    """The (trainer, row) entries of every trainer's share, each once, in three groups: each
+    row with a home before b, for that trainer (`src`, where not -1); each row for its home
+    after b, where that is another trainer; each (row, writer) pair whose writer is home of
+    neither, for that writer. A row's writers are distinct (`pairs_of`), so no two meet.
+    Returns (the first group's rows, the second's, the third's pairs, and whether the first
+    two groups' trainers read their rows at b: are writers of them)."""
+    row, w = part.pair_row, part.writers
+    by_src, by_home = w == part.src[row], w == part.home[row]
+    src_reads, home_reads = np.zeros(len(part.count), bool), np.zeros(len(part.count), bool)
+    src_reads[row[by_src]] = True
+    home_reads[row[by_home]] = True
+    s, h = np.flatnonzero(part.src >= 0), np.flatnonzero((part.home >= 0) & (part.home != part.src))
+    return s, h, np.flatnonzero(~(by_src | by_home)), src_reads[s], home_reads[h]
+
+
+def trainer_shares(part: Partition, n: int) -> Shares:
+    """Every one of n trainers' `trainer_rows` at once, in one pass whatever n (`trainer_rows`
+    is a pass over the whole Partition per trainer): each entry of every share (`_entries`,
+    about |U_b| + pairs of them) an int64 code (trainer, row, its own pair's place in the row
+    + 1 or 0 where it homes the row, whether it reads the row), sorted once, so trainer after
+    trainer and row after row; a trainer's pairs are then its homed rows' ranges of pairs and
+    its own pairs, in pair order."""
+    s, h, own, s_reads, h_reads = _entries(part)
+    rows, count = len(part.count), part.count.astype(np.int64)
+    first = np.cumsum(count) - count
+    bits = int(count.max(initial=0)).bit_length() + 1  # (own place + 1, reads)
+    shift = bits + max(rows - 1, 1).bit_length()  # (trainer, row, ...)
+    if (max(n, 1) - 1).bit_length() + shift > 62:
+        raise ValueError(f"{n} trainers of {rows} rows: their codes do not fit int64")
+    own_row = part.pair_row[own]
+    code = np.sort(np.concatenate([
+        (part.src[s].astype(np.int64) << shift) | (s << bits) | s_reads,
+        (part.home[h].astype(np.int64) << shift) | (h << bits) | h_reads,
+        (part.writers[own].astype(np.int64) << shift) | (own_row << bits)
+        | ((own - first[own_row] + 1) << 1) | 1]))
+    at = np.searchsorted(code, np.arange(n + 1, dtype=np.int64) << shift)
+    row = code >> bits
+    row &= (1 << (shift - bits)) - 1
+    place = code >> 1  # in place from here on: these arrays are the size of every share
+    place &= (1 << (bits - 1)) - 1
+    homed = place == 0
+    pairs_of_row = part.count[row].astype(np.int64) - 1
+    pairs_of_row *= homed  # all the row's pairs where it homes the row, else its own one
+    pairs_of_row += 1
+    ends = np.cumsum(pairs_of_row)
+    place -= ~homed  # an own pair's place in its row
+    start = first[row]
+    start += place  # the row's first pair, or the trainer's own
+    start -= ends
+    start += pairs_of_row
+    pairs = np.repeat(start, pairs_of_row)
+    pairs += np.arange(len(pairs))
+    return Shares(row, pairs_of_row, (code & 1).astype(bool), pairs, at,
+                  np.concatenate([[0], ends])[at])
+
+
+def _own_round(rp: RoundPlan, iters: list[IterPlan], keys: type) -> RoundPlan:
+    return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
+                   fetched_rows=rp.fetch_count, pre_evict_keys=rp.pre_evict_keys.astype(keys),
+                   iters=iters)
+
+
 def trainer_round(rp: RoundPlan, i: int, keys: type, ids: type) -> RoundPlan:
     """Round `rp` of a partitioned cache as rank 0 sends it to trainer i (see the module
     docstring): every list by position in its rows (`trainer_rows`), which a
     `PartitionedCache` reads as it reads U_b once `RoundMaker` has put back the keys of the
-    rows it reads; a trainer, writer or count of writers as `ids` (`id_dtype`)."""
-    return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
-                   fetched_rows=rp.fetch_count, pre_evict_keys=rp.pre_evict_keys.astype(keys),
-                   iters=[_trainer_iter(p, i, keys, ids) for p in rp.iters])
+    rows it reads; a trainer, writer or count of writers as `ids` (`id_dtype`). One trainer's,
+    the definition; `trainer_rounds` makes every trainer's, the same, in one pass."""
+    return _own_round(rp, [_trainer_iter(p, i, keys, ids) for p in rp.iters], keys)
+
+
+def trainer_rounds(rp: RoundPlan, n: int, keys: type, ids: type) -> list[RoundPlan]:
+    """[n] every trainer's `trainer_round` of `rp`, element for element, each iteration's
+    from one `trainer_shares`."""
+    iters = [_trainer_iters(p, n, keys, ids) for p in rp.iters]
+    return [_own_round(rp, [each[i] for each in iters], keys) for i in range(n)]
 
 
 def id_dtype(trainers: int) -> type:
@@ -119,20 +208,44 @@ def _trainer_iter(p: IterPlan, i: int, keys: type, ids: type) -> IterPlan:
                                                             part.home[rows], part.src[rows]))))
 
 
+def _trainer_iters(p: IterPlan, n: int, keys: type, ids: type) -> list[IterPlan]:
+    """[n] every trainer's `_trainer_iter` of `p`, from one `trainer_shares`."""
+    part, sh = p.part, trainer_shares(p.part, n)
+    writers, home, src = part.writers[sh.pairs], part.home[sh.rows], part.src[sh.rows]
+    row_class, cross = p.row_class[sh.rows], np.flatnonzero(~sh.reads)  # rows it does not read
+    key, key_at = p.uniq[sh.rows[cross]], np.searchsorted(cross, sh.at)  # their keys cross
+    by = part.home[np.searchsorted(p.uniq, p.evict_keys)]  # each evicted row's home
+    evicted = p.evict_keys[np.argsort(by, kind="stable")]
+    ev_at = np.concatenate([[0], np.cumsum(np.bincount(by, minlength=n))])
+    out = []
+    for i in range(n):
+        r, q = slice(*sh.at[i:i + 2]), slice(*sh.pair_at[i:i + 2])
+        own = Partition(*(a.astype(ids) for a in (sh.count[r], writers[q], home[r], src[r])))
+        out.append(replace(p, uniq=key[slice(*key_at[i:i + 2])].astype(keys), inverse=_NO_INVERSE,
+                           slots=_EMPTY_SLOTS, evict_keys=evicted[slice(*ev_at[i:i + 2])].astype(keys),
+                           evict_slots=_EMPTY_SLOTS, owner=None, row_class=row_class[r].copy(),
+                           subset_of=len(p.uniq), part=own))
+    return out
+
+
 def trainer_sizes(p: IterPlan, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """[n] per trainer, the lengths of its plan of iteration `p` (`trainer_round`): its rows,
-    their keys that cross (the rows it does not read), its (row, writer) pairs, its evictions."""
-    rows, pairs = zip(*(trainer_rows(p.part, i) for i in range(n)), strict=True)
-    reads = np.bincount(p.part.writers.astype(np.int64), minlength=n)
-    evicted = np.bincount(p.part.home[np.searchsorted(p.uniq, p.evict_keys)].astype(np.int64),
+    their keys that cross (the rows it does not read), its (row, writer) pairs, its evictions;
+    counted on every trainer's entries at once (`_entries`)."""
+    part = p.part
+    s, h, own, _, _ = _entries(part)
+    t, pairs = (part.src[s], part.home[h], part.writers[own]), (part.count[s], part.count[h], None)
+    size = sum(np.bincount(x, minlength=n) for x in t)
+    pairs = sum(np.bincount(x, weights=c, minlength=n) for x, c in zip(t, pairs, strict=True))
+    reads = np.bincount(part.writers.astype(np.int64), minlength=n)
+    evicted = np.bincount(part.home[np.searchsorted(p.uniq, p.evict_keys)].astype(np.int64),
                           minlength=n)
-    size = np.array([len(r) for r in rows])
-    return size, size - reads, np.array([int(m.sum()) for m in pairs]), evicted
+    return size, size - reads, pairs.astype(np.int64), evicted
 
 
 class PlanWire:
     """A run's rounds as the planner sends them (`shared_round` with the run's settings, or
-    with `trainers` > 0 each trainer's own: `trainer_round`; None, the end of the plans, as
+    with `trainers` > 0 each trainer's own: `trainer_rounds`; None, the end of the plans, as
     it is, to the relay's root or to every trainer)."""
 
     def __init__(self, global_view: bool, cached: bool, total_rows: int, trainers: int = 0):
@@ -158,9 +271,9 @@ class PlanWire:
         if self.relayed:
             return [(0, None if rp is None else shared_round(rp, self.global_view, self.cached,
                                                              self.keys))]
-        ids = id_dtype(self.trainers)
-        return [(j, None if rp is None else trainer_round(rp, j, self.keys, ids))
-                for j in range(self.trainers)]
+        if rp is None:
+            return [(j, None) for j in range(self.trainers)]
+        return list(enumerate(trainer_rounds(rp, self.trainers, self.keys, id_dtype(self.trainers))))
 
     def nbytes(self, rp: RoundPlan | None) -> int:
         """The bytes round `rp` (or the end) puts on rank 0's link, every plan of it as
