@@ -233,6 +233,8 @@ def _traffic(summary, role):
     return summary["roles"][role]["traffic"]
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # make test-all: tests/test_trainer_plans.py checks every trainer's plan
 def test_eight_trainers_over_procs_equal_sync_and_each_receives_only_its_plan(tiny_dataset, tmp_path):
     """Bitwise sync at 8 trainers (10 processes). Rank 0 sends no samples, and each trainer of
     the partitioned cache its own plan, point to point: the bytes the in-process planner
