@@ -319,6 +319,28 @@ def test_iteration_time_is_never_below_rank_0s_on_a_trace(tiny_dataset):
                 assert p.planner_ms_per_iter == pytest.approx(v.plan_ms), s
 
 
+
+def test_rank_0_is_charged_for_making_each_trainers_own_plan(tiny_dataset, monkeypatch):
+    """Where each trainer gets its own plan (bagpipe, N > 1) rank 0 makes and encodes the N
+    plans of every round: the model times that (as the runtimes call it) into the planning
+    stage; a shared plan (one trainer, sync) has none to make."""
+    from bagpipe_cli.engine.distributed import rounds
+    from bagpipe_cli.simulate import planning
+    from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
+
+    made = []
+    sends = rounds.PlanWire.sends
+    monkeypatch.setattr(rounds.PlanWire, "sends", lambda self, rp: made.append(rp.r) or sends(self, rp))
+    for n, system, making in ((4, "bagpipe", True), (1, "bagpipe", False), (4, "sync", False)):
+        made.clear()
+        tc = TraceConfig(str(tiny_dataset), batch_size=1024, iterations=24, lookahead=8, trainers=n,
+                         runtime="distributed")
+        v = trace_volumes(tc, [system])[0][system]
+        p = predict(v, Cluster(n, 1, None, 0.0), Workload(16, 0, 1000, warmup=4), ComputeTimes(fwd_bwd_ms=0.5))
+        assert (v.plan_make_ms > 0) == making and p.planner_make_ms == v.plan_make_ms, (n, system)
+        assert len(made) == (planning.MAKE_SAMPLES if making else 0)  # timed on the first rounds
+        assert v.plan_ms > v.plan_make_ms and p.planner_ms_per_iter == pytest.approx(v.plan_ms)
+
 def test_compute_of_takes_medians_and_leaves_out_communication():
     m = pd.DataFrame({
         "data": [0.1, 0.0, 0.002, 0.0, 0.004, 0.0],  # seconds; rounds of 2: starts 0, 2, 4

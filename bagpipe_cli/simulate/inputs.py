@@ -170,6 +170,7 @@ class Volumes:
     planners: int = 1  # the oracle's workers (simulate/volumes.py's `planned`)
     plan_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
     plan_serial_ms: float = 0.0  # the oracle thread's own CPU ms a batch (the slices laid together)
+    plan_make_ms: float = 0.0  # making and encoding each trainer's own plan, CPU ms a batch (in plan_ms)
     # Rows the servers send before the first iteration, untimed (local copies every table
     # to each trainer); counted in a run's traffic, so in the model's bytes, not its times.
     setup_rows: int = 0

@@ -55,6 +55,7 @@ class Prediction:
     planner_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
     planners: int = 1  # the oracle's planning workers (1: one thread plans)
     planner_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
+    planner_make_ms: float = 0.0  # rank 0 making each trainer's own plan, CPU ms a batch (in its time)
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
     #                                 (each trainer its own plan: the largest one's receiving)
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
@@ -304,6 +305,7 @@ class _Replay:
             planner_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
             planner_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
             planners=self.vol.planners, planner_worker_ms=self.vol.plan_worker_ms,
+            planner_make_ms=self.vol.plan_make_ms,
             relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,
             exposed_plan_ms=1e3 * float(plan_wait[m].mean()) if I else 0.0,
             server_rows_mb_per_iter=1e-6 * work.row_bytes * float(

@@ -11,6 +11,12 @@ Into the Volumes: `plan_ms` (that sum), `plan_worker_ms` (the busiest worker's) 
 `plan_serial_ms` (the oracle thread's), milliseconds a batch, each the median over the rounds
 of a round's time per batch (the mean would take in the first touches of the planner's
 tables, which a long run does not pay every round); `planners`, the workers.
+
+Where each trainer gets its own plan (a partitioned cache, N > 1), rank 0 also makes the N
+plans of every round and encodes them for the wire (in-process, to count their bytes), on
+its own thread after the round is planned: `PlanMaking` times that (`rounds.PlanWire.sends`
+and `wire.encode`, as the runtimes call them) on the first MAKE_SAMPLES rounds, and its
+median per batch, `plan_make_ms`, is added to `plan_ms`.
 """
 
 from __future__ import annotations
@@ -49,6 +55,35 @@ class Batches:
                 self.held.append(keys)
             self.cpu += time.thread_time() - t0
             yield u
+
+
+MAKE_SAMPLES = 8  # rounds whose trainers' own plans are made and timed (`PlanMaking`)
+
+
+class PlanMaking:
+    """Rank 0's making of every trainer's own plan of a round, encoded as it is sent, in
+    thread CPU seconds a batch, on the first MAKE_SAMPLES rounds (see the module docstring)."""
+
+    def __init__(self, trainers: int, total_rows: int):
+        from bagpipe_cli.engine.distributed.rounds import PlanWire  # torch: not for --help
+
+        self.wire = PlanWire(True, True, total_rows, trainers)
+        self.per_batch: list[float] = []
+
+    def time(self, rp: RoundPlan) -> None:
+        if len(self.per_batch) >= MAKE_SAMPLES or not rp.iters:
+            return
+        from bagpipe_cli.engine.distributed.wire import encode
+
+        t0 = time.thread_time()
+        for _, plan in self.wire.sends(rp):
+            encode(plan)
+        self.per_batch.append((time.thread_time() - t0) / len(rp.iters))
+
+    def into(self, v: Volumes) -> None:
+        """Its median into `v`: `plan_make_ms`, and added to the planning stage's `plan_ms`."""
+        v.plan_make_ms = 1e3 * float(np.median(self.per_batch)) if self.per_batch else 0.0
+        v.plan_ms += v.plan_make_ms
 
 
 def timed_rounds(planner: Any, keys: Callable[[], Iterator[np.ndarray]], total: int, v: Volumes,

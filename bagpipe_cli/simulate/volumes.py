@@ -37,7 +37,7 @@ from bagpipe_cli.simulate import plans
 from bagpipe_cli.simulate.inputs import Exchanges, Volumes
 from bagpipe_cli.simulate.model import SYSTEMS
 from bagpipe_cli.simulate.partition import by_shard, record_round
-from bagpipe_cli.simulate.planning import timed_rounds
+from bagpipe_cli.simulate.planning import PlanMaking, timed_rounds
 from bagpipe_cli.simulate.staleness import HetState
 
 RUNTIMES = ("inproc", "distributed")
@@ -231,6 +231,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     v.plan_trainer_bytes = np.zeros(t.iterations, np.int64) if v.exchanges is not None and t.distributed else None
     if v.exchanges is not None:  # each trainer's requests, in both runtimes
         v.messages = n
+    making = PlanMaking(n, t.total) if v.exchanges is not None else None  # each its own plan
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True
@@ -246,6 +247,10 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
             v.sync_now[p.b], v.sync_later[p.b] = p.sync_now, p.sync_later
             v.unique_rows[p.b] = len(p.uniq)
         t.send(v, b0, plans.lookahead_plans(kb, n, rp, lrpp, v.plan_trainer_bytes))
+        if making is not None:
+            making.time(rp)
+    if making is not None:
+        making.into(v)
     if lookahead is None:  # bagpipe's own: the baselines' default capacity
         t.info["bagpipe_peak_resident_rows"], t.info["round"] = oracle.peak_resident, oracle.C
     if cfg.cache_rows is not None and cfg.cache_rows < oracle.peak_resident:  # as train refuses it
