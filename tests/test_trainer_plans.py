@@ -6,6 +6,7 @@ every trainer, element for element and dtype for dtype, what its own definition 
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,13 +14,14 @@ import pytest
 from bagpipe_cli.engine.distributed.rounds import (
     PlanWire,
     id_dtype,
+    trainer_groups,
     trainer_round,
     trainer_rounds,
     trainer_rows,
     trainer_shares,
     trainer_sizes,
 )
-from bagpipe_cli.engine.distributed.wire import encode
+from bagpipe_cli.engine.distributed.wire import Encoded, encode
 from bagpipe_cli.engine.planning.oracle import Oracle
 from bagpipe_cli.engine.planning.partition import Partition
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
@@ -69,8 +71,9 @@ def _same(a, b, where: str = "") -> None:
         assert a == b, where
 
 
-def _same_on_the_wire(a: RoundPlan, b: RoundPlan) -> None:
-    x, y = encode(a), encode(b)
+def _same_on_the_wire(a: Any, b: Any) -> None:
+    """The same bytes on the wire (a plan, or what is already encoded)."""
+    x, y = (v if isinstance(v, Encoded) else encode(v) for v in (a, b))
     assert x.body.numpy().tobytes() == y.body.numpy().tobytes()
     assert len(x.raw) == len(y.raw) and all(u.equal(v) for u, v in zip(x.raw, y.raw, strict=True))
 
@@ -109,12 +112,22 @@ def test_every_trainers_share_in_one_pass_is_its_own(homes_write):
                 seen["homed"] += int(homed.sum())
                 seen["own"] += int((~homed).sum())
                 seen["fetched"] += int((part.src[need] < 0).sum())
+            for lo, hi in trainer_groups(n, 3):  # a group of trainers' shares: the same
+                g = trainer_shares(part, n, lo, hi)
+                for i in range(lo, hi):
+                    r, q, k = slice(*sh.at[i:i + 2]), slice(*sh.pair_at[i:i + 2]), i - lo
+                    rg, qg = slice(*g.at[k:k + 2]), slice(*g.pair_at[k:k + 2])
+                    for x, y in ((sh.rows[r], g.rows[rg]), (sh.pairs[q], g.pairs[qg]),
+                                 (sh.reads[r], g.reads[rg]), (sh.count[r], g.count[rg])):
+                        _same(x, y, f"n={n} rows={rows} trainer {i} in {lo}..{hi - 1}")
             if rows:
                 rp = _random_round(rng, n, part)
-                for a, b in zip(trainer_rounds(rp, n, np.int32, id_dtype(n)),
-                                [trainer_round(rp, i, np.int32, id_dtype(n)) for i in range(n)], strict=True):
-                    _same(a, b, f"n={n} rows={rows}")
-                    _same_on_the_wire(a, b)
+                one_by_one = [trainer_round(rp, i, np.int32, id_dtype(n)) for i in range(n)]
+                for groups in (1, 2, 4, 9):  # made by that many threads
+                    for a, b in zip(trainer_rounds(rp, n, np.int32, id_dtype(n), groups), one_by_one,
+                                    strict=True):
+                        _same(a, b, f"n={n} rows={rows} groups={groups}")
+                        _same_on_the_wire(a, b)
                 _same(list(trainer_sizes(rp.iters[0], n)), _sizes_one_by_one(rp.iters[0], n))
     assert min(seen.values()) > 100, seen  # every kind of entry, many times
 
@@ -131,16 +144,28 @@ def test_every_trainers_round_in_one_pass_is_its_own_on_the_oracles_plans(n):
     """The oracle's rounds: `PlanWire.sends` (every trainer's plan of a round, grouped) sends
     each trainer exactly `trainer_round`'s plan, every field, dtype and byte on the wire; its
     `nbytes` counts them; `trainer_sizes` measures them; the end of the plans goes to each."""
-    wire = PlanWire(True, True, 400, trainers=n)
+    wire = PlanWire(True, True, 400, trainers=n, groups=(n + 1) // 2)  # made by threads
     for rp in _oracle_rounds(n, n):
         sent = wire.sends(rp)
         assert [j for j, _ in sent] == list(range(n))
-        for i, plan in sent:
+        encoded = wire.encoded(rp)  # made and encoded by the threads, as rank 0 sends them
+        assert [j for j, _ in encoded] == list(range(n))
+        for (i, plan), (_, enc) in zip(sent, encoded, strict=True):
             own = trainer_round(rp, i, np.int32, id_dtype(n))
             _same(plan, own, f"round {rp.r} trainer {i}")
             _same_on_the_wire(plan, own)
+            _same_on_the_wire(enc, own)
         assert wire.nbytes(rp) == sum(encode(trainer_round(rp, i, np.int32, id_dtype(n))).nbytes
                                       for i in range(n))
         for p in rp.iters:
             _same(list(trainer_sizes(p, n)), _sizes_one_by_one(p, n))
     assert wire.sends(None) == [(j, None) for j in range(n)]
+
+
+def test_trainer_groups_cover_every_trainer_once():
+    for n in range(1, 70):
+        for g in (1, 2, 3, 7, 13, 100):
+            ranges = trainer_groups(n, g)
+            assert len(ranges) == min(g, n)
+            assert [i for lo, hi in ranges for i in range(lo, hi)] == list(range(n))
+            assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1

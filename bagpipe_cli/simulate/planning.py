@@ -12,11 +12,12 @@ Into the Volumes: `plan_ms` (that sum), `plan_worker_ms` (the busiest worker's) 
 of a round's time per batch (the mean would take in the first touches of the planner's
 tables, which a long run does not pay every round); `planners`, the workers.
 
-Where each trainer gets its own plan (a partitioned cache, N > 1), rank 0 also makes the N
-plans of every round and encodes them for the wire (in-process, to count their bytes), on
-its own thread after the round is planned: `PlanMaking` times that (`rounds.PlanWire.sends`
-and `wire.encode`, as the runtimes call them) on the first MAKE_SAMPLES rounds, and its
-median per batch, `plan_make_ms`, is added to `plan_ms`.
+Where each trainer gets its own plan (a partitioned cache, N > 1), rank 0 also makes and
+encodes for the wire the N plans of every round (in-process, to count their bytes), after the
+round is planned, by as many threads as the oracle has workers, each the trainers of one
+group (`rounds.trainer_groups`; `PlanWire.encoded`): `PlanMaking` times each group's making
+and encoding (`rounds.group_rounds`, `wire.encode`) on the first MAKE_SAMPLES rounds, and the
+median per batch of the busiest group's, `plan_make_ms`, is added to `plan_ms`.
 """
 
 from __future__ import annotations
@@ -61,24 +62,30 @@ MAKE_SAMPLES = 8  # rounds whose trainers' own plans are made and timed (`PlanMa
 
 
 class PlanMaking:
-    """Rank 0's making of every trainer's own plan of a round, encoded as it is sent, in
-    thread CPU seconds a batch, on the first MAKE_SAMPLES rounds (see the module docstring)."""
+    """Rank 0's making and encoding of every trainer's own plan of a round by `groups`
+    threads: the busiest thread's CPU seconds a batch, on the first MAKE_SAMPLES rounds (see
+    the module docstring)."""
 
-    def __init__(self, trainers: int, total_rows: int):
-        from bagpipe_cli.engine.distributed.rounds import PlanWire  # torch: not for --help
+    def __init__(self, trainers: int, total_rows: int, groups: int):
+        from bagpipe_cli.engine.distributed.rounds import id_dtype, key_dtype, trainer_groups
 
-        self.wire = PlanWire(True, True, total_rows, trainers)
+        self.n, self.keys, self.ids = trainers, key_dtype(total_rows), id_dtype(trainers)
+        self.groups = trainer_groups(trainers, groups)
         self.per_batch: list[float] = []
 
     def time(self, rp: RoundPlan) -> None:
         if len(self.per_batch) >= MAKE_SAMPLES or not rp.iters:
             return
+        from bagpipe_cli.engine.distributed.rounds import group_rounds  # torch: not for --help
         from bagpipe_cli.engine.distributed.wire import encode
 
-        t0 = time.thread_time()
-        for _, plan in self.wire.sends(rp):
-            encode(plan)
-        self.per_batch.append((time.thread_time() - t0) / len(rp.iters))
+        busiest = 0.0
+        for lo, hi in self.groups:  # one after the other here, each on a thread of its own there
+            t0 = time.thread_time()
+            for plan in group_rounds(rp, self.n, self.keys, self.ids, lo, hi):
+                encode(plan)
+            busiest = max(busiest, time.thread_time() - t0)
+        self.per_batch.append(busiest / len(rp.iters))
 
     def into(self, v: Volumes) -> None:
         """Its median into `v`: `plan_make_ms`, and added to the planning stage's `plan_ms`."""

@@ -221,8 +221,8 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     iteration, no LRPP: prefetch) as `engine/planning/builders.py` plans it."""
     cfg, k = t.cfg, t.cfg.servers
     L, C = (cfg.lookahead, cfg.round) if lookahead is None else (lookahead, 1)
-    oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp, threads=False,
-                    planners=cfg.planners or default_planners(cfg.batch_size * t.info["tables"]))
+    planners = cfg.planners or default_planners(cfg.batch_size * t.info["tables"])
+    oracle = Oracle(t.total, L, C, cfg.trainers, None, lrpp=lrpp, threads=False, planners=planners)
     v = t.empty(s.name)
     v.round_start[:], v.prefetch_ahead = False, True
     n, kb = cfg.trainers, t.key_bytes
@@ -231,7 +231,7 @@ def lookahead_volumes(t: _Trace, s: SystemSpec, lookahead: int | None = None,
     v.plan_trainer_bytes = np.zeros(t.iterations, np.int64) if v.exchanges is not None and t.distributed else None
     if v.exchanges is not None:  # each trainer's requests, in both runtimes
         v.messages = n
-    making = PlanMaking(n, t.total) if v.exchanges is not None else None  # each its own plan
+    making = PlanMaking(n, t.total, planners) if v.exchanges is not None else None  # each its own plan
     for rp, _ in t.planned(oracle, v):
         b0 = rp.iters[0].b
         v.round_start[b0] = True

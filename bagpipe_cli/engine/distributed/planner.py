@@ -25,7 +25,14 @@ from bagpipe_cli.engine.comm.traffic import Traffic
 from bagpipe_cli.engine.distributed.faults import Faults
 from bagpipe_cli.engine.distributed.layout import Layout
 from bagpipe_cli.engine.distributed.rounds import PlanWire
-from bagpipe_cli.engine.distributed.wire import decode, recv_encoded, recv_obj, send_obj
+from bagpipe_cli.engine.distributed.wire import (
+    Encoded,
+    decode,
+    encode,
+    recv_encoded,
+    recv_obj,
+    send_encoded,
+)
 from bagpipe_cli.engine.planning.builders import Planning
 from bagpipe_cli.engine.planning.feed import MAX_LOADER_WORKERS, planned_rounds
 from bagpipe_cli.engine.planning.plans import RoundPlan
@@ -68,8 +75,10 @@ class DistributedPlanner:
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
 
     def _send(self, obj: Any, dst: int, kind: str = "control", group: Any = None) -> None:
+        """Send `obj` (or what is already `Encoded`) to rank `dst`, counted."""
         t = time.perf_counter()
-        self.traffic.send(kind, send_obj(obj, dst, self.layout, group))
+        enc = obj if isinstance(obj, Encoded) else encode(obj)
+        self.traffic.send(kind, send_encoded(enc, dst, self.layout, group))
         self.waiting_s += time.perf_counter() - t
 
     def _recv(self, src: int) -> Any:
@@ -156,8 +165,8 @@ class DistributedPlanner:
     def _send_plans(self, wire: PlanWire, rp: RoundPlan | None) -> None:
         """Round `rp`'s plans (None: the end): one to the relay tree's root, or to each
         trainer its own, in trainer order."""
-        for j, plan in wire.sends(rp):
-            self._send(plan, self.layout.trainer_rank(j), "plan", self.plans)
+        for j, enc in wire.encoded(rp):  # each trainer's own made and encoded by threads
+            self._send(enc, self.layout.trainer_rank(j), "plan", self.plans)
 
     def _boundaries(self, iterations: list[int]) -> None:
         """Rank 0's part of the checkpoints and evaluations at the boundaries before

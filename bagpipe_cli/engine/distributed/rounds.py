@@ -38,12 +38,13 @@ in-process run counts as its planner's (`engine/comm/traffic.py`).
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from bagpipe_cli.engine.distributed.wire import encode
+from bagpipe_cli.engine.distributed.wire import Encoded, encode
 from bagpipe_cli.engine.planning.feed import Round, SliceReader
 from bagpipe_cli.engine.planning.keys import KeySets
 from bagpipe_cli.engine.planning.partition import Partition
@@ -109,30 +110,35 @@ class Shares:
     pair_at: np.ndarray  # [N + 1]
 
 
-def _entries(part: Partition) -> tuple[np.ndarray, ...]:
-    """The (trainer, row) entries of every trainer's share, each once, in three groups: each
-    row with a home before b, for that trainer (`src`, where not -1); each row for its home
-    after b, where that is another trainer; each (row, writer) pair whose writer is home of
-    neither, for that writer. A row's writers are distinct (`pairs_of`), so no two meet.
-    Returns (the first group's rows, the second's, the third's pairs, and whether the first
-    two groups' trainers read their rows at b: are writers of them)."""
-    row, w = part.pair_row, part.writers
+def _entries(part: Partition, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+    """The (trainer, row) entries of the shares of trainers lo..hi-1, each once, in three
+    groups: each row with a home before b among them, for that trainer (`src`; -1 is none);
+    each row for its home after b, where that is another trainer; each (row, writer) pair
+    whose writer is home of neither, for that writer. A row's writers are distinct
+    (`pairs_of`), so no two meet. Returns (the first group's rows, the second's, the third's
+    pairs, and whether the first two groups' trainers read their rows at b: are writers of
+    them). Cheap comparisons over the whole Partition; the rest over these trainers' pairs."""
+    mine = np.flatnonzero((part.writers >= lo) & (part.writers < hi))  # these trainers' pairs
+    row, w = part.pair_row[mine], part.writers[mine]
     by_src, by_home = w == part.src[row], w == part.home[row]
     src_reads, home_reads = np.zeros(len(part.count), bool), np.zeros(len(part.count), bool)
     src_reads[row[by_src]] = True
     home_reads[row[by_home]] = True
-    s, h = np.flatnonzero(part.src >= 0), np.flatnonzero((part.home >= 0) & (part.home != part.src))
-    return s, h, np.flatnonzero(~(by_src | by_home)), src_reads[s], home_reads[h]
+    s = np.flatnonzero((part.src >= max(lo, 0)) & (part.src < hi))
+    h = np.flatnonzero((part.home >= max(lo, 0)) & (part.home < hi) & (part.home != part.src))
+    return s, h, mine[~(by_src | by_home)], src_reads[s], home_reads[h]
 
 
-def trainer_shares(part: Partition, n: int) -> Shares:
-    """Every one of n trainers' `trainer_rows` at once, in one pass whatever n (`trainer_rows`
-    is a pass over the whole Partition per trainer): each entry of every share (`_entries`,
-    about |U_b| + pairs of them) an int64 code (trainer, row, its own pair's place in the row
-    + 1 or 0 where it homes the row, whether it reads the row), sorted once, so trainer after
-    trainer and row after row; a trainer's pairs are then its homed rows' ranges of pairs and
-    its own pairs, in pair order."""
-    s, h, own, s_reads, h_reads = _entries(part)
+def trainer_shares(part: Partition, n: int, lo: int = 0, hi: int | None = None) -> Shares:
+    """The `trainer_rows` of every one of trainers lo..hi-1 of n (default: all n) at once, in
+    one pass whatever their number (`trainer_rows` is a pass over the whole Partition per
+    trainer): each entry of their shares (`_entries`, about |U_b| + pairs of them for all n)
+    an int64 code (trainer, row, its own pair's place in the row + 1 or 0 where it homes the
+    row, whether it reads the row), sorted once, so trainer after trainer and row after row;
+    a trainer's pairs are then its homed rows' ranges of pairs and its own pairs, in pair
+    order. `at` and `pair_at` then count from trainer lo."""
+    hi = n if hi is None else hi
+    s, h, own, s_reads, h_reads = _entries(part, lo, hi)
     rows, count = len(part.count), part.count.astype(np.int64)
     first = np.cumsum(count) - count
     bits = int(count.max(initial=0)).bit_length() + 1  # (own place + 1, reads)
@@ -145,7 +151,7 @@ def trainer_shares(part: Partition, n: int) -> Shares:
         (part.home[h].astype(np.int64) << shift) | (h << bits) | h_reads,
         (part.writers[own].astype(np.int64) << shift) | (own_row << bits)
         | ((own - first[own_row] + 1) << 1) | 1]))
-    at = np.searchsorted(code, np.arange(n + 1, dtype=np.int64) << shift)
+    at = np.searchsorted(code, np.arange(lo, hi + 1, dtype=np.int64) << shift)
     row = code >> bits
     row &= (1 << (shift - bits)) - 1
     place = code >> 1  # in place from here on: these arrays are the size of every share
@@ -181,11 +187,34 @@ def trainer_round(rp: RoundPlan, i: int, keys: type, ids: type) -> RoundPlan:
     return _own_round(rp, [_trainer_iter(p, i, keys, ids) for p in rp.iters], keys)
 
 
-def trainer_rounds(rp: RoundPlan, n: int, keys: type, ids: type) -> list[RoundPlan]:
-    """[n] every trainer's `trainer_round` of `rp`, element for element, each iteration's
-    from one `trainer_shares`."""
-    iters = [_trainer_iters(p, n, keys, ids) for p in rp.iters]
-    return [_own_round(rp, [each[i] for each in iters], keys) for i in range(n)]
+def trainer_rounds(rp: RoundPlan, n: int, keys: type, ids: type, groups: int = 1,
+                   encoded: bool = False) -> list[Any]:
+    """[n] every trainer's `trainer_round` of `rp`, element for element (`encoded`: each as
+    `wire.encode` encodes it for the wire), made by `groups` threads, each the trainers of
+    one of `trainer_groups` (numpy releases the GIL on their arrays), each iteration's from
+    one `trainer_shares` of its trainers."""
+    def made(lo: int, hi: int) -> list[Any]:
+        plans = group_rounds(rp, n, keys, ids, lo, hi)
+        return [encode(plan) for plan in plans] if encoded else plans
+
+    ranges = trainer_groups(n, groups)
+    if len(ranges) == 1:
+        return made(0, n)
+    with ThreadPoolExecutor(len(ranges), thread_name_prefix="plans") as pool:
+        return [plan for plans in pool.map(lambda r: made(*r), ranges) for plan in plans]
+
+
+def trainer_groups(n: int, groups: int) -> list[tuple[int, int]]:
+    """n trainers in min(groups, n) contiguous ranges (lo, hi) of sizes within one."""
+    g = max(1, min(groups, n))
+    bounds = [j * n // g for j in range(g + 1)]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))
+
+
+def group_rounds(rp: RoundPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[RoundPlan]:
+    """The `trainer_round`s of trainers lo..hi-1 of n."""
+    iters = [_trainer_iters(p, n, keys, ids, lo, hi) for p in rp.iters]
+    return [_own_round(rp, [each[i] for each in iters], keys) for i in range(hi - lo)]
 
 
 def id_dtype(trainers: int) -> type:
@@ -208,17 +237,18 @@ def _trainer_iter(p: IterPlan, i: int, keys: type, ids: type) -> IterPlan:
                                                             part.home[rows], part.src[rows]))))
 
 
-def _trainer_iters(p: IterPlan, n: int, keys: type, ids: type) -> list[IterPlan]:
-    """[n] every trainer's `_trainer_iter` of `p`, from one `trainer_shares`."""
-    part, sh = p.part, trainer_shares(p.part, n)
+def _trainer_iters(p: IterPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[IterPlan]:
+    """The `_trainer_iter`s of `p` of trainers lo..hi-1, from one `trainer_shares`."""
+    part, sh = p.part, trainer_shares(p.part, n, lo, hi)
     writers, home, src = part.writers[sh.pairs], part.home[sh.rows], part.src[sh.rows]
     row_class, cross = p.row_class[sh.rows], np.flatnonzero(~sh.reads)  # rows it does not read
     key, key_at = p.uniq[sh.rows[cross]], np.searchsorted(cross, sh.at)  # their keys cross
     by = part.home[np.searchsorted(p.uniq, p.evict_keys)]  # each evicted row's home
-    evicted = p.evict_keys[np.argsort(by, kind="stable")]
-    ev_at = np.concatenate([[0], np.cumsum(np.bincount(by, minlength=n))])
+    ours = np.flatnonzero((by >= lo) & (by < hi))
+    evicted = p.evict_keys[ours[np.argsort(by[ours], kind="stable")]]
+    ev_at = np.concatenate([[0], np.cumsum(np.bincount(by[ours] - lo, minlength=hi - lo))])
     out = []
-    for i in range(n):
+    for i in range(hi - lo):
         r, q = slice(*sh.at[i:i + 2]), slice(*sh.pair_at[i:i + 2])
         own = Partition(*(a.astype(ids) for a in (sh.count[r], writers[q], home[r], src[r])))
         out.append(replace(p, uniq=key[slice(*key_at[i:i + 2])].astype(keys), inverse=_NO_INVERSE,
@@ -233,7 +263,7 @@ def trainer_sizes(p: IterPlan, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarr
     their keys that cross (the rows it does not read), its (row, writer) pairs, its evictions;
     counted on every trainer's entries at once (`_entries`)."""
     part = p.part
-    s, h, own, _, _ = _entries(part)
+    s, h, own, _, _ = _entries(part, 0, n)
     t, pairs = (part.src[s], part.home[h], part.writers[own]), (part.count[s], part.count[h], None)
     size = sum(np.bincount(x, minlength=n) for x in t)
     pairs = sum(np.bincount(x, weights=c, minlength=n) for x, c in zip(t, pairs, strict=True))
@@ -248,37 +278,56 @@ class PlanWire:
     with `trainers` > 0 each trainer's own: `trainer_rounds`; None, the end of the plans, as
     it is, to the relay's root or to every trainer)."""
 
-    def __init__(self, global_view: bool, cached: bool, total_rows: int, trainers: int = 0):
+    def __init__(self, global_view: bool, cached: bool, total_rows: int, trainers: int = 0,
+                 groups: int = 1):
         self.global_view, self.cached, self.keys = global_view, cached, key_dtype(total_rows)
-        self.trainers = trainers
+        self.trainers, self.groups = trainers, groups
 
     @classmethod
     def of(cls, s: RunSetup, cached: bool) -> PlanWire:
-        """The run's: each trainer its own plan where `own_plans`."""
-        return cls(s.spec.global_view, cached, s.total_rows, s.cfg.trainers if own_plans(s) else 0)
+        """The run's: each trainer its own plan where `own_plans`, made by as many threads as
+        the oracle has planning workers (`builders.planners`)."""
+        if not own_plans(s):
+            return cls(s.spec.global_view, cached, s.total_rows)
+        from bagpipe_cli.engine.planning.builders import planners
+
+        return cls(s.spec.global_view, cached, s.total_rows, s.cfg.trainers, planners(s))
 
     @property
     def relayed(self) -> bool:
         """Whether one plan goes down the relay tree (else each trainer gets its own)."""
         return not self.trainers
 
-    def sends(self, rp: RoundPlan | None) -> list[tuple[int, RoundPlan | None]]:
-        """(trainer, plan) of each plan round `rp` (None: the end) sends: to the relay's
-        root, or to each trainer its own."""
+    def _check(self, rp: RoundPlan | None) -> None:
         if rp is not None and rp.iters and (rp.iters[0].part is None) != self.relayed:
             raise ValueError(f"round {rp.r}: a partitioned cache's plans go to each trainer, "
                              "every other one down the relay tree")
+
+    def sends(self, rp: RoundPlan | None) -> list[tuple[int, RoundPlan | None]]:
+        """(trainer, plan) of each plan round `rp` (None: the end) sends: to the relay's
+        root, or to each trainer its own."""
+        self._check(rp)
         if self.relayed:
             return [(0, None if rp is None else shared_round(rp, self.global_view, self.cached,
                                                              self.keys))]
         if rp is None:
             return [(j, None) for j in range(self.trainers)]
-        return list(enumerate(trainer_rounds(rp, self.trainers, self.keys, id_dtype(self.trainers))))
+        return list(enumerate(trainer_rounds(rp, self.trainers, self.keys, id_dtype(self.trainers),
+                                             self.groups)))
+
+    def encoded(self, rp: RoundPlan | None) -> list[tuple[int, Encoded]]:
+        """`sends`, each plan encoded for the wire (`wire.encode`); each trainer's own plans
+        made and encoded by the `groups` threads."""
+        if self.relayed or rp is None:
+            return [(j, encode(plan)) for j, plan in self.sends(rp)]
+        self._check(rp)
+        return list(enumerate(trainer_rounds(rp, self.trainers, self.keys, id_dtype(self.trainers),
+                                             self.groups, encoded=True)))
 
     def nbytes(self, rp: RoundPlan | None) -> int:
         """The bytes round `rp` (or the end) puts on rank 0's link, every plan of it as
         `wire.send_obj` sends it."""
-        return sum(encode(plan).nbytes for _, plan in self.sends(rp))
+        return sum(enc.nbytes for _, enc in self.encoded(rp))
 
 
 def _shared_iter(p: IterPlan, keys: type) -> IterPlan:
