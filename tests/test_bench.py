@@ -83,6 +83,7 @@ def test_bench_end_to_end(tmp_path, tiny_dataset):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all
 def test_bench_runs_over_torch_distributed(tmp_path, tiny_dataset):
     """`transport: torch` in a bench: each run is spawned as real ranks (1 + K + N processes)."""
     p = _config(tmp_path, tiny_dataset, "profile: false", base=", trainers: 2, transport: torch",

@@ -148,9 +148,9 @@ def test_cli_checkpoints_and_resume(tiny_dataset, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("system", ["bagpipe", "sharded-hot",  # the rest in make test-all
+@pytest.mark.parametrize("system", ["bagpipe",  # the rest in make test-all
                                     *(pytest.param(s, marks=pytest.mark.extended)
-                                      for s in ("lru", "hotline", "local"))])
+                                      for s in ("lru", "hotline", "sharded-hot", "local"))])
 def test_distributed_resume_equals_the_straight_run(tiny_dataset, tmp_path, system):
     """Over torch.distributed (2 trainers, 2 servers): bagpipe's partitioned cache (each
     trainer's own rows), lru's replicated cache (victims written back by key % N), hotline's

@@ -231,9 +231,9 @@ CODE_SUBSETS = {
         "the fabricated runs' one-pass systems, which share one compute figure",
     ("tests/test_simulate_calibrate.py", frozenset({"het", "hotline", "local", "sync"})):
         "the systems of the fabricated runs that bagpipe's table compares with",
-    ("tests/test_checkpoint.py", frozenset({"lru", "hotline", "local"})):
-        "resumed over torch.distributed in make test-all beside bagpipe's partitioned cache and "
-        "sharded-hot's shards: victims written back, a split batch, whole tables",
+    ("tests/test_checkpoint.py", frozenset({"lru", "hotline", "sharded-hot", "local"})):
+        "resumed over torch.distributed in make test-all beside bagpipe's partitioned cache: "
+        "victims written back, a split batch, shards with replicated hot rows, whole tables",
     ("benchmarks/bench_feed.py", frozenset({"local", "sync", "bagpipe"})):
         "the default --systems timed: one without a view of U_b, two with",
     ("benchmarks/bench_gpu.py", frozenset({"local", "sync", "bagpipe"})):

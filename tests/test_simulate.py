@@ -650,6 +650,7 @@ def procs_runs(tmp_path_factory, tiny_dataset):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: real --procs runs of every traffic model (20 s)
 def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
     """Over torch.distributed each trainer fetches and pushes what it needs: the model's
     volumes of the distributed runtime are the rows the run's trainers moved."""
@@ -677,6 +678,7 @@ def test_distributed_volumes_equal_the_runs_metrics(procs_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: real --procs runs of every traffic model (20 s)
 def test_predicted_rank_0_bytes_equal_the_counted(procs_runs):
     """What the model says rank 0 sends per iteration (simulate/plans.py) is what the runs'
     rank 0 counted (summary roles.oracle.traffic)."""
@@ -690,6 +692,7 @@ def test_predicted_rank_0_bytes_equal_the_counted(procs_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: real --procs runs of every traffic model (20 s)
 def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
     r = CliRunner().invoke(cli, ["simulate", "--validate", str(procs_runs), "--out", str(tmp_path / "v")])
     assert r.exit_code == 0, r.output
