@@ -273,6 +273,8 @@ def test_eight_trainers_over_procs_equal_sync_and_each_receives_only_its_plan(ti
     assert table.loc["trainer (busiest)", "sent_mb"] == pytest.approx(busiest / 1e6)
 
 
+@pytest.mark.slow
+@pytest.mark.extended  # make test-all: test_simulate checks the model's sync plan bytes
 def test_sync_rank_0_sends_nothing_that_grows_with_the_batch(tiny_dataset, tmp_path):
     """Sync's trainers read their own samples and fetch their own rows: rank 0 sends each
     only |U_b| a batch, the same bytes at 4x the batch."""

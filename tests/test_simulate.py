@@ -710,6 +710,7 @@ def test_validate_predicts_distributed_runs(procs_runs, tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.extended  # make test-all: real --procs runs of every traffic model (20 s)
 def test_validate_skips_the_bytes_of_runs_that_did_not_count_them(procs_runs, tmp_path):
     import shutil
 
