@@ -338,8 +338,8 @@ def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],
     if why is not None:
         raise DataError(f"{path}: missing array file" if why == "missing" else
                         f"{path}: {why}; expected a .npy array")
-    try:
-        a = np.load(path, mmap_mode="r", allow_pickle=False)
+    try:  # .npy only: np.load would read a file that starts as a zip archive as an .npz
+        a = np.lib.format.open_memmap(path, mode="r")
     except (ValueError, OSError, SyntaxError, EOFError) as e:
         raise DataError(f"{path}: not a readable .npy array ({e})") from e
     if a.dtype != dtype:
