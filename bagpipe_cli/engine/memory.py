@@ -26,12 +26,11 @@ GPU the trainers' caches, model and activations are the GPU's, not counted here.
 `check_run_memory` refuses a run whose processes on this machine (in-process, or --procs'
 ranks and launcher) need more than its memory (or its cgroup's limit), in one line that
 names the largest part and the option that lowers it; `check_hosts` checks a torchrun job's
-ranks machine by machine. Standard library only.
+ranks machine by machine. No torch, and no arrays: sizes are counted, not allocated.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,6 +38,7 @@ from typing import Any
 from bagpipe_cli.engine.registry import SystemSpec, listed, names_where
 from bagpipe_cli.errors import ConfigError
 from bagpipe_cli.limits import human_bytes, machine_memory, memory_source
+from bagpipe_cli.policies.decisions import profiled_batches
 
 FLOAT = 4
 # The least memory per embedding row a run keeps whatever its system: the planner's four
@@ -234,8 +234,7 @@ def _hot_replica(cfg: Any, shape: RunShape) -> tuple[int, int]:
     optimizer state; while it is chosen, three int32 counts per row of the tables."""
     if cfg.trainers < 2:
         return 0, 0
-    profiled = min(cfg.iterations, max(1, math.ceil(cfg.hot_sample * cfg.iterations)))
-    rows = shape.unique_rows(profiled * cfg.batch_size)
+    rows = shape.unique_rows(profiled_batches(cfg.iterations, cfg.hot_sample) * cfg.batch_size)
     return FLOAT * rows * (shape.row_dim + shape.state_dim), 12 * shape.total_rows
 
 

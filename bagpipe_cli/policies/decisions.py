@@ -26,6 +26,12 @@ from bagpipe_cli.policies.simulators import check_capacity, hot_rows, trace_row_
 from bagpipe_cli.policies.trace import Trace
 
 _NONE = np.empty(0, np.int64)
+
+
+def profiled_batches(batches: int, hot_sample: float) -> int:
+    """How many of a run's first batches a hot set is profiled from (--hot-sample): the
+    share `hot_sample` of `batches`, rounded up, at least one and at most all."""
+    return min(batches, max(1, math.ceil(hot_sample * batches)))
 Priority = Callable[[int, int, np.ndarray], np.ndarray | None]  # (b, trace offset, U_b) -> keys
 
 
@@ -63,7 +69,7 @@ class HotSetDecisions:
             raise ConfigError(f"--cache-rows must be >= 1 (got {capacity})")
         # FAE picks its hot rows from a profile of a sample of the input: here the first
         # `hot_sample` of the run's batches (all of them by default, as `bagpipe profile`).
-        sample = trace.prefix(min(len(trace), max(1, math.ceil(hot_sample * len(trace)))))
+        sample = trace.prefix(profiled_batches(len(trace), hot_sample))
         self.hot = hot_rows(trace_row_counts(sample), capacity)
         self.hot_keys = np.flatnonzero(self.hot)
         cold_max = max((int((~self.hot[trace.batch(b)]).sum()) for b in range(len(trace))), default=0)

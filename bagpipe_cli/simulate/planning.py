@@ -16,7 +16,7 @@ Where each trainer gets its own plan (a partitioned cache, N > 1), rank 0 also m
 encodes for the wire the N plans of every round (in-process, to count their bytes), after the
 round is planned, by as many threads as the oracle has workers, each the trainers of one
 group (`rounds.trainer_groups`; `PlanWire.encoded`): `PlanMaking` times each group's making
-and encoding (`rounds.group_rounds`, `wire.encode`) on the first MAKE_SAMPLES rounds, and the
+and encoding (`rounds.group_encoded`) on the first MAKE_SAMPLES rounds, and the
 median per batch of the busiest group's, `plan_make_ms`, is added to `plan_ms`.
 """
 
@@ -76,14 +76,12 @@ class PlanMaking:
     def time(self, rp: RoundPlan) -> None:
         if len(self.per_batch) >= MAKE_SAMPLES or not rp.iters:
             return
-        from bagpipe_cli.engine.distributed.rounds import group_rounds  # torch: not for --help
-        from bagpipe_cli.engine.distributed.wire import encode
+        from bagpipe_cli.engine.distributed.rounds import group_encoded  # torch: not for --help
 
         busiest = 0.0
         for lo, hi in self.groups:  # one after the other here, each on a thread of its own there
             t0 = time.thread_time()
-            for plan in group_rounds(rp, self.n, self.keys, self.ids, lo, hi):
-                encode(plan)
+            group_encoded(rp, self.n, self.keys, self.ids, lo, hi)
             busiest = max(busiest, time.thread_time() - t0)
         self.per_batch.append(busiest / len(rp.iters))
 

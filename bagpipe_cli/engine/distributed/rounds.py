@@ -194,8 +194,7 @@ def trainer_rounds(rp: RoundPlan, n: int, keys: type, ids: type, groups: int = 1
     one of `trainer_groups` (numpy releases the GIL on their arrays), each iteration's from
     one `trainer_shares` of its trainers."""
     def made(lo: int, hi: int) -> list[Any]:
-        plans = group_rounds(rp, n, keys, ids, lo, hi)
-        return [encode(plan) for plan in plans] if encoded else plans
+        return (group_encoded if encoded else group_rounds)(rp, n, keys, ids, lo, hi)
 
     ranges = trainer_groups(n, groups)
     if len(ranges) == 1:
@@ -215,6 +214,11 @@ def group_rounds(rp: RoundPlan, n: int, keys: type, ids: type, lo: int, hi: int)
     """The `trainer_round`s of trainers lo..hi-1 of n."""
     iters = [_trainer_iters(p, n, keys, ids, lo, hi) for p in rp.iters]
     return [_own_round(rp, [each[i] for each in iters], keys) for i in range(hi - lo)]
+
+
+def group_encoded(rp: RoundPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[Encoded]:
+    """The `trainer_round`s of trainers lo..hi-1 of n, each encoded for the wire."""
+    return [encode(plan) for plan in group_rounds(rp, n, keys, ids, lo, hi)]
 
 
 def id_dtype(trainers: int) -> type:

@@ -14,7 +14,6 @@ read: the set's size is what the break-even gives. The mechanism is `sharded.py`
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from itertools import islice
 
@@ -23,6 +22,7 @@ import numpy as np
 from bagpipe_cli.engine.planning.feed import key_batches
 from bagpipe_cli.engine.systems.base import SystemParts
 from bagpipe_cli.engine.systems.sharded import KEY_BYTES, VALUE_BYTES, ShardedSystem
+from bagpipe_cli.policies.decisions import profiled_batches
 
 
 def rows_that_pay(batches: Callable[[], Iterable[np.ndarray]], iterations: int,
@@ -57,7 +57,7 @@ def rows_that_pay(batches: Callable[[], Iterable[np.ndarray]], iterations: int,
     the profiled batches sharded-hot never moves more than sharded.
     """
     n, g = trainers, VALUE_BYTES * row_dim
-    profiled = min(iterations, max(1, math.ceil(hot_sample * iterations)))
+    profiled = profiled_batches(iterations, hot_sample)
     readers = np.zeros(total_rows, np.int32)  # sum_b m_b(k)
     present = np.zeros(total_rows, np.int32)  # n(k)
     for keys in islice(batches(), profiled):
