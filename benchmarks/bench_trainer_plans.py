@@ -27,13 +27,8 @@ import time
 
 import numpy as np
 
-from bagpipe_cli.engine.distributed.rounds import (
-    id_dtype,
-    trainer_round,
-    trainer_rounds,
-    trainer_rows,
-    trainer_sizes,
-)
+from bagpipe_cli.engine.distributed.rounds import id_dtype, trainer_round, trainer_rows
+from bagpipe_cli.engine.distributed.shares import trainer_rounds, trainer_sizes
 from bagpipe_cli.engine.distributed.wire import encode
 from bagpipe_cli.engine.planning.partition import Partition
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan

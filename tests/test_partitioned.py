@@ -93,12 +93,8 @@ def test_a_trainer_receives_only_its_rows_and_reads_what_the_whole_plan_says(n):
     samples have them. Once `RoundMaker` has put them back, everything its PartitionedCache
     reads of the plan is what the whole plan says (so the run stays bitwise: the --procs
     tests here and in test_distributed.py), and the round's counts are the global ones."""
-    from bagpipe_cli.engine.distributed.rounds import (
-        PlanWire,
-        RoundMaker,
-        shared_round,
-        trainer_sizes,
-    )
+    from bagpipe_cli.engine.distributed.rounds import PlanWire, RoundMaker, shared_round
+    from bagpipe_cli.engine.distributed.shares import trainer_sizes
     from bagpipe_cli.engine.distributed.wire import decode, encode
 
     rng = np.random.default_rng(n)

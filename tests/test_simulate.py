@@ -232,12 +232,8 @@ def test_relay_fanout_is_the_engines():
 def test_plan_formulas_equal_the_encoded_rounds(tiny_dataset):
     """simulate/plans.py against wire.encode of real rounds (every planner, both key widths)."""
     from bagpipe_cli.data.format import open_dataset, table_offsets
-    from bagpipe_cli.engine.distributed.rounds import (
-        id_dtype,
-        shared_round,
-        trainer_round,
-        trainer_sizes,
-    )
+    from bagpipe_cli.engine.distributed.rounds import id_dtype, shared_round, trainer_round
+    from bagpipe_cli.engine.distributed.shares import trainer_sizes
     from bagpipe_cli.engine.distributed.wire import encode
     from bagpipe_cli.engine.planning.builders import PolicyPlanner, trace_of
     from bagpipe_cli.engine.planning.oracle import Oracle
@@ -324,13 +320,13 @@ def test_rank_0_is_charged_for_making_each_trainers_own_plan(tiny_dataset, monke
     """Where each trainer gets its own plan (bagpipe, N > 1) rank 0 makes and encodes the N
     plans of every round: the model times that (as the runtimes call it) into the planning
     stage; a shared plan (one trainer, sync) has none to make."""
-    from bagpipe_cli.engine.distributed import rounds
+    from bagpipe_cli.engine.distributed import shares
     from bagpipe_cli.simulate import planning
     from bagpipe_cli.simulate.volumes import TraceConfig, trace_volumes
 
     made = []
-    group = rounds.group_rounds
-    monkeypatch.setattr(rounds, "group_rounds", lambda rp, *a: made.append(rp.r) or group(rp, *a))
+    group = shares.group_rounds
+    monkeypatch.setattr(shares, "group_rounds", lambda rp, *a: made.append(rp.r) or group(rp, *a))
     for n, system, making in ((4, "bagpipe", True), (1, "bagpipe", False), (4, "sync", False)):
         made.clear()
         tc = TraceConfig(str(tiny_dataset), batch_size=1024, iterations=24, lookahead=8, trainers=n,

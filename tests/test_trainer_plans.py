@@ -11,13 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from bagpipe_cli.engine.distributed.rounds import (
-    PlanWire,
-    id_dtype,
+from bagpipe_cli.engine.distributed.rounds import PlanWire, id_dtype, trainer_round, trainer_rows
+from bagpipe_cli.engine.distributed.shares import (
     trainer_groups,
-    trainer_round,
     trainer_rounds,
-    trainer_rows,
     trainer_shares,
     trainer_sizes,
 )

@@ -14,10 +14,12 @@ tables, which a long run does not pay every round); `planners`, the workers.
 
 Where each trainer gets its own plan (a partitioned cache, N > 1), rank 0 also makes and
 encodes for the wire the N plans of every round (in-process, to count their bytes), after the
-round is planned, by as many threads as the oracle has workers, each the trainers of one
-group (`rounds.trainer_groups`; `PlanWire.encoded`): `PlanMaking` times each group's making
-and encoding (`rounds.group_encoded`) on the first MAKE_SAMPLES rounds, and the
-median per batch of the busiest group's, `plan_make_ms`, is added to `plan_ms`.
+round is planned, by as many threads as the oracle has workers, in two phases
+(`engine/distributed/shares.py`): each thread buckets a chunk of the round's entries by
+group of trainers (`RoundIndex.fill`), then makes and encodes its group's plans
+(`group_encoded`). `PlanMaking` times each task on the first MAKE_SAMPLES rounds, and the
+median per batch of the busiest bucketing plus the busiest making, `plan_make_ms`, is added
+to `plan_ms`.
 """
 
 from __future__ import annotations
@@ -67,7 +69,11 @@ class PlanMaking:
     the module docstring)."""
 
     def __init__(self, trainers: int, total_rows: int, groups: int):
-        from bagpipe_cli.engine.distributed.rounds import id_dtype, key_dtype, trainer_groups
+        from bagpipe_cli.engine.distributed.rounds import (  # torch: not for --help
+            id_dtype,
+            key_dtype,
+        )
+        from bagpipe_cli.engine.distributed.shares import trainer_groups
 
         self.n, self.keys, self.ids = trainers, key_dtype(total_rows), id_dtype(trainers)
         self.groups = trainer_groups(trainers, groups)
@@ -76,14 +82,25 @@ class PlanMaking:
     def time(self, rp: RoundPlan) -> None:
         if len(self.per_batch) >= MAKE_SAMPLES or not rp.iters:
             return
-        from bagpipe_cli.engine.distributed.rounds import group_encoded  # torch: not for --help
+        from bagpipe_cli.engine.distributed.shares import RoundIndex, group_encoded
 
-        busiest = 0.0
-        for lo, hi in self.groups:  # one after the other here, each on a thread of its own there
-            t0 = time.thread_time()
-            group_encoded(rp, self.n, self.keys, self.ids, lo, hi)
-            busiest = max(busiest, time.thread_time() - t0)
-        self.per_batch.append(busiest / len(rp.iters))
+        def busiest(task: Callable[[int], Any]) -> float:
+            """The most thread CPU seconds of task(j), j over the groups, one after the other
+            here, each on a thread of its own there."""
+            most = 0.0
+            for j in range(len(self.groups)):
+                t0 = time.thread_time()
+                task(j)
+                most = max(most, time.thread_time() - t0)
+            return most
+
+        ix = RoundIndex(rp, self.n, self.groups) if len(self.groups) > 1 else None
+        bucketing = busiest(ix.fill) if ix is not None else 0.0
+        if ix is not None:
+            ix.done()
+        making = busiest(lambda j: group_encoded(rp, self.n, self.keys, self.ids, *self.groups[j],
+                                                 ix.buckets(j) if ix is not None else None))
+        self.per_batch.append((bucketing + making) / len(rp.iters))
 
     def into(self, v: Volumes) -> None:
         """Its median into `v`: `plan_make_ms`, and added to the planning stage's `plan_ms`."""

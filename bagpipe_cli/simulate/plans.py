@@ -110,7 +110,7 @@ def lookahead_plans(kb: int, trainers: int, rp: RoundPlan, lrpp: bool = True,
     if own is None:
         return lookahead_round(kb, trainers, len(rp.fetch_keys), [len(p.uniq) for p in rp.iters],
                                [len(p.evict_keys) for p in rp.iters], lrpp)
-    from bagpipe_cli.engine.distributed.rounds import trainer_sizes  # torch: not for --help
+    from bagpipe_cli.engine.distributed.shares import trainer_sizes
 
     each = trainer_rounds(kb, trainers, [trainer_sizes(p, trainers) for p in rp.iters])
     own[rp.iters[0].b] = each.max()

@@ -38,12 +38,18 @@ in-process run counts as its planner's (`engine/comm/traffic.py`).
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bagpipe_cli.engine.distributed.shares import (
+    EMPTY_KEYS,
+    EMPTY_SLOTS,
+    NO_INVERSE,
+    own_round,
+    trainer_rounds,
+)
 from bagpipe_cli.engine.distributed.wire import Encoded, encode
 from bagpipe_cli.engine.planning.feed import Round, SliceReader
 from bagpipe_cli.engine.planning.keys import KeySets
@@ -53,9 +59,6 @@ from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
 if TYPE_CHECKING:
     from bagpipe_cli.engine.setup import RunSetup
 
-_EMPTY_KEYS = np.empty(0, np.int64)
-_EMPTY_SLOTS = np.empty(0, np.int32)
-_NO_INVERSE = np.empty(0, np.int32)  # each trainer finds its own accesses' positions
 
 
 def key_dtype(total_rows: int) -> type:
@@ -67,8 +70,8 @@ def shared_round(rp: RoundPlan, global_view: bool, cached: bool, keys: type) -> 
     """Round `rp` as rank 0 sends it to every trainer (see the module docstring); without a
     planned cache (`cached` False) no fetch or eviction lists, which no trainer reads."""
     if not cached:
-        return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
-                       pre_evict_keys=_EMPTY_KEYS, pre_evict_slots=_EMPTY_SLOTS,
+        return replace(rp, fetch_keys=EMPTY_KEYS, fetch_slots=EMPTY_SLOTS, fetch_owner=None,
+                       pre_evict_keys=EMPTY_KEYS, pre_evict_slots=EMPTY_SLOTS,
                        iters=[_planless_iter(p, global_view, keys) for p in rp.iters])
     owner = rp.fetch_owner.astype(np.int16) if rp.fetch_owner is not None else None
     return replace(rp, fetch_keys=rp.fetch_keys.astype(keys), fetch_owner=owner,
@@ -96,129 +99,13 @@ def trainer_rows(part: Partition, i: int) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(need), pairs
 
 
-@dataclass
-class Shares:
-    """Every trainer's share of one iteration's Partition (`trainer_shares`), trainer after
-    trainer: trainer i's rows are entries at[i]:at[i + 1] of `rows`, `count` and `reads`, its
-    pairs pair_at[i]:pair_at[i + 1] of `pairs`."""
-
-    rows: np.ndarray  # positions in U_b: `trainer_rows`'s rows, trainer after trainer
-    count: np.ndarray  # of each row's pairs, those the trainer gets (all, where it homes the row)
-    reads: np.ndarray  # whether the trainer reads the row at b (is one of its writers)
-    pairs: np.ndarray  # pair indices, ascending per trainer: where `trainer_rows`'s mask is True
-    at: np.ndarray  # [N + 1]
-    pair_at: np.ndarray  # [N + 1]
-
-
-def _entries(part: Partition, lo: int, hi: int) -> tuple[np.ndarray, ...]:
-    """The (trainer, row) entries of the shares of trainers lo..hi-1, each once, in three
-    groups: each row with a home before b among them, for that trainer (`src`; -1 is none);
-    each row for its home after b, where that is another trainer; each (row, writer) pair
-    whose writer is home of neither, for that writer. A row's writers are distinct
-    (`pairs_of`), so no two meet. Returns (the first group's rows, the second's, the third's
-    pairs, and whether the first two groups' trainers read their rows at b: are writers of
-    them). Cheap comparisons over the whole Partition; the rest over these trainers' pairs."""
-    mine = np.flatnonzero((part.writers >= lo) & (part.writers < hi))  # these trainers' pairs
-    row, w = part.pair_row[mine], part.writers[mine]
-    by_src, by_home = w == part.src[row], w == part.home[row]
-    src_reads, home_reads = np.zeros(len(part.count), bool), np.zeros(len(part.count), bool)
-    src_reads[row[by_src]] = True
-    home_reads[row[by_home]] = True
-    s = np.flatnonzero((part.src >= max(lo, 0)) & (part.src < hi))
-    h = np.flatnonzero((part.home >= max(lo, 0)) & (part.home < hi) & (part.home != part.src))
-    return s, h, mine[~(by_src | by_home)], src_reads[s], home_reads[h]
-
-
-def trainer_shares(part: Partition, n: int, lo: int = 0, hi: int | None = None) -> Shares:
-    """The `trainer_rows` of every one of trainers lo..hi-1 of n (default: all n) at once, in
-    one pass whatever their number (`trainer_rows` is a pass over the whole Partition per
-    trainer): each entry of their shares (`_entries`, about |U_b| + pairs of them for all n)
-    an int64 code (trainer, row, its own pair's place in the row + 1 or 0 where it homes the
-    row, whether it reads the row), sorted once, so trainer after trainer and row after row;
-    a trainer's pairs are then its homed rows' ranges of pairs and its own pairs, in pair
-    order. `at` and `pair_at` then count from trainer lo."""
-    hi = n if hi is None else hi
-    s, h, own, s_reads, h_reads = _entries(part, lo, hi)
-    rows, count = len(part.count), part.count.astype(np.int64)
-    first = np.cumsum(count) - count
-    bits = int(count.max(initial=0)).bit_length() + 1  # (own place + 1, reads)
-    shift = bits + max(rows - 1, 1).bit_length()  # (trainer, row, ...)
-    if (max(n, 1) - 1).bit_length() + shift > 62:
-        raise ValueError(f"{n} trainers of {rows} rows: their codes do not fit int64")
-    own_row = part.pair_row[own]
-    code = np.sort(np.concatenate([
-        (part.src[s].astype(np.int64) << shift) | (s << bits) | s_reads,
-        (part.home[h].astype(np.int64) << shift) | (h << bits) | h_reads,
-        (part.writers[own].astype(np.int64) << shift) | (own_row << bits)
-        | ((own - first[own_row] + 1) << 1) | 1]))
-    at = np.searchsorted(code, np.arange(lo, hi + 1, dtype=np.int64) << shift)
-    row = code >> bits
-    row &= (1 << (shift - bits)) - 1
-    place = code >> 1  # in place from here on: these arrays are the size of every share
-    place &= (1 << (bits - 1)) - 1
-    homed = place == 0
-    pairs_of_row = part.count[row].astype(np.int64) - 1
-    pairs_of_row *= homed  # all the row's pairs where it homes the row, else its own one
-    pairs_of_row += 1
-    ends = np.cumsum(pairs_of_row)
-    place -= ~homed  # an own pair's place in its row
-    start = first[row]
-    start += place  # the row's first pair, or the trainer's own
-    start -= ends
-    start += pairs_of_row
-    pairs = np.repeat(start, pairs_of_row)
-    pairs += np.arange(len(pairs))
-    return Shares(row, pairs_of_row, (code & 1).astype(bool), pairs, at,
-                  np.concatenate([[0], ends])[at])
-
-
-def _own_round(rp: RoundPlan, iters: list[IterPlan], keys: type) -> RoundPlan:
-    return replace(rp, fetch_keys=_EMPTY_KEYS, fetch_slots=_EMPTY_SLOTS, fetch_owner=None,
-                   fetched_rows=rp.fetch_count, pre_evict_keys=rp.pre_evict_keys.astype(keys),
-                   iters=iters)
-
-
 def trainer_round(rp: RoundPlan, i: int, keys: type, ids: type) -> RoundPlan:
     """Round `rp` of a partitioned cache as rank 0 sends it to trainer i (see the module
     docstring): every list by position in its rows (`trainer_rows`), which a
     `PartitionedCache` reads as it reads U_b once `RoundMaker` has put back the keys of the
     rows it reads; a trainer, writer or count of writers as `ids` (`id_dtype`). One trainer's,
     the definition; `trainer_rounds` makes every trainer's, the same, in one pass."""
-    return _own_round(rp, [_trainer_iter(p, i, keys, ids) for p in rp.iters], keys)
-
-
-def trainer_rounds(rp: RoundPlan, n: int, keys: type, ids: type, groups: int = 1,
-                   encoded: bool = False) -> list[Any]:
-    """[n] every trainer's `trainer_round` of `rp`, element for element (`encoded`: each as
-    `wire.encode` encodes it for the wire), made by `groups` threads, each the trainers of
-    one of `trainer_groups` (numpy releases the GIL on their arrays), each iteration's from
-    one `trainer_shares` of its trainers."""
-    def made(lo: int, hi: int) -> list[Any]:
-        return (group_encoded if encoded else group_rounds)(rp, n, keys, ids, lo, hi)
-
-    ranges = trainer_groups(n, groups)
-    if len(ranges) == 1:
-        return made(0, n)
-    with ThreadPoolExecutor(len(ranges), thread_name_prefix="plans") as pool:
-        return [plan for plans in pool.map(lambda r: made(*r), ranges) for plan in plans]
-
-
-def trainer_groups(n: int, groups: int) -> list[tuple[int, int]]:
-    """n trainers in min(groups, n) contiguous ranges (lo, hi) of sizes within one."""
-    g = max(1, min(groups, n))
-    bounds = [j * n // g for j in range(g + 1)]
-    return list(zip(bounds[:-1], bounds[1:], strict=True))
-
-
-def group_rounds(rp: RoundPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[RoundPlan]:
-    """The `trainer_round`s of trainers lo..hi-1 of n."""
-    iters = [_trainer_iters(p, n, keys, ids, lo, hi) for p in rp.iters]
-    return [_own_round(rp, [each[i] for each in iters], keys) for i in range(hi - lo)]
-
-
-def group_encoded(rp: RoundPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[Encoded]:
-    """The `trainer_round`s of trainers lo..hi-1 of n, each encoded for the wire."""
-    return [encode(plan) for plan in group_rounds(rp, n, keys, ids, lo, hi)]
+    return own_round(rp, [_trainer_iter(p, i, keys, ids) for p in rp.iters], keys)
 
 
 def id_dtype(trainers: int) -> type:
@@ -234,47 +121,11 @@ def _trainer_iter(p: IterPlan, i: int, keys: type, ids: type) -> IterPlan:
     reads = np.zeros(len(rows), dtype=bool)
     reads[np.searchsorted(rows, part.rows_of(i))] = True
     evicted = p.evict_keys[part.home[np.searchsorted(p.uniq, p.evict_keys)] == i]  # its own
-    return replace(p, uniq=p.uniq[rows[~reads]].astype(keys), inverse=_NO_INVERSE,
-                   slots=_EMPTY_SLOTS, evict_keys=evicted.astype(keys), evict_slots=_EMPTY_SLOTS,
+    return replace(p, uniq=p.uniq[rows[~reads]].astype(keys), inverse=NO_INVERSE,
+                   slots=EMPTY_SLOTS, evict_keys=evicted.astype(keys), evict_slots=EMPTY_SLOTS,
                    owner=None, row_class=p.row_class[rows], subset_of=len(p.uniq),
                    part=Partition(*(a.astype(ids) for a in (count, part.writers[pairs],
                                                             part.home[rows], part.src[rows]))))
-
-
-def _trainer_iters(p: IterPlan, n: int, keys: type, ids: type, lo: int, hi: int) -> list[IterPlan]:
-    """The `_trainer_iter`s of `p` of trainers lo..hi-1, from one `trainer_shares`."""
-    part, sh = p.part, trainer_shares(p.part, n, lo, hi)
-    writers, home, src = part.writers[sh.pairs], part.home[sh.rows], part.src[sh.rows]
-    row_class, cross = p.row_class[sh.rows], np.flatnonzero(~sh.reads)  # rows it does not read
-    key, key_at = p.uniq[sh.rows[cross]], np.searchsorted(cross, sh.at)  # their keys cross
-    by = part.home[np.searchsorted(p.uniq, p.evict_keys)]  # each evicted row's home
-    ours = np.flatnonzero((by >= lo) & (by < hi))
-    evicted = p.evict_keys[ours[np.argsort(by[ours], kind="stable")]]
-    ev_at = np.concatenate([[0], np.cumsum(np.bincount(by[ours] - lo, minlength=hi - lo))])
-    out = []
-    for i in range(hi - lo):
-        r, q = slice(*sh.at[i:i + 2]), slice(*sh.pair_at[i:i + 2])
-        own = Partition(*(a.astype(ids) for a in (sh.count[r], writers[q], home[r], src[r])))
-        out.append(replace(p, uniq=key[slice(*key_at[i:i + 2])].astype(keys), inverse=_NO_INVERSE,
-                           slots=_EMPTY_SLOTS, evict_keys=evicted[slice(*ev_at[i:i + 2])].astype(keys),
-                           evict_slots=_EMPTY_SLOTS, owner=None, row_class=row_class[r].copy(),
-                           subset_of=len(p.uniq), part=own))
-    return out
-
-
-def trainer_sizes(p: IterPlan, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """[n] per trainer, the lengths of its plan of iteration `p` (`trainer_round`): its rows,
-    their keys that cross (the rows it does not read), its (row, writer) pairs, its evictions;
-    counted on every trainer's entries at once (`_entries`)."""
-    part = p.part
-    s, h, own, _, _ = _entries(part, 0, n)
-    t, pairs = (part.src[s], part.home[h], part.writers[own]), (part.count[s], part.count[h], None)
-    size = sum(np.bincount(x, minlength=n) for x in t)
-    pairs = sum(np.bincount(x, weights=c, minlength=n) for x, c in zip(t, pairs, strict=True))
-    reads = np.bincount(part.writers.astype(np.int64), minlength=n)
-    evicted = np.bincount(part.home[np.searchsorted(p.uniq, p.evict_keys)].astype(np.int64),
-                          minlength=n)
-    return size, size - reads, pairs.astype(np.int64), evicted
 
 
 class PlanWire:
@@ -335,15 +186,15 @@ class PlanWire:
 
 
 def _shared_iter(p: IterPlan, keys: type) -> IterPlan:
-    return replace(p, uniq=p.uniq.astype(keys), inverse=_NO_INVERSE, evict_keys=p.evict_keys.astype(keys),
+    return replace(p, uniq=p.uniq.astype(keys), inverse=NO_INVERSE, evict_keys=p.evict_keys.astype(keys),
                    owner=None if p.owner is None else p.owner.astype(np.int16))
 
 
 def _planless_iter(p: IterPlan, global_view: bool, keys: type) -> IterPlan:
     """U_b alone (or only |U_b|, without a global view)."""
-    uniq = p.uniq.astype(keys) if global_view else _EMPTY_KEYS
-    return replace(p, uniq=uniq, inverse=_NO_INVERSE, slots=_EMPTY_SLOTS, evict_keys=_EMPTY_KEYS,
-                   evict_slots=_EMPTY_SLOTS, row_class=None, owner=None, part=None,
+    uniq = p.uniq.astype(keys) if global_view else EMPTY_KEYS
+    return replace(p, uniq=uniq, inverse=NO_INVERSE, slots=EMPTY_SLOTS, evict_keys=EMPTY_KEYS,
+                   evict_slots=EMPTY_SLOTS, row_class=None, owner=None, part=None,
                    global_rows=None if global_view else len(p.uniq))
 
 

@@ -240,7 +240,7 @@ class Oracle:
             writers[np.repeat(first[at] - (np.cumsum(c) - c), c) + np.arange(len(p.writers))] = p.writers
 
         self.workers.run(lay)
-        return lists, Partition(count, writers, home, src), classes
+        return lists, Partition(count, writers, home, src, _first=first), classes
 
     def _grow(self, short: int) -> None:
         """`short` more slots at least, an eighth of the capacity at least (so a cache grows

@@ -55,6 +55,7 @@ class Partition:
     home: np.ndarray  # [|U_b|] the row's home after b (one of its writers)
     src: np.ndarray  # [|U_b|] its home before b, -1: fetched for b from the servers
     _row: np.ndarray | None = field(default=None, repr=False)
+    _first: np.ndarray | None = field(default=None, repr=False)
     _flows: Flows | None = field(default=None, repr=False)
 
     @property
@@ -64,6 +65,14 @@ class Partition:
             self._row = np.repeat(np.arange(len(self.count)), self.count.astype(np.int64))
         return self._row
 
+    @property
+    def first(self) -> np.ndarray:
+        """[|U_b|] the index of each row's first pair (its writers start there)."""
+        if self._first is None:
+            c = self.count.astype(np.int64)
+            self._first = np.cumsum(c) - c
+        return self._first
+
     def moves(self, row_class: np.ndarray, n: int) -> Flows:
         """What it moves per trainer (`flows`), computed once."""
         if self._flows is None:
@@ -72,7 +81,7 @@ class Partition:
 
     def __getstate__(self) -> dict:
         """On the wire, the four arrays: what is derived from them is derived again."""
-        return {**self.__dict__, "_row": None, "_flows": None}
+        return {**self.__dict__, "_row": None, "_first": None, "_flows": None}
 
     def rows_of(self, i: int) -> np.ndarray:
         """Positions in U_b of the rows trainer i reads at b (sorted)."""
@@ -97,13 +106,14 @@ def partition(uniq: np.ndarray, codes: np.ndarray, n: int, fetched: np.ndarray,
         pair1[codes1] = True
         cand[in1] = pair1[at[in1].astype(np.int64) * n + tr[in1]]
     ccount = np.bincount(rows[cand], minlength=len(uniq))
-    pick = np.cumsum(count) - count + key % np.maximum(count, 1)  # among every writer ...
+    first = np.cumsum(count) - count
+    pick = first + key % np.maximum(count, 1)  # among every writer ...
     has = ccount > 0  # ... or among those reading it at b+1
     pick[has] = np.flatnonzero(cand)[(np.cumsum(ccount) - ccount)[has] + key[has] % ccount[has]]
     home = tr[pick]
     src = np.where(fetched, -1, home_of[uniq]).astype(np.int16)
     home_of[uniq] = home
-    return Partition(count.astype(np.int16), tr, home, src)
+    return Partition(count.astype(np.int16), tr, home, src, _row=rows, _first=first)
 
 
 @dataclass
