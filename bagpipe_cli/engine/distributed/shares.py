@@ -29,11 +29,11 @@ import numpy as np
 
 from bagpipe_cli.engine.planning.partition import Partition
 from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
+from bagpipe_cli.engine.planning.slices import pieces
 
 EMPTY_KEYS = np.empty(0, np.int64)
 EMPTY_SLOTS = np.empty(0, np.int32)
 NO_INVERSE = np.empty(0, np.int32)  # each trainer finds its own accesses' positions
-FEW_GROUPS = 3  # up to this many groups, a chunk's entries are bucketed by a pass a group
 
 
 def trainer_groups(n: int, groups: int) -> list[tuple[int, int]]:
@@ -66,16 +66,6 @@ def _group_of(n: int, ranges: list[tuple[int, int]]) -> np.ndarray:
     return table
 
 
-def _pieces(group: np.ndarray, g: int, base: int) -> list[np.ndarray]:
-    """The indices (from `base`) of entries of each of groups 0..g-1, each in ascending order."""
-    if g <= FEW_GROUPS:  # a pass for each group costs less than the sort
-        return [np.flatnonzero(group == j) + base for j in range(g)]
-    order = np.argsort(group, kind="stable")  # a radix sort of one or two bytes
-    order += base
-    ends = np.cumsum(np.bincount(group, minlength=g + 1))
-    return [order[a:b] for a, b in zip([0, *ends[:g - 1]], ends[:g], strict=True)]
-
-
 def _bucketed(part: Partition, table: np.ndarray, g: int, r0: int, r1: int,
               pair_row: np.ndarray | None = None, uniq: np.ndarray | None = None,
               evict_keys: np.ndarray = EMPTY_KEYS) -> list[Buckets]:
@@ -94,9 +84,9 @@ def _bucketed(part: Partition, table: np.ndarray, g: int, r0: int, r1: int,
         e0 = int(np.searchsorted(evict_keys, uniq[r0], "left"))
         e1 = int(np.searchsorted(evict_keys, uniq[r1 - 1], "right"))
     at = np.searchsorted(uniq[r0:r1], evict_keys[e0:e1]) + r0 if e1 > e0 else np.empty(0, np.int64)
-    return [Buckets(*x) for x in zip(_pieces(table[part.writers[p0:p1]], g, p0),
-                                      _pieces(table[src], g, r0), _pieces(moved, g, r0),
-                                      _pieces(table[part.home[at]], g, e0), strict=True)]
+    return [Buckets(*x) for x in zip(pieces(table[part.writers[p0:p1]], g, p0),
+                                      pieces(table[src], g, r0), pieces(moved, g, r0),
+                                      pieces(table[part.home[at]], g, e0), strict=True)]
 
 
 class RoundIndex:

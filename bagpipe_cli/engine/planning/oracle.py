@@ -53,6 +53,7 @@ from bagpipe_cli.engine.planning.slices import (
     ALL,
     Split,
     Workers,
+    bucket,
     mark_accesses,
     positions,
     size,
@@ -260,6 +261,8 @@ class Oracle:
         at their positions there) get their positions in U_j in batch j-1's `next_pos`."""
         uniq, inverse = self.keysets.of(keys)
         r = _Read(uniq, inverse, split(uniq, self.workers.k))
+        if r.split.local is not None:
+            self.workers.run(lambda c: bucket(r.split, uniq, c))
         if before is not None:
             before.next_pos = np.full(len(before.uniq), -1, dtype=np.int32)
 
@@ -289,8 +292,10 @@ class Oracle:
                 if len(self._mark) < cells:  # kept from batch to batch: its pages touched once
                     self._mark = np.zeros(cells + cells // 4, dtype=bool)
                 mark = self._mark[:cells]
-                self.workers.run(lambda w: mark_accesses(mark, r.inverse, trainers, n, cuts[w], cuts[w + 1]))
-                r.codes = self.workers.run(lambda s: slice_pairs(mark, r.split.parts[s], n))
+                sp = r.split
+                self.workers.run(lambda w: mark_accesses(mark, r.inverse, sp.at, trainers, n, cuts[w], cuts[w + 1]))
+                r.codes = self.workers.run(
+                    lambda s: slice_pairs(mark, sp.starts[s], sp.starts[s + 1] - sp.starts[s], n))
         return r.codes
 
     def _close_round(self, pending: list[tuple], evicted_slots: list[np.ndarray]) -> RoundPlan:

@@ -37,6 +37,7 @@ ALL = slice(None)  # the one slice of a planner of one worker: every row of U_b
 # batch from 8 to 64 trainers ("The plan in slices").
 ACCESSES_PER_PLANNER = 1 << 18
 MAX_PLANNERS = 64
+FEW_GROUPS = 3  # up to this many groups, entries are bucketed by a pass a group (`pieces`)
 
 
 def default_planners(accesses_per_batch: int, cores: int | None = None) -> int:
@@ -48,29 +49,57 @@ def default_planners(accesses_per_batch: int, cores: int | None = None) -> int:
 
 @dataclass
 class Split:
-    """U_b cut into K slices: `parts[s]`, slice s's positions in U_b (sorted), and `local`,
-    each row's position in its slice (None with one slice: the positions themselves)."""
+    """U_b cut into K slices (`split`): `parts[s]`, slice s's positions in U_b (sorted);
+    `local`, each row's position in its slice, and `at`, its position in the batch's rows
+    laid slice after slice (None with one slice: the positions themselves); `starts[s]`
+    where slice s starts there."""
 
     parts: list[Any]
     local: np.ndarray | None
-    slice_of: np.ndarray | None  # [|U_b|] each row's slice (uint8/uint16)
+    at: np.ndarray | None = None
+    pieces: list[list[np.ndarray]] | None = None  # [chunk][slice] (`bucket`)
+    starts: list[int] | None = None
 
 
 def split(uniq: np.ndarray, k: int) -> Split:
-    """The slices of U_b (`uniq`, sorted keys): rows with key mod k == s in slice s. Only
-    each row's slice is found here; each worker finds its own slice's rows (`take`)."""
+    """The slices of U_b (`uniq`, sorted keys): rows with key mod k == s in slice s. Nothing is
+    read here: k tasks find them, each a chunk of U_b (`bucket`), then each its slice's
+    (`take`)."""
     if k == 1:
-        return Split([ALL], None, None)
-    of = (uniq % k).astype(np.uint8 if k <= 256 else np.uint16)
-    return Split([None] * k, np.empty(len(uniq), dtype=np.int64), of)
+        return Split([ALL], None)
+    return Split([None] * k, np.empty(len(uniq), dtype=np.int64), np.empty(len(uniq), dtype=np.int64),
+                 [[] for _ in range(k)])
+
+
+def pieces(group: np.ndarray, g: int, base: int) -> list[np.ndarray]:
+    """The indices (from `base`) of the entries of each of groups 0..g-1 (`group`, unsigned),
+    each in ascending order."""
+    if g <= FEW_GROUPS:  # a pass for each group costs less than the sort
+        return [np.flatnonzero(group == j) + base for j in range(g)]
+    order = np.argsort(group, kind="stable")  # a radix sort of one or two bytes
+    order += base
+    ends = np.cumsum(np.bincount(group, minlength=g + 1))
+    return [order[a:b] for a, b in zip([0, *ends[:g - 1]], ends[:g], strict=True)]
+
+
+def bucket(sp: Split, uniq: np.ndarray, c: int) -> None:
+    """Task c of a split: the rows of chunk c of U_b (a K-th), by slice."""
+    k = len(sp.parts)
+    lo, hi = c * len(uniq) // k, (c + 1) * len(uniq) // k
+    sp.pieces[c] = pieces((uniq[lo:hi] % k).astype(np.uint8 if k < 256 else np.uint16), k, lo)
 
 
 def take(sp: Split, s: int) -> Any:
-    """Worker s's rows of the batch (`split`): their positions in U_b, sorted, and each
-    one's position among them in `sp.local`."""
+    """Worker s's rows of the batch (once every `bucket` is done): their positions in U_b,
+    sorted; each one's position among them in `sp.local` and in the rows slice after slice
+    in `sp.at`."""
     if sp.local is not None and sp.parts[s] is None:
-        at = np.flatnonzero(sp.slice_of == s)
+        if sp.starts is None:
+            sizes = [sum(len(ch[j]) for ch in sp.pieces) for j in range(len(sp.parts))]
+            sp.starts = np.concatenate([[0], np.cumsum(sizes)]).tolist()
+        at = np.concatenate([ch[s] for ch in sp.pieces])
         sp.local[at] = np.arange(len(at))
+        sp.at[at] = np.arange(sp.starts[s], sp.starts[s + 1])
         sp.parts[s] = at
     return sp.parts[s]
 
@@ -84,20 +113,21 @@ def size(part: Any, rows: int) -> int:
     return rows if part is ALL else len(part)
 
 
-def mark_accesses(mark: np.ndarray, inverse: np.ndarray, trainers: np.ndarray, n: int,
-                  lo: int, hi: int) -> None:
-    """Accesses lo..hi-1 of a batch marked in `mark` [|U_b| x n] at (row, trainer): a
-    worker's share of the batch, cut at trainers' boundaries so that no two workers write
-    the same entry."""
-    mark[inverse[lo:hi].astype(np.int64) * n + trainers[lo:hi]] = True
+def mark_accesses(mark: np.ndarray, inverse: np.ndarray, at: np.ndarray, trainers: np.ndarray,
+                  n: int, lo: int, hi: int) -> None:
+    """Accesses lo..hi-1 of a batch marked in `mark` [|U_b| x n] at (row, trainer), its rows
+    laid slice after slice (`Split.at`): a worker's share of the batch, cut at trainers'
+    boundaries so that no two workers write the same entry."""
+    mark[at[inverse[lo:hi]] * n + trainers[lo:hi]] = True
 
 
-def slice_pairs(mark: np.ndarray, part: Any, n: int) -> np.ndarray:
+def slice_pairs(mark: np.ndarray, start: int, rows: int, n: int) -> np.ndarray:
     """A slice's (row, trainer) pairs as sorted codes `position in the slice * n + trainer`,
-    read from the batch's marks (`mark_accesses`), which it then clears for the next batch."""
-    rows = mark.reshape(-1, n)
-    codes = np.flatnonzero(rows[part])
-    rows[part] = False
+    read from the batch's marks (`mark_accesses`) of its `rows` rows from `start`, which it
+    then clears for the next batch."""
+    mine = mark[start * n:(start + rows) * n]
+    codes = np.flatnonzero(mine)
+    mine[codes] = False
     return codes
 
 
