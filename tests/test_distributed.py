@@ -722,6 +722,68 @@ def test_objects_cross_with_their_large_tensors_raw():
     assert raw < int(sent) < raw + 4096, err0
 
 
+def _rank_0(monkeypatch, events: list, fail_at: int = -1):
+    """A DistributedPlanner over 4 one-iteration rounds, nothing but its feed real: each
+    send (slow; round 0's waits, up to 5 s, for round 1 to be planned) and checkpoint
+    (every 2) in `events`."""
+    import threading
+    from types import SimpleNamespace as NS
+
+    from bagpipe_cli.engine.distributed import planner as mod
+    from bagpipe_cli.engine.records.trace import NO_TRACE
+
+    ahead = threading.Event()
+
+    def planned_rounds(*_a, **_k):
+        for r in range(4):
+            events.append(("planned", r))
+            if r == 1:
+                ahead.set()
+            yield NS(r=r, iters=[NS(b=r)], fetch_keys=[]), None
+
+    def send(enc, dst, kind, group):
+        time.sleep(0.02)
+        if enc == 0:
+            ahead.wait(5)
+        if enc == fail_at:
+            raise RuntimeError("the link broke")
+        events.append(("sent", enc, threading.current_thread().name.startswith("plan-sender")))
+
+    wire = NS(encoded=lambda rp: [(0, None if rp is None else rp.r)])
+    monkeypatch.setattr(mod, "planned_rounds", planned_rounds)
+    monkeypatch.setattr(mod, "PlanWire", NS(of=lambda s, cached: wire))
+    p = mod.DistributedPlanner.__new__(mod.DistributedPlanner)
+    cfg = NS(loader_workers=1, iterations=4, checkpoint_every=2, eval_every=0)
+    p.s = NS(cfg=cfg, ds=None, train_rows=0, offsets=None)
+    p.placements, p.tracer, p.progress = [{"compute": [0]}], NO_TRACE, None
+    p.layout, p.plans, p.ckpt = NS(trainer_rank=lambda j: j + 1), None, NS(start=0)
+    p.start, p.iterations, p._sending = 0, 0, None
+    p._send, p._checkpoint = send, lambda b: events.append(("checkpoint", b))
+    return p, NS(slots=None, planner=None)
+
+
+def test_rank_0_plans_while_its_sender_thread_sends_in_order(monkeypatch):
+    """Rank 0 plans round r + 1 while one sender thread sends round r: rounds in order, the
+    end of the plans last, the checkpoint inside round 2 once round 3 has gone out; an error
+    on the sender is raised on the main thread, and no sender thread is left running."""
+    import threading
+
+    events: list = []
+    p, planning = _rank_0(monkeypatch, events)
+    p._feed(planning, 0)
+    sent = [e for e in events if e[0] == "sent"]
+    assert [e[1] for e in sent] == [0, 1, 2, 3, None] and [e[2] for e in sent] == [True] * 4 + [False]
+    assert events.index(("checkpoint", 2)) > events.index(("sent", 3, True))
+    assert events.index(("planned", 1)) < events.index(("sent", 0, True))  # planned meanwhile
+    assert p.iterations == 4
+    events.clear()
+    p, planning = _rank_0(monkeypatch, events, fail_at=1)
+    with pytest.raises(RuntimeError, match="the link broke"):
+        p._feed(planning, 0)
+    assert ("sent", 2, True) not in events and ("checkpoint", 2) not in events
+    assert not [t for t in threading.enumerate() if t.name.startswith("plan-sender")]
+
+
 @pytest.mark.skipif(NO_CUDA, reason="no CUDA device")
 def test_cuda_trainers_match_the_cpu_engine(tiny_dataset, tmp_path):
     """On GPUs (gloo collectives, and NCCL where there is a GPU per trainer): bagpipe equals

@@ -196,10 +196,12 @@ def _planned(plan_ms: float = 1.0) -> Volumes:
 
 def test_rank_0_is_a_pipeline_stage_no_iteration_is_shorter():
     # Rank 0's link 0.08 Gbit/s = 1e7 B/s: round 0's plan takes 20 ms, 10 ms an iteration,
-    # round 1's 5 ms; + 1 ms of planning a batch: 11, 11, 6, 6 ms against 6 ms of compute.
+    # round 1's 5 ms; its 1 ms of planning a batch runs beside the sends: 10, 10, 6, 6 ms
+    # against 6 ms of compute.
     p = predict(_planned(), Cluster(1, 1, 0.08, 0.0), WORK, FB6)
-    assert p.iter_ms == pytest.approx([11, 11, 6, 6])
-    assert p.planner_ms_per_iter == pytest.approx(8.5) and p.exposed_plan_ms == pytest.approx(2.5)
+    assert p.iter_ms == pytest.approx([10, 10, 6, 6])
+    assert p.planner_ms_per_iter == pytest.approx(1) and p.planner_send_ms_per_iter == pytest.approx(7.5)
+    assert p.exposed_plan_ms == pytest.approx(2)
     assert p.mean_ms >= p.planner_ms_per_iter and p.relay_ms_per_iter == 0  # one trainer: no relay
     assert p.planner_mb_per_iter == pytest.approx((300_000 + 31) / 4 / 1e6)
     # A fast link hides rank 0 behind the trainers: the compute alone.
@@ -208,6 +210,24 @@ def test_rank_0_is_a_pipeline_stage_no_iteration_is_shorter():
     # Planning slower than the trainers sets the pace, whatever the link.
     p = predict(_planned(plan_ms=9.0), Cluster(1, 1, None, 0.0), WORK, FB6)
     assert p.iter_ms == pytest.approx([9] * 4) and p.planner_ms_per_iter == pytest.approx(9)
+
+
+def test_rank_0_plans_while_its_link_sends_the_round_before():
+    # The sender thread sends round r while rank 0 plans r + 1: its planning (5 ms a batch)
+    # and its link (10, 10, 5, 5 ms an iteration) are two stages, their max, not their sum
+    # (15, 15, 10, 10 ms).
+    from bagpipe_cli.simulate.plans import plan_stages
+
+    v, cl = _planned(plan_ms=5.0), Cluster(1, 1, 0.08, 0.0)
+    oracle, send, relay = plan_stages(v, cl)
+    assert 1e3 * oracle == pytest.approx([5] * 4) and 1e3 * send == pytest.approx([10, 10, 5, 5])
+    assert not relay.any()
+    p = predict(v, cl, WORK, ComputeTimes(fwd_bwd_ms=1.0))
+    assert p.iter_ms == pytest.approx([10, 10, 5, 5])
+    assert p.planner_ms_per_iter == pytest.approx(5) and p.planner_send_ms_per_iter == pytest.approx(7.5)
+    # Without the link (loopback) the planning alone: no send stage.
+    p = predict(v, replace(cl, plans_on_network=False), WORK, ComputeTimes(fwd_bwd_ms=1.0))
+    assert p.iter_ms == pytest.approx([5] * 4) and p.planner_send_ms_per_iter == 0
 
 
 def test_the_relay_tree_is_a_stage_too():

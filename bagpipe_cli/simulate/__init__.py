@@ -165,8 +165,9 @@ def _mean_volumes(v: Volumes, warmup: int) -> dict[str, float]:
 
 
 # Rank 0's figures of a prediction, in every row of the sweeps.
-SWEEP_PLAN_COLUMNS = ("planner_mb_per_iter", "planner_ms_per_iter", "planners",
-                      "planner_worker_ms", "planner_make_ms", "relay_ms_per_iter", "exposed_plan_ms")
+SWEEP_PLAN_COLUMNS = ("planner_mb_per_iter", "planner_ms_per_iter", "planner_send_ms_per_iter",
+                      "planners", "planner_worker_ms", "planner_make_ms", "relay_ms_per_iter",
+                      "exposed_plan_ms")
 # Where the rest of the iteration goes, in every row of the sweeps too.
 SWEEP_TIME_COLUMNS = ("compute_ms", "floor_ms", "exposed_fetch_ms", "exposed_sync_ms", "link_busy",
                       "server_rows_mb_per_iter", "collective_mb_per_iter")

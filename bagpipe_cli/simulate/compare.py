@@ -54,7 +54,8 @@ def prediction_table(result: Any) -> TextTable:
              f"{result.trace['iterations']:,} iterations traced")
     caption = ("ms per iteration, means after warm-up; fetch, sync, plan: exposed waits (plan: for "
                "rank 0 or the plans' relay); iter = compute + fetch + sync + plan; vs sync: "
-               "speed-up of the mean; rank 0: its planning + sending per iteration. MB per "
+               "speed-up of the mean; rank 0: its planning per iteration (its link sends the plans "
+               "beside it, a stage of its own). MB per "
                "iteration: plan MB, the plans rank 0 sends; server rows MB, the rows (with their "
                "state) all the servers send; collective MB, the trainers' sums and exchanges "
                "(the busiest trainer's sent); fetched: rows fetched per iteration"

@@ -17,8 +17,9 @@ docs/performance-model.md for the formulas):
   allreduce, N-1 vectors for allgather); the dense gradients' sum runs on the background
   link during the backward (as the engine's DDP buckets), the asynchronous sums after it,
   waited for two iterations later;
-- rank 0 and the relay of its plans are pipeline stages ahead of the trainers: no iteration
-  is shorter than either's time per iteration (`simulate/plans.py`).
+- rank 0's planning, its link (sending the plans) and the relay of its plans are pipeline
+  stages ahead of the trainers: no iteration is shorter than any one's time per iteration
+  (`simulate/plans.py`).
 
 Compute is given per phase (`ComputeTimes`, `simulate/inputs.py`): calibrated from a measured run or chosen.
 Everything here is pure: no I/O, no printing.
@@ -52,10 +53,11 @@ class Prediction:
     exposed_sync_ms: float  # mean time it waits for all-reduces (sync_now + dense; late sync_later)
     link_busy: float  # busiest server link's busy fraction of the iterations after warm-up
     planner_mb_per_iter: float = 0.0  # rank 0's plan bytes per iteration (MB = 1e6 bytes)
-    planner_ms_per_iter: float = 0.0  # rank 0's time per iteration: planning + sending plans
+    planner_ms_per_iter: float = 0.0  # rank 0's planning per iteration
+    planner_send_ms_per_iter: float = 0.0  # rank 0's link per iteration: sending plans (beside the planning)
     planners: int = 1  # the oracle's planning workers (1: one thread plans)
     planner_worker_ms: float = 0.0  # the busiest planning worker's CPU ms a batch
-    planner_make_ms: float = 0.0  # rank 0 making each trainer's own plan, CPU ms a batch (in its time)
+    planner_make_ms: float = 0.0  # rank 0 making each trainer's own plan, CPU ms a batch (in its planning)
     relay_ms_per_iter: float = 0.0  # the busiest relaying trainer's plan sends per iteration
     #                                 (each trainer its own plan: the largest one's receiving)
     exposed_plan_ms: float = 0.0  # mean time the pipeline waits for the plans (rank 0, relay)
@@ -286,9 +288,10 @@ class _Replay:
             self.busy_before[:] = 0.0
         # No iteration is faster than the machine's cores get through every process's CPU.
         times = np.maximum(self.times, self.cpu_bound)
-        # Nor than the plans' pipeline stages (rank 0, the relay), which run ahead of them.
-        oracle, relay = plan_stages(self.vol, self.cluster)
-        planned = np.maximum(times, np.maximum(oracle, relay))
+        # Nor than the plans' pipeline stages (rank 0's planning, its link, the relay), which
+        # run ahead of them.
+        oracle, send, relay = plan_stages(self.vol, self.cluster)
+        planned = np.maximum.reduce([times, oracle, send, relay])
         plan_wait, times = planned - times, planned
         sent = collective_bytes(vol, self.cluster, work)
         return Prediction(
@@ -304,6 +307,7 @@ class _Replay:
             if I and times[m].sum() > 0 else 0.0,
             planner_mb_per_iter=1e-6 * bytes_per_iteration(self.vol),
             planner_ms_per_iter=1e3 * float(oracle[m].mean()) if I else 0.0,
+            planner_send_ms_per_iter=1e3 * float(send[m].mean()) if I else 0.0,
             planners=self.vol.planners, planner_worker_ms=self.vol.plan_worker_ms,
             planner_make_ms=self.vol.plan_make_ms,
             relay_ms_per_iter=1e3 * float(relay[m].mean()) if I else 0.0,

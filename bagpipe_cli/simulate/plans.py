@@ -34,8 +34,10 @@ of the others); and E_ib, the evicted rows it is home of.
 
 Rank 0 plans each round and sends it to trainer 0, which passes it on to trainers 1 and 2,
 and so on down a binary tree (`engine/distributed/relay.py`), or sends each trainer its own
-plan; rounds travel ahead of use, so both are pipeline stages: `plan_stages` gives their
-time per iteration.
+plan. Rank 0's sender thread sends round r while its main thread plans round r + 1
+(`engine/distributed/planner.py`), and rounds travel ahead of use, so the planning, rank
+0's link and the relay are three pipeline stages: `plan_stages` gives their time per
+iteration.
 """
 
 from __future__ import annotations
@@ -143,16 +145,17 @@ def bytes_per_iteration(vol: Volumes) -> float:
     return (sent + vol.plan_end_bytes) / max(1, vol.iterations)
 
 
-def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
-    """Per iteration, in seconds: rank 0's time (planning the batch, and its share of sending
-    its round's plans on its link, a CPU machine's as the servers') and the busiest trainer's
-    on its own link (relayed: its share of sending the round's plan on to its children; each
-    trainer its own plan: the largest one's receiving it). Without
+def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per iteration, in seconds, three stages: rank 0's planning (the batch's, with the making
+    of its trainers' own plans), rank 0's link (its share of sending its round's plans, a CPU
+    machine's link as the servers'; on its sender thread, beside the planning) and the
+    busiest trainer's on its own link (relayed: its share of sending the round's plan on to
+    its children; each trainer its own plan: the largest one's receiving it). Without
     `cluster.plans_on_network` (a --procs run: loopback) the planning alone."""
     I = vol.iterations  # noqa: E741 - the paper's symbol
-    oracle, relay = np.full(I, vol.plan_ms * 1e-3), np.zeros(I)
+    oracle, send, relay = np.full(I, vol.plan_ms * 1e-3), np.zeros(I), np.zeros(I)
     if vol.plan_bytes is None or not I or not cluster.plans_on_network:
-        return oracle, relay
+        return oracle, send, relay
     link, relay_link = cluster.network, cluster.trainer_network
     copies = min(RELAY_FANOUT, cluster.trainers - 1)  # trainer 0's children
     starts = np.flatnonzero(vol.round_start)
@@ -161,10 +164,10 @@ def plan_stages(vol: Volumes, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]
     for a, b in zip(starts, [*starts[1:], I], strict=True):
         nbytes = int(vol.plan_bytes[a:b].sum())
         if nbytes:
-            oracle[a:b] += link.transfer_seconds(nbytes) / (b - a)
+            send[a:b] += link.transfer_seconds(nbytes) / (b - a)
             if vol.plan_trainer_bytes is None:
                 relay[a:b] += copies * relay_link.transfer_seconds(nbytes) / (b - a)
             else:
                 own = int(vol.plan_trainer_bytes[a:b].sum())
                 relay[a:b] += relay_link.transfer_seconds(own) / (b - a)
-    return oracle, relay
+    return oracle, send, relay

@@ -1,8 +1,12 @@
 """Rank 0: the planner. It plans every round and sends its plan, ahead of use, down
 the trainers' relay tree (`relay.py`: one copy leaves rank 0), or, a partitioned cache's,
 to each trainer its own share of it (`rounds.py`'s `trainer_round`); every trainer reads its
-own samples. It writes the checkpoints, and at the end gathers every trainer's and every server's
-report (`records/run_record.py`) into the run's RunRecord, and so its TrainResult.
+own samples. One sender thread makes, encodes and sends round r's plans while the main
+thread plans round r + 1 (one round in flight, in round order; an error on it is raised on
+the main thread); the main thread takes its turn on gloo (a checkpoint, an evaluation, the
+end of the plans) only once the sender's round is out. It writes the checkpoints, and at
+the end gathers every trainer's and every server's report (`records/run_record.py`) into
+the run's RunRecord, and so its TrainResult.
 
 A checkpoint at the boundary before iteration b: every trainer sends its new records and
 its resident rows (a partitioned cache's trainers each their own, a replicated cache's
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import math
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from bagpipe_cli.engine.comm.shards import Shard
@@ -70,6 +75,8 @@ class DistributedPlanner:
         self.eval_s = self.end_eval_s = 0.0  # evaluating (all; after training ended)
         self.traffic = Traffic()
         self.waiting_s = 0.0  # sending, i.e. a trainer behind
+        # traffic and waiting_s: the sender thread's while it sends, the main thread's after a join
+        self._sending: Future | None = None  # the round on the sender thread
         self.iterations = 0  # planned and sent
         self.ckpt: Checkpointer | None = None
         self.records: list[list[dict[str, Any]]] = [[] for _ in range(layout.trainers)]
@@ -131,36 +138,55 @@ class DistributedPlanner:
             del ck.weight, ck.state
 
     def _feed(self, planning: Planning, start: int) -> None:
-        """Plan and send every round; take the checkpoints inside the round before."""
+        """Plan every round while the sender thread sends the one before (`_send_round`);
+        take the checkpoints inside the round before, once this round has gone out."""
         s = self.s
         done = start
         prev = None
         workers = s.cfg.loader_workers or min(MAX_LOADER_WORKERS, len(self.placements[0]["compute"]))
         tr, t0 = self.tracer, time.perf_counter()
         wire = PlanWire.of(s, planning.slots is not None)
-        for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
-                                    start, workers, samples=False):
-            t1 = time.perf_counter()
-            where = (rp.iters[0].b if rp.iters else -1, rp.r)
-            tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
-            self._send_plans(wire, rp)
-            self.iterations += len(rp.iters)
-            tr.complete("send round", "send", t1, time.perf_counter(), position=where)
-            # The trainers got this round while they train the previous one, which is when
-            # they reach its checkpoint boundaries.
-            if prev is not None:
-                self._boundaries([p.b for p in prev.iters])
-            prev = rp
-            done += len(rp.iters)
-            if self.progress and rp.iters:
-                self.progress(done - 1, {"loss": math.nan, "time": math.nan})
-            t0 = time.perf_counter()
-        self._send_plans(wire, None)
+        sender = ThreadPoolExecutor(1, thread_name_prefix="plan-sender")
+        try:
+            for rp, _ in planned_rounds(s.ds, s.cfg, s.train_rows, planning.planner, s.offsets,
+                                        start, workers, samples=False):
+                t1 = time.perf_counter()
+                where = (rp.iters[0].b if rp.iters else -1, rp.r)
+                tr.complete("read and plan round", "plan", t0, t1, len(rp.fetch_keys), position=where)
+                self._join()  # one round in flight
+                self._sending = sender.submit(self._send_round, wire, rp, where)
+                self.iterations += len(rp.iters)
+                # The trainers got this round while they train the previous one, which is when
+                # they reach its checkpoint boundaries.
+                if prev is not None:
+                    self._boundaries([p.b for p in prev.iters])
+                prev = rp
+                done += len(rp.iters)
+                if self.progress and rp.iters:
+                    self.progress(done - 1, {"loss": math.nan, "time": math.nan})
+                t0 = time.perf_counter()
+            self._join()
+            self._send_plans(wire, None)
+        finally:
+            sender.shutdown(cancel_futures=True)  # waits for a send in flight
         if prev is not None:
             self._boundaries([p.b for p in prev.iters])
         t = time.perf_counter()
         self._boundaries([s.cfg.iterations])  # the end of training
         self.end_eval_s = time.perf_counter() - t
+
+    def _send_round(self, wire: PlanWire, rp: RoundPlan, where: tuple[int, int]) -> None:
+        """On the sender thread: round `rp`'s plans made, encoded and sent."""
+        t = time.perf_counter()
+        self._send_plans(wire, rp)
+        self.tracer.complete("send round", "send", t, time.perf_counter(), position=where,
+                             track=(PLANNER, "plan sender"))
+
+    def _join(self) -> None:
+        """Wait for the round on the sender thread (its error raised here)."""
+        sending, self._sending = self._sending, None
+        if sending is not None:
+            sending.result()
 
     def _send_plans(self, wire: PlanWire, rp: RoundPlan | None) -> None:
         """Round `rp`'s plans (None: the end): one to the relay tree's root, or to each
@@ -170,11 +196,18 @@ class DistributedPlanner:
 
     def _boundaries(self, iterations: list[int]) -> None:
         """Rank 0's part of the checkpoints and evaluations at the boundaries before
-        `iterations`, in the order the trainers reach them (a checkpoint first)."""
-        for b in iterations:
-            if self.ckpt is not None and checkpoint_due(self.s.cfg, b, self.ckpt.start):
+        `iterations`, in the order the trainers reach them (a checkpoint first); the round on
+        the sender thread joined first where one is due (one thread on gloo at a time)."""
+        cfg, ck = self.s.cfg, self.ckpt
+        due = [(b, ck is not None and checkpoint_due(cfg, b, ck.start), eval_due(cfg, b, self.start))
+               for b in iterations]
+        due = [d for d in due if d[1] or d[2]]
+        if due:
+            self._join()
+        for b, checkpoint, evaluate in due:
+            if checkpoint:
                 self._checkpoint(b)
-            if eval_due(self.s.cfg, b, self.start):
+            if evaluate:
                 t = time.perf_counter()
                 with self.tracer.span("evaluate", "eval"):
                     self._evaluate(b)
