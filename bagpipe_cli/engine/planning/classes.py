@@ -6,7 +6,7 @@ fill them slice by slice (`engine/planning/slices.py`, `oracle.py`'s `_step`).
   rows), the counts of sync_now and no_sync rows and each trainer's no_sync rows;
 - `BatchLists`: the rows fetched for b (with the one trainer each is private to: a row
   fetched for b and no_sync at b lives in the cache for b alone, on one trainer) and the
-  rows evicted after b, by position in U_b, gathered from the slices in that order.
+  rows evicted after b, by position in U_b, found chunk by chunk of U_b (`oracle.py`).
 """
 
 from __future__ import annotations
@@ -28,20 +28,6 @@ class BatchLists:
     fetched: np.ndarray
     evicted: np.ndarray
     private: np.ndarray
-
-    @classmethod
-    def gathered(cls, per: tuple, rows: int) -> BatchLists:
-        """The lists of the whole batch (of `rows` rows) from each slice's (fetched, evicted,
-        private): positions are distinct, so marking them in a table of the batch sorts them."""
-        if len(per) == 1:
-            return cls(*per[0])
-        fetched, evicted, private = (np.concatenate(x) for x in zip(*per, strict=True))
-        by_row = np.full(rows, -2, dtype=np.int64)
-        by_row[fetched] = private
-        fetched = np.flatnonzero(by_row > -2)
-        marked = np.zeros(rows, dtype=bool)
-        marked[evicted] = True
-        return cls(fetched, np.flatnonzero(marked), by_row[fetched])
 
 
 class BatchClasses:
@@ -73,9 +59,8 @@ class BatchClasses:
         if part is None:
             single, owner = np.ones(len(evicted), dtype=bool), np.zeros(len(evicted), dtype=np.int64)
         else:  # a row's one user, where it has one, is its writer
-            count = part.count.astype(np.int64)
-            single = count == 1
-            owner = part.writers[np.cumsum(count) - count].astype(np.int64)
+            single = part.count == 1
+            owner = part.writers[part.first].astype(np.int64)
         no_sync = single & evicted
         row_class = np.full(len(evicted), SYNC_LATER, dtype=np.int8)
         row_class[in_next] = SYNC_NOW

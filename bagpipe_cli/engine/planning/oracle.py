@@ -125,6 +125,7 @@ class Oracle:
         self.keysets = KeySets(total_rows)
         self._trainers = np.empty(0, np.int16)
         self._mark = np.zeros(0, dtype=bool)  # the batch's (row, trainer) marks (`_pairs`)
+        self._lists: tuple[np.ndarray, ...] = ()  # a batch's private and evicted rows (`_step`)
         # Free slots, a stack (the top at nfree - 1); None: no cache plan (no slots).
         self.free = np.arange(capacity - 1, -1, -1, dtype=np.int32) if capacity is not None else None
         self.nfree = capacity or 0
@@ -191,16 +192,24 @@ class Oracle:
         """Batch b's fetched and evicted rows, its LRPP classes and, partitioned, its
         Partition (each row's home carries to its next use, so in order of b), made slice by
         slice (`slices.py`)."""
-        uniq, rows = cur.uniq, len(cur.uniq)
-        in_next = cur.in_next
-        classes = BatchClasses(rows, self.N) if self.lrpp else BatchClasses.unclassed(in_next, self.N)
+        uniq, rows, k = cur.uniq, len(cur.uniq), self.workers.k
+        sliced = cur.split.local is not None
+        classes = BatchClasses(rows, self.N) if self.lrpp else BatchClasses.unclassed(cur.in_next, self.N)
         codes = codes1 = None
         if self.partitioned:
             codes = self._pairs(cur)
             if nxt is not None and cur.next_pos is not None:
                 codes1 = self._pairs(nxt)
-            count, home, src = (np.empty(rows if cur.split.local is not None else 0, dtype=np.int16)
-                                for _ in range(3))
+            count, home, src, first = (np.empty(rows if sliced else 0, dtype=t)
+                                       for t in (np.int16, np.int16, np.int16, np.int64))
+            if sliced:  # their pages first touched chunk by chunk, not all by the first slice
+                self.workers.run(lambda c: [a[c * rows // k:(c + 1) * rows // k].fill(0)
+                                            for a in (count, home, src, first)])
+        # K slices: each row's private trainer where it is fetched (-1: none), else -2, and
+        # whether it is evicted, by position in U_b, each slice writing its own rows
+        if not self._lists or len(self._lists[0]) < rows:  # kept from batch to batch
+            self._lists = np.empty(rows + rows // 4, np.int64), np.empty(rows + rows // 4, bool)
+        private, evicted = (a[:rows] for a in self._lists)
 
         def task(s: int) -> tuple[Partition | None, tuple]:
             at = cur.split.parts[s]
@@ -208,40 +217,62 @@ class Oracle:
             f = self.last_used[u] < b - self.L
             self.last_used[u] = b
             e = self.latest[u] == b
-            lists = positions(at, f), positions(at, e)
-            if codes is None:
-                if self.lrpp:  # one trainer: every row's one user
-                    return None, (*lists, classes.add(at, e, in_next[at], None, f))
-                return None, (*lists, np.full(len(lists[0]), -1, np.int64))
-            nx = None
-            if codes1 is not None:  # each row's position in b+1's slice, or -1
-                pos = cur.next_pos[at]
-                if nxt.split.local is not None:
-                    pos = np.where(pos >= 0, nxt.split.local[pos], -1)
-                nx = (pos, codes1[s], size(nxt.split.parts[s], len(nxt.uniq)))
-            p = partition(u, codes[s], self.N, f, self.home_of, nx)
-            if at is not ALL:
-                count[at], home[at], src[at] = p.count, p.home, p.src
-            return p, (*lists, classes.add(at, e, in_next[at], p, f))
+            in_next = cur.next_pos[at] >= 0 if cur.next_pos is not None else np.zeros(len(u), bool)
+            p = None
+            if codes is not None:
+                nx = None
+                if codes1 is not None:  # each row's position in b+1's slice, or -1
+                    pos = cur.next_pos[at]
+                    if nxt.split.local is not None:
+                        pos = np.where(pos >= 0, nxt.split.local[pos], -1)
+                    nx = (pos, codes1[s], size(nxt.split.parts[s], len(nxt.uniq)))
+                p = partition(u, codes[s], self.N, f, self.home_of, nx)
+                if sliced:
+                    count[at], home[at], src[at] = p.count, p.home, p.src
+            # one trainer (no partition): every row's one user
+            own = classes.add(at, e, in_next, p, f) if self.lrpp else np.full(int(f.sum()), -1, np.int64)
+            if not sliced:
+                return p, (np.flatnonzero(f), np.flatnonzero(e), own)
+            private[at] = -2
+            private[at[f]] = own
+            evicted[at] = e
+            return p, ()
 
         done, per = zip(*self.workers.run(task), strict=True)
-        lists = BatchLists.gathered(per, rows)
+        if not sliced:
+            return BatchLists(*per[0]), done[0], classes
+        # The batch's lists, and each row's first pair, chunk by chunk of U_b
+        bounds, totals, lists = [c * rows // k for c in range(k + 1)], np.zeros(k, np.int64), [None] * k
+
+        def chunk(c: int) -> None:
+            lo, hi = bounds[c], bounds[c + 1]
+            got = np.flatnonzero(private[lo:hi] > -2) + lo
+            lists[c] = (got, np.flatnonzero(evicted[lo:hi]) + lo, private[got])
+            if codes is not None and hi > lo:
+                ends = np.cumsum(count[lo:hi], dtype=np.int64)
+                totals[c] = ends[-1]
+                first[lo:hi] = ends - count[lo:hi]
+
+        self.workers.run(chunk)
+        batch_lists = BatchLists(*(np.concatenate(x) for x in zip(*lists, strict=True)))
         if codes is None:
-            return lists, None, classes
-        if cur.split.local is None:
-            return lists, done[0], classes
+            return batch_lists, None, classes
+        offsets = (np.cumsum(totals) - totals).tolist()
+
+        def shift(c: int) -> None:  # the chunk's pairs start after those of the chunks before
+            first[bounds[c]:bounds[c + 1]] += offsets[c]
+
+        self.workers.run(shift)
         # The slices' writers laid into the batch's pairs: each row's, in trainer order, at
         # its place in row order.
-        first = np.cumsum(count, dtype=np.int64) - count
-        writers = np.empty(int(first[-1] + count[-1]) if rows else 0, dtype=np.int16)
+        writers = np.empty(int(totals.sum()), dtype=np.int16)
 
         def lay(s: int) -> None:
             p, at = done[s], cur.split.parts[s]
-            c = p.count.astype(np.int64)
-            writers[np.repeat(first[at] - (np.cumsum(c) - c), c) + np.arange(len(p.writers))] = p.writers
+            writers[np.repeat(first[at] - p.first, p.count.astype(np.int64)) + np.arange(len(p.writers))] = p.writers
 
         self.workers.run(lay)
-        return lists, Partition(count, writers, home, src, _first=first), classes
+        return batch_lists, Partition(count, writers, home, src, _first=first), classes
 
     def _grow(self, short: int) -> None:
         """`short` more slots at least, an eighth of the capacity at least (so a cache grows
