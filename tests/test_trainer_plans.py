@@ -166,3 +166,27 @@ def test_trainer_groups_cover_every_trainer_once():
             assert len(ranges) == min(g, n)
             assert [i for lo, hi in ranges for i in range(lo, hi)] == list(range(n))
             assert max(hi - lo for lo, hi in ranges) - min(hi - lo for lo, hi in ranges) <= 1
+
+
+def test_the_model_times_both_phases_of_the_making_on_the_oracles_plans(monkeypatch):
+    """`simulate`'s PlanMaking runs what rank 0's threads run (shares.py's two phases: every
+    chunk bucketed, then every group's plans made from its buckets) and charges the busiest
+    task of each; the Partitions it leaves behind still make the same plans."""
+    from bagpipe_cli.engine.distributed import shares
+    from bagpipe_cli.simulate.planning import PlanMaking
+
+    n, filled, made = 5, [], []
+    fill, group = shares.RoundIndex.fill, shares.group_rounds
+    monkeypatch.setattr(shares.RoundIndex, "fill", lambda self, c: filled.append(c) or fill(self, c))
+    monkeypatch.setattr(shares, "group_rounds", lambda rp, n_, k, i, lo, hi, bk=None:
+                        made.append((lo, hi, bk is not None)) or group(rp, n_, k, i, lo, hi, bk))
+    timing = PlanMaking(n, 400, groups=3)
+    rounds = _oracle_rounds(n, 11)
+    for rp in rounds:
+        timing.time(rp)
+    assert len(timing.per_batch) == min(len(rounds), 8) and min(timing.per_batch) > 0
+    assert sorted(set(filled)) == [0, 1, 2]
+    assert sorted(set(made)) == [(0, 1, True), (1, 3, True), (3, 5, True)]
+    for rp in rounds:
+        for i, plan in enumerate(trainer_rounds(rp, n, np.int32, id_dtype(n))):
+            _same(plan, trainer_round(rp, i, np.int32, id_dtype(n)))
