@@ -307,6 +307,7 @@ class Oracle:
             self.where[u] = np.arange(len(uniq), dtype=np.int32) if at is ALL else at
 
         self.workers.run(task)
+        r.split.pieces = None  # every slice has taken its rows
         return r
 
     def _pairs(self, r: _Read) -> list[np.ndarray]:

@@ -67,7 +67,7 @@ def split(uniq: np.ndarray, k: int) -> Split:
     (`take`)."""
     if k == 1:
         return Split([ALL], None)
-    return Split([None] * k, np.empty(len(uniq), dtype=np.int64), np.empty(len(uniq), dtype=np.int64),
+    return Split([None] * k, np.empty(len(uniq), dtype=np.int32), np.empty(len(uniq), dtype=np.int32),
                  [[] for _ in range(k)])
 
 
@@ -118,7 +118,7 @@ def mark_accesses(mark: np.ndarray, inverse: np.ndarray, at: np.ndarray, trainer
     """Accesses lo..hi-1 of a batch marked in `mark` [|U_b| x n] at (row, trainer), its rows
     laid slice after slice (`Split.at`): a worker's share of the batch, cut at trainers'
     boundaries so that no two workers write the same entry."""
-    mark[at[inverse[lo:hi]] * n + trainers[lo:hi]] = True
+    mark[np.multiply(at[inverse[lo:hi]], n, dtype=np.int64) + trainers[lo:hi]] = True
 
 
 def slice_pairs(mark: np.ndarray, start: int, rows: int, n: int) -> np.ndarray:
