@@ -6,7 +6,9 @@ fill them slice by slice (`engine/planning/slices.py`, `oracle.py`'s `_step`).
   rows), the counts of sync_now and no_sync rows and each trainer's no_sync rows;
 - `BatchLists`: the rows fetched for b (with the one trainer each is private to: a row
   fetched for b and no_sync at b lives in the cache for b alone, on one trainer) and the
-  rows evicted after b, by position in U_b, found chunk by chunk of U_b (`oracle.py`).
+  rows evicted after b, by position in U_b;
+- `joined`: the K slices' lists, and their Partitions laid into the batch's, by the K
+  workers chunk by chunk of U_b.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bagpipe_cli.engine.planning.partition import NO_SYNC, SYNC_LATER, SYNC_NOW, Partition
-from bagpipe_cli.engine.planning.slices import ALL
+from bagpipe_cli.engine.planning.slices import ALL, Workers
 
 
 @dataclass
@@ -75,3 +77,45 @@ class BatchClasses:
             self.now += int(in_next.sum())
             self.none += int(no_sync.sum())
         return np.where(row_class[fetched] == NO_SYNC, owner[fetched], -1)
+
+
+def joined(workers: Workers, parts: list, done: tuple, private: np.ndarray, evicted: np.ndarray,
+           arrays: tuple[np.ndarray, ...] | None) -> tuple[BatchLists, Partition | None]:
+    """The K slices' results (`parts`: each slice's positions in U_b; `done`: each one's
+    Partition of its rows) joined by the K workers, chunk by chunk of U_b: the batch's
+    fetched rows (with their `private` trainers, -2 where not fetched) and `evicted` rows
+    and, partitioned (`arrays`: count, home and src as the slices wrote them, and each row's
+    first pair to fill), the batch's Partition."""
+    rows, k = len(private), workers.k
+    count, home, src, first = arrays if arrays is not None else (None,) * 4
+    bounds, totals, lists = [c * rows // k for c in range(k + 1)], np.zeros(k, np.int64), [None] * k
+
+    def chunk(c: int) -> None:
+        lo, hi = bounds[c], bounds[c + 1]
+        got = np.flatnonzero(private[lo:hi] > -2) + lo
+        lists[c] = (got, np.flatnonzero(evicted[lo:hi]) + lo, private[got])
+        if arrays is not None and hi > lo:
+            ends = np.cumsum(count[lo:hi], dtype=np.int64)
+            totals[c] = ends[-1]
+            first[lo:hi] = ends - count[lo:hi]
+
+    workers.run(chunk)
+    batch_lists = BatchLists(*(np.concatenate(x) for x in zip(*lists, strict=True)))
+    if arrays is None:
+        return batch_lists, None
+    offsets = (np.cumsum(totals) - totals).tolist()
+
+    def shift(c: int) -> None:  # the chunk's pairs start after those of the chunks before
+        first[bounds[c]:bounds[c + 1]] += offsets[c]
+
+    workers.run(shift)
+    # The slices' writers laid into the batch's pairs: each row's, in trainer order, at
+    # its place in row order.
+    writers = np.empty(int(totals.sum()), dtype=np.int16)
+
+    def lay(s: int) -> None:
+        p, at = done[s], parts[s]
+        writers[np.repeat(first[at] - p.first, p.count.astype(np.int64)) + np.arange(len(p.writers))] = p.writers
+
+    workers.run(lay)
+    return batch_lists, Partition(count, writers, home, src, _first=first)

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bagpipe_cli.engine.planning.classes import BatchClasses, BatchLists
+from bagpipe_cli.engine.planning.classes import BatchClasses, BatchLists, joined
 from bagpipe_cli.engine.planning.keys import KeySets, UniqueKeys
 from bagpipe_cli.engine.planning.partition import (
     NO_SYNC,
@@ -241,38 +241,8 @@ class Oracle:
         done, per = zip(*self.workers.run(task), strict=True)
         if not sliced:
             return BatchLists(*per[0]), done[0], classes
-        # The batch's lists, and each row's first pair, chunk by chunk of U_b
-        bounds, totals, lists = [c * rows // k for c in range(k + 1)], np.zeros(k, np.int64), [None] * k
-
-        def chunk(c: int) -> None:
-            lo, hi = bounds[c], bounds[c + 1]
-            got = np.flatnonzero(private[lo:hi] > -2) + lo
-            lists[c] = (got, np.flatnonzero(evicted[lo:hi]) + lo, private[got])
-            if codes is not None and hi > lo:
-                ends = np.cumsum(count[lo:hi], dtype=np.int64)
-                totals[c] = ends[-1]
-                first[lo:hi] = ends - count[lo:hi]
-
-        self.workers.run(chunk)
-        batch_lists = BatchLists(*(np.concatenate(x) for x in zip(*lists, strict=True)))
-        if codes is None:
-            return batch_lists, None, classes
-        offsets = (np.cumsum(totals) - totals).tolist()
-
-        def shift(c: int) -> None:  # the chunk's pairs start after those of the chunks before
-            first[bounds[c]:bounds[c + 1]] += offsets[c]
-
-        self.workers.run(shift)
-        # The slices' writers laid into the batch's pairs: each row's, in trainer order, at
-        # its place in row order.
-        writers = np.empty(int(totals.sum()), dtype=np.int16)
-
-        def lay(s: int) -> None:
-            p, at = done[s], cur.split.parts[s]
-            writers[np.repeat(first[at] - p.first, p.count.astype(np.int64)) + np.arange(len(p.writers))] = p.writers
-
-        self.workers.run(lay)
-        return batch_lists, Partition(count, writers, home, src, _first=first), classes
+        return (*joined(self.workers, cur.split.parts, done, private, evicted,
+                        (count, home, src, first) if codes is not None else None), classes)
 
     def _grow(self, short: int) -> None:
         """`short` more slots at least, an eighth of the capacity at least (so a cache grows
