@@ -157,7 +157,7 @@ def _same_rounds(a, b) -> None:
     (1, 4, 1, None, True), (2, 8, 2, None, True), (3, 6, 3, 5000, True), (8, 16, 4, None, True),
     (4, 1, 1, None, False)])
 def test_the_plan_is_the_same_in_any_number_of_slices(n, lookahead, round_len, capacity, lrpp):
-    """--planners K: K workers each plan the rows of key mod K == s (engine/planning/slices.py),
+    """--planners K: K workers each plan the rows of (key // 32) mod K == s (engine/planning/slices.py),
     on a thread pool or one after the other; every array of every round is the one worker's."""
     rng = np.random.default_rng(n)
     rows = 6000

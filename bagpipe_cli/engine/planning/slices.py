@@ -3,7 +3,9 @@
 Every decision of the oracle is per row (docs/architecture.md, "The plan in slices"): a row's
 fetch, eviction, LRPP class and home depend only on its own accesses in the window and on
 which trainers read it at b and b+1. So the rows are cut into K slices by their key
-(`key mod K`: consecutive ids, and so each table's hot head, go round the slices), worker s
+(`(key // BLOCK) mod K`: blocks of BLOCK consecutive ids, and so each table's hot head, go
+round the slices; a block is a cache line or two of the oracle's per-key tables, which so no
+two workers write at once), worker s
 makes the window pass and the partition of slice s's rows, and the results are laid into
 the arrays of the whole batch by position in U_b: the same arrays, so the same plan and the
 same bits, whatever K is.
@@ -37,6 +39,7 @@ ALL = slice(None)  # the one slice of a planner of one worker: every row of U_b
 # batch from 8 to 64 trainers ("The plan in slices").
 ACCESSES_PER_PLANNER = 1 << 18
 MAX_PLANNERS = 64
+BLOCK = 32  # consecutive keys in one slice: 64 bytes of an int16 per-key table, 128 of an int32
 FEW_GROUPS = 3  # up to this many groups, entries are bucketed by a pass a group (`pieces`)
 
 
@@ -62,7 +65,7 @@ class Split:
 
 
 def split(uniq: np.ndarray, k: int) -> Split:
-    """The slices of U_b (`uniq`, sorted keys): rows with key mod k == s in slice s. Nothing is
+    """The slices of U_b (`uniq`, sorted keys): rows with (key // BLOCK) mod k == s in slice s. Nothing is
     read here: k tasks find them, each a chunk of U_b (`bucket`), then each its slice's
     (`take`)."""
     if k == 1:
@@ -86,7 +89,7 @@ def bucket(sp: Split, uniq: np.ndarray, c: int) -> None:
     """Task c of a split: the rows of chunk c of U_b (a K-th), by slice."""
     k = len(sp.parts)
     lo, hi = c * len(uniq) // k, (c + 1) * len(uniq) // k
-    sp.pieces[c] = pieces((uniq[lo:hi] % k).astype(np.uint8 if k < 256 else np.uint16), k, lo)
+    sp.pieces[c] = pieces(((uniq[lo:hi] // BLOCK) % k).astype(np.uint8 if k < 256 else np.uint16), k, lo)
 
 
 def take(sp: Split, s: int) -> Any:
