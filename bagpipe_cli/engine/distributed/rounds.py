@@ -23,11 +23,10 @@ kinds of plan cross:
   sync_now, sync_later, no_sync, |U_b|) stay the global ones, so every trainer takes part in
   every exchange alike. At 8 trainers a trainer's plan was about a tenth of the whole
   (docs/architecture.md, "The distributed schedule"). Rank 0 makes the N plans of a round
-  together (`trainer_rounds`): per iteration it groups every trainer's share in one pass
-  (`trainer_shares`: one sort of all the shares' (trainer, row) entries, about |U_b| + pairs
-  of them whatever N), where one trainer's by its definition (`trainer_rows`,
-  `trainer_round`) is a pass over the whole Partition; both give the same plans, element for
-  element.
+  together (`shares.py`'s `trainer_rounds`: K threads, each a group of the trainers' shares
+  from one sort of their (trainer, row) entries), where one trainer's by its definition
+  (`trainer_rows`, `trainer_round`) is a pass over the whole Partition; both give the same
+  plans, element for element.
 
 Keys travel as int32 where the key space fits, a row's user as int16, a partitioned
 cache's trainer indices and counts of writers as int8 where N <= 127; the trainer widens
@@ -58,7 +57,6 @@ from bagpipe_cli.engine.planning.plans import IterPlan, RoundPlan
 
 if TYPE_CHECKING:
     from bagpipe_cli.engine.setup import RunSetup
-
 
 
 def key_dtype(total_rows: int) -> type:
