@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from bagpipe_cli.engine.memory import table_bytes
@@ -111,14 +110,6 @@ def table_fit(cardinalities: list[int] | tuple[int, ...], row_dim: int, optimize
     return TableFit(dataset, len(cardinalities), int(sum(cardinalities)), int(row_dim),
                     state_dim(optimizer), int(memory if memory is not None else machine_memory()),
                     THIS_MACHINE if memory is None else RECORDED)
-
-
-def dataset_fit(path: Path, row_dim: int, optimizer: str | None, memory: int | None = None) -> TableFit:
-    """`table_fit` of the dataset in `path` (its meta.json's cardinalities)."""
-    from bagpipe_cli.data.format import read_meta
-
-    meta = read_meta(Path(path))
-    return table_fit(meta.cardinalities, row_dim, optimizer, memory, Path(path).name)
 
 
 def runs_fit(runs: Any) -> list[TableFit]:

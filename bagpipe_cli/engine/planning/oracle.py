@@ -202,9 +202,13 @@ class Oracle:
                 codes1 = self._pairs(nxt)
             count, home, src, first = (np.empty(rows if sliced else 0, dtype=t)
                                        for t in (np.int16, np.int16, np.int16, np.int64))
-            if sliced:  # their pages first touched chunk by chunk, not all by the first slice
-                self.workers.run(lambda c: [a[c * rows // k:(c + 1) * rows // k].fill(0)
-                                            for a in (count, home, src, first)])
+
+            def touch(c: int) -> None:  # pages first touched chunk by chunk, not by one slice
+                for a in (count, home, src, first):
+                    a[c * rows // k:(c + 1) * rows // k] = 0
+
+            if sliced:
+                self.workers.run(touch)
         # K slices: each row's private trainer where it is fetched (-1: none), else -2, and
         # whether it is evicted, by position in U_b, each slice writing its own rows
         if not self._lists or len(self._lists[0]) < rows:  # kept from batch to batch
