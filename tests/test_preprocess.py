@@ -448,3 +448,24 @@ def test_integers_beyond_a_c_long_are_values_not_tracebacks(tmp_path):
     assert r.exit_code == 0, r.output
     meta = json.loads((tmp_path / "av" / "meta.json").read_text())
     assert meta["rows"] == 1 and meta["extra"]["bad_lines"]["count"] == 2
+
+
+def test_npy_headers_are_read_one_thread_at_a_time(tmp_path, monkeypatch):
+    """numpy parses an .npy header with ast.literal_eval, which CPython 3.11 cannot run in two
+    threads at once (a SystemError that failed this file's tests now and then): preprocess
+    remaps its tables on several threads, and opening the dataset reads every array's
+    header, each under `format.NPY_HEADER`."""
+    from bagpipe_cli.data.format import NPY_HEADER, open_dataset
+
+    impl = np.lib.format.read_array_header_1_0.__globals__  # the module numpy defines it in
+    read, unlocked = impl["_read_array_header"], []
+
+    def header(*a, **k):
+        unlocked.append(not NPY_HEADER.locked())
+        return read(*a, **k)
+
+    monkeypatch.setitem(impl, "_read_array_header", header)
+    ok("csv", real(TALKINGDATA), "--label", "is_attributed", "--categorical",
+       "ip,app,device,os,channel", "--out", tmp_path / "td")
+    open_dataset(tmp_path / "td")
+    assert len(unlocked) >= 10 and not any(unlocked)

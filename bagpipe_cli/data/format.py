@@ -26,6 +26,7 @@ import hashlib
 import mmap
 import os
 import stat
+import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -331,6 +332,12 @@ def _not_regular(path: Path) -> str | None:
     return f"not a regular file: it is {kind}{target}"
 
 
+# numpy reads an .npy header with ast.literal_eval, which CPython 3.11.7 cannot run in two
+# threads at once ("SystemError: AST constructor recursion depth mismatch", python/cpython
+# issue 106905): every header this package reads, it reads holding this lock.
+NPY_HEADER = threading.Lock()
+
+
 def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],
                 table: TableSpec | None = None) -> np.ndarray:
     """Map one array of a dataset, checked against meta.json (`table`: whose ids it holds)."""
@@ -339,7 +346,8 @@ def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],
         raise DataError(f"{path}: missing array file" if why == "missing" else
                         f"{path}: {why}; expected a .npy array")
     try:  # .npy only: np.load would read a file that starts as a zip archive as an .npz
-        a = np.lib.format.open_memmap(path, mode="r")
+        with NPY_HEADER:
+            a = np.lib.format.open_memmap(path, mode="r")
     except (ValueError, OSError, SyntaxError, EOFError) as e:
         raise DataError(f"{path}: not a readable .npy array ({e})") from e
     if a.dtype != dtype:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from bagpipe_cli.data.format import META_FILE, DatasetMeta, TableSpec, sparse_file
+from bagpipe_cli.data.format import META_FILE, NPY_HEADER, DatasetMeta, TableSpec, sparse_file
 from bagpipe_cli.data.preprocess.config import PreprocessConfig
 from bagpipe_cli.data.preprocess.decoder import BadLines, CatColumn, DecodedBlock, decoded_blocks
 from bagpipe_cli.data.preprocess.layout import Layout, avazu_layout, criteo_layout, csv_layout
@@ -140,8 +140,9 @@ def _remap_in_place(path: Path, vocab: Vocab, chunk: int = 1 << 20) -> str:
     lut = np.append(vocab.remap, 0).astype(np.int32)  # index -1 (missing) -> 0
     h = hashlib.sha256()
     with open(path, "r+b") as f:
-        np.lib.format.read_magic(f)
-        np.lib.format.read_array_header_1_0(f)
+        with NPY_HEADER:  # the tables are remapped by several threads
+            np.lib.format.read_magic(f)
+            np.lib.format.read_array_header_1_0(f)
         pos = f.tell()
         while True:
             ins = np.fromfile(f, np.int32, chunk)
