@@ -454,8 +454,9 @@ def test_npy_headers_are_read_one_thread_at_a_time(tmp_path, monkeypatch):
     """numpy parses an .npy header with ast.literal_eval, which CPython 3.11 cannot run in two
     threads at once (a SystemError that failed this file's tests now and then): preprocess
     remaps its tables on several threads, and opening the dataset reads every array's
-    header, each under `format.NPY_HEADER`."""
-    from bagpipe_cli.data.format import NPY_HEADER, open_dataset
+    header, each under `checks.NPY_HEADER`."""
+    from bagpipe_cli.data.checks import NPY_HEADER
+    from bagpipe_cli.data.format import open_dataset
 
     impl = np.lib.format.read_array_header_1_0.__globals__  # the module numpy defines it in
     read, unlocked = impl["_read_array_header"], []

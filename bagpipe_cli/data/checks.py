@@ -22,6 +22,10 @@ import numpy as np
 
 from bagpipe_cli.errors import DataError
 
+# numpy reads an .npy header with ast.literal_eval, which CPython 3.11.7 cannot run in two
+# threads at once ("SystemError: AST constructor recursion depth mismatch", python/cpython
+# issue 106905): every header this package reads, it reads holding this lock.
+NPY_HEADER = threading.Lock()
 CHUNK_BYTES = 1 << 21  # of an array per step: its min and max then read it from the cache
 Release = Callable[[np.ndarray, int, int], None]  # frees the mapped pages of rows [start, stop)
 

@@ -15,7 +15,6 @@ cardinality}`), `dense_features`, `label` (column name or null), `source`, `opti
 Arrays are plain .npy files, so `numpy.load(path, mmap_mode="r")` maps them. Contiguous
 reads (`Dataset.sparse_block`, `Dataset.slice`, `read_rows`) copy the rows out and release
 the mapped pages, so a pass over a dataset larger than memory keeps a bounded resident set.
-
 This module holds the format's names and metadata and reads datasets (`open_dataset`,
 `iter_batches`); `writer` writes them.
 """
@@ -26,7 +25,6 @@ import hashlib
 import mmap
 import os
 import stat
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from bagpipe_cli import __version__
-from bagpipe_cli.data.checks import check_arrays
+from bagpipe_cli.data.checks import NPY_HEADER, check_arrays
 from bagpipe_cli.errors import ConfigError, DataError
 from bagpipe_cli.files.records import KINDS, load_record, shown
 
@@ -330,12 +328,6 @@ def _not_regular(path: Path) -> str | None:
                  if test(mode)), "a socket or other special file")
     target = f" (a symlink to {os.readlink(path)})" if path.is_symlink() else ""
     return f"not a regular file: it is {kind}{target}"
-
-
-# numpy reads an .npy header with ast.literal_eval, which CPython 3.11.7 cannot run in two
-# threads at once ("SystemError: AST constructor recursion depth mismatch", python/cpython
-# issue 106905): every header this package reads, it reads holding this lock.
-NPY_HEADER = threading.Lock()
 
 
 def _open_array(path: Path, dtype: np.dtype, shape: tuple[int, ...],

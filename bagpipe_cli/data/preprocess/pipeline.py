@@ -37,7 +37,8 @@ from typing import Any
 
 import numpy as np
 
-from bagpipe_cli.data.format import META_FILE, NPY_HEADER, DatasetMeta, TableSpec, sparse_file
+from bagpipe_cli.data.checks import NPY_HEADER
+from bagpipe_cli.data.format import META_FILE, DatasetMeta, TableSpec, sparse_file
 from bagpipe_cli.data.preprocess.config import PreprocessConfig
 from bagpipe_cli.data.preprocess.decoder import BadLines, CatColumn, DecodedBlock, decoded_blocks
 from bagpipe_cli.data.preprocess.layout import Layout, avazu_layout, criteo_layout, csv_layout
